@@ -1,0 +1,8 @@
+"""kreld: a per-host record of where the kernel and its modules were loaded.
+
+The daemon (``kreld``) snapshots the running kernel on every boot, follows
+module loads and unloads, and keeps every boot and module incarnation in an
+LMDB store; ``kreldctl`` inspects that store and resolves addresses.
+"""
+
+__version__ = "0.1.0"

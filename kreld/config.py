@@ -1,0 +1,151 @@
+"""The configuration file: ``kreld.toml`` plus drop-ins, validated strictly.
+
+Unknown keys, wrong types and out-of-range values are :class:`ConfigError`
+naming the file and the key: a typo must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from kreld import consts
+from kreld.errors import ConfigError
+
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+_LOG_FORMATS = ("auto", "console", "json")
+_WATCH_METHODS = ("auto", "poll", "inotify")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    state_dir: str = consts.DEFAULT_STATE_DIR
+    socket: str = consts.DEFAULT_SOCKET
+    root: str = consts.DEFAULT_ROOT
+    debuginfo_dirs: tuple[str, ...] = ()
+    poll_interval: float = consts.DEFAULT_POLL_INTERVAL
+    watch: str = "auto"
+    uevents: bool = True
+    log_level: str = "info"
+    log_format: str = "auto"
+    sources: tuple[str, ...] = field(default=(), compare=False)
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise TypeError("a non-empty string")
+    return v
+
+
+def _abs_path(v: Any) -> str:
+    s = _str(v)
+    if not s.startswith("/"):
+        raise ValueError("an absolute path")
+    return s
+
+
+def _paths(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list):
+        raise TypeError("a list of absolute paths")
+    return tuple(_abs_path(x) for x in v)
+
+
+def _interval(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise TypeError("a number of seconds")
+    if not 0.05 <= float(v) <= 3600:
+        raise ValueError("between 0.05 and 3600 seconds")
+    return float(v)
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError("true or false")
+    return v
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in choices:
+            raise ValueError("one of " + ", ".join(repr(c) for c in choices))
+        return str(v)
+
+    return check
+
+
+# section -> key -> (Config attribute, validator)
+SCHEMA: Mapping[str, Mapping[str, tuple[str, Callable[[Any], Any]]]] = {
+    "paths": {
+        "state_dir": ("state_dir", _abs_path),
+        "socket": ("socket", _abs_path),
+        "root": ("root", _abs_path),
+    },
+    "kernel": {
+        "debuginfo_dirs": ("debuginfo_dirs", _paths),
+    },
+    "modules": {
+        "poll_interval": ("poll_interval", _interval),
+        "watch": ("watch", _choice(*_WATCH_METHODS)),
+        "uevents": ("uevents", _bool),
+    },
+    "log": {
+        "level": ("log_level", _choice(*_LOG_LEVELS)),
+        "format": ("log_format", _choice(*_LOG_FORMATS)),
+    },
+}
+
+
+def _apply(cfg: Config, data: Mapping[str, Any], file: str) -> Config:
+    changes: dict[str, Any] = {}
+    for section, table in data.items():
+        keys = SCHEMA.get(section)
+        if keys is None:
+            raise ConfigError(file, f"unknown section (known: {', '.join(SCHEMA)})", f"[{section}]")
+        if not isinstance(table, dict):
+            raise ConfigError(file, "must be a table", f"[{section}]")
+        for key, value in table.items():
+            spec = keys.get(key)
+            if spec is None:
+                raise ConfigError(
+                    file,
+                    f"unknown key (known in [{section}]: {', '.join(keys)})",
+                    f"{section}.{key}",
+                )
+            attr, check = spec
+            try:
+                changes[attr] = check(value)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(file, f"expected {e}, got {value!r}", f"{section}.{key}") from e
+    return replace(cfg, **changes, sources=(*cfg.sources, file))
+
+
+def _load_file(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        # The message carries "(at line N, column M)".
+        raise ConfigError(str(path), f"not valid TOML: {e}") from e
+    except OSError as e:
+        raise ConfigError(str(path), f"cannot read: {e.strerror}") from e
+
+
+def load_config(path: str | None) -> Config:
+    """Load *path* (or the default, which may be absent) and its drop-ins.
+
+    Drop-ins are ``<path>.d/*.toml`` applied in name order, each overriding
+    what came before.  An explicitly named file that does not exist is an error.
+    """
+    explicit = path is not None
+    main = Path(path if path is not None else consts.DEFAULT_CONFIG)
+    cfg = Config()
+    if main.exists() or explicit:
+        cfg = _apply(cfg, _load_file(main), str(main))
+    dropin_dir = main.with_name(main.name + ".d")
+    if dropin_dir.is_dir():
+        for drop in sorted(dropin_dir.glob("*.toml")):
+            cfg = _apply(cfg, _load_file(drop), str(drop))
+    return cfg

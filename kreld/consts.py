@@ -1,0 +1,62 @@
+"""One place for paths, defaults and kernel constants.
+
+The daemon, the CLI, the config loader and the man pages all read their
+defaults from here so that they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Final
+
+DEFAULT_CONFIG: Final = "/etc/kreld/kreld.toml"
+DEFAULT_STATE_DIR: Final = "/var/lib/kreld"
+DEFAULT_SOCKET: Final = "/run/kreld/kreld.sock"
+DEFAULT_ROOT: Final = "/"
+
+# The README's embedded default keeps everything under the checkout.
+EMBEDDED_STATE_SUBDIR: Final = "run/state"
+EMBEDDED_SOCKET_SUBPATH: Final = "run/kreld.sock"
+
+STORE_SCHEMA_VERSION: Final = 1
+STORE_MAGIC: Final = b"kreld-store"
+STORE_INITIAL_MAP_SIZE: Final = 16 << 20
+STORE_MAX_MAP_SIZE: Final = 1 << 40
+
+DEFAULT_POLL_INTERVAL: Final = 1.0
+# A heartbeat bounds the unload window of a module that vanishes while kreld is down.
+HEARTBEAT_INTERVAL: Final = 30.0
+
+# Paths of kernel interfaces, relative to --root.
+BOOT_ID: Final = PurePosixPath("proc/sys/kernel/random/boot_id")
+OSRELEASE: Final = PurePosixPath("proc/sys/kernel/osrelease")
+KVERSION: Final = PurePosixPath("proc/sys/kernel/version")
+KPTR_RESTRICT: Final = PurePosixPath("proc/sys/kernel/kptr_restrict")
+PERF_EVENT_PARANOID: Final = PurePosixPath("proc/sys/kernel/perf_event_paranoid")
+KALLSYMS: Final = PurePosixPath("proc/kallsyms")
+KCORE: Final = PurePosixPath("proc/kcore")
+PROC_MODULES: Final = PurePosixPath("proc/modules")
+KERNEL_NOTES: Final = PurePosixPath("sys/kernel/notes")
+SYS_MODULE: Final = PurePosixPath("sys/module")
+
+# Kernel symbols that mark out the image; _text is the relocation anchor.
+ANCHOR_SYMBOLS: Final = ("_text", "_stext", "_etext", "_sinittext", "_einittext")
+
+# Linux capability number of CAP_SYSLOG (include/uapi/linux/capability.h).
+CAP_SYSLOG: Final = 34
+
+# Places where distributions put a vmlinux with symbols; {release} and
+# {xx}/{rest} (the build-id split after its first byte) are filled in.
+VMLINUX_CANDIDATES: Final = (
+    "usr/lib/debug/.build-id/{xx}/{rest}.debug",
+    "usr/lib/debug/boot/vmlinux-{release}",
+    "usr/lib/debug/lib/modules/{release}/vmlinux",
+    "boot/vmlinux-{release}",
+    "lib/modules/{release}/build/vmlinux",
+    "usr/lib/modules/{release}/build/vmlinux",
+)
+SYSTEM_MAP_CANDIDATES: Final = (
+    "boot/System.map-{release}",
+    "lib/modules/{release}/build/System.map",
+    "usr/lib/debug/boot/System.map-{release}",
+)

@@ -1,0 +1,113 @@
+"""ELF files (vmlinux, System.map companions, /proc/kcore) read with pyelftools."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection, SymbolTableSection
+
+from kreld.elfnote import NoteType, iter_notes, parse_vmcoreinfo
+from kreld.errors import NoteError
+
+_PT_NOTE = 4
+
+
+def _open_elf(path: Path) -> tuple[ELFFile, object] | None:
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed by the caller through the tuple
+    except OSError:
+        return None
+    try:
+        return ELFFile(f), f
+    except (ELFError, struct.error, ValueError):
+        f.close()
+        return None
+
+
+def elf_build_id(path: Path) -> str | None:
+    """The GNU build-id of an ELF file, or ``None`` if unreadable or absent."""
+    opened = _open_elf(path)
+    if opened is None:
+        return None
+    elf, f = opened
+    try:
+        for section in elf.iter_sections():
+            if isinstance(section, NoteSection):
+                for note in section.iter_notes():
+                    if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
+                        return str(note["n_desc"])
+        return None
+    except (ELFError, struct.error, ValueError, UnicodeDecodeError):
+        return None
+    finally:
+        f.close()  # type: ignore[attr-defined]
+
+
+def elf_symbols(path: Path, names: set[str]) -> dict[str, int]:
+    """Values of the named symbols from the ELF's ``.symtab``."""
+    opened = _open_elf(path)
+    if opened is None:
+        return {}
+    elf, f = opened
+    found: dict[str, int] = {}
+    try:
+        symtab = elf.get_section_by_name(".symtab")
+        if isinstance(symtab, SymbolTableSection):
+            for sym in symtab.iter_symbols():
+                if sym.name in names and sym.name not in found:
+                    found[sym.name] = int(sym["st_value"])
+                    if len(found) == len(names):
+                        break
+    except (ELFError, struct.error, ValueError, UnicodeDecodeError):
+        pass
+    finally:
+        f.close()  # type: ignore[attr-defined]
+    return found
+
+
+def kcore_vmcoreinfo(path: Path) -> dict[str, str] | None:
+    """VMCOREINFO from the PT_NOTE segment of ``/proc/kcore`` (an ELF core).
+
+    Reads only the ELF and program headers and the note segment with
+    ``pread``: the rest of kcore is the kernel's memory.  ``None`` when the
+    file cannot be opened (needs CAP_SYS_RAWIO) or carries no VMCOREINFO
+    (added to kcore in Linux 4.19, commit 23c85094fe18).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        ident = os.pread(fd, 64, 0)
+        if len(ident) < 64 or ident[:4] != b"\x7fELF" or ident[4] != 2:
+            return None
+        endian = "<" if ident[5] == 1 else ">"
+        (phoff,) = struct.unpack_from(endian + "Q", ident, 32)
+        phentsize, phnum = struct.unpack_from(endian + "HH", ident, 54)
+        if phentsize < 56 or phnum > 4096:
+            return None
+        phdrs = os.pread(fd, phentsize * phnum, phoff)
+        for i in range(phnum):
+            base = i * phentsize
+            if base + 56 > len(phdrs):
+                break
+            p_type, _flags, p_offset = struct.unpack_from(endian + "IIQ", phdrs, base)
+            (p_filesz,) = struct.unpack_from(endian + "Q", phdrs, base + 32)
+            if p_type != _PT_NOTE or p_filesz > 1 << 24:
+                continue
+            blob = os.pread(fd, p_filesz, p_offset)
+            try:
+                for note in iter_notes(blob, "little" if endian == "<" else "big"):
+                    if note.name == b"VMCOREINFO" and note.type == NoteType.NT_VMCOREINFO:
+                        return parse_vmcoreinfo(note.desc)
+            except NoteError:
+                continue
+        return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -1,0 +1,176 @@
+"""The error family.
+
+Every error kreld reports is a :class:`KreldError` subclass with typed
+attributes, a readable message, the varlink error name the server answers
+with and the exit code ``kreld``/``kreldctl`` end with.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any, ClassVar
+
+
+class ExitCode(IntEnum):
+    """Exit codes of ``kreld`` and ``kreldctl`` (documented in their --help)."""
+
+    OK = 0
+    ERROR = 1
+    USAGE = 2
+    NO_SUCH_BOOT = 3
+    PERMISSION_DENIED = 4
+    STORE = 5
+    CONFIG = 6
+
+
+class KreldError(Exception):
+    """Base of every error kreld reports to a user or a peer."""
+
+    varlink_name: ClassVar[str] = "io.kreld.Error"
+    exit_code: ClassVar[ExitCode] = ExitCode.ERROR
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def parameters(self) -> dict[str, Any]:
+        """The varlink error parameters."""
+        return {"message": self.message}
+
+
+class NoteError(KreldError):
+    """An ELF note blob is malformed (truncated, or a size that overruns it)."""
+
+    varlink_name = "io.kreld.MalformedNote"
+
+    def __init__(self, what: str, offset: int) -> None:
+        super().__init__(f"malformed ELF note at byte {offset}: {what}")
+        self.what = what
+        self.offset = offset
+
+
+class KernelReadError(KreldError):
+    """A kernel interface could not be read or made no sense."""
+
+    varlink_name = "io.kreld.KernelReadError"
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class NoSuchBoot(KreldError):
+    varlink_name = "io.kreld.NoSuchBoot"
+    exit_code = ExitCode.NO_SUCH_BOOT
+
+    def __init__(self, boot_id: str) -> None:
+        super().__init__(f"no boot {boot_id!r} is recorded")
+        self.boot_id = boot_id
+
+    def parameters(self) -> dict[str, Any]:
+        return {"boot_id": self.boot_id}
+
+
+class AmbiguousBoot(KreldError):
+    varlink_name = "io.kreld.AmbiguousBoot"
+    exit_code = ExitCode.NO_SUCH_BOOT
+
+    def __init__(self, prefix: str, matches: list[str]) -> None:
+        super().__init__(f"boot prefix {prefix!r} matches {len(matches)} boots")
+        self.prefix = prefix
+        self.matches = matches
+
+    def parameters(self) -> dict[str, Any]:
+        return {"prefix": self.prefix, "matches": self.matches}
+
+
+class AddressesRestricted(KreldError):
+    """Addresses were hidden from kreld itself (kptr_restrict, no CAP_SYSLOG)."""
+
+    varlink_name = "io.kreld.AddressesRestricted"
+    exit_code = ExitCode.PERMISSION_DENIED
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"kernel addresses are restricted: {reason}")
+        self.reason = reason
+
+    def parameters(self) -> dict[str, Any]:
+        return {"reason": self.reason}
+
+
+class PermissionDenied(KreldError):
+    varlink_name = "io.kreld.PermissionDenied"
+    exit_code = ExitCode.PERMISSION_DENIED
+
+
+class StoreError(KreldError):
+    """The LMDB store cannot be used."""
+
+    varlink_name = "io.kreld.StoreError"
+    exit_code = ExitCode.STORE
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"store {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+    def parameters(self) -> dict[str, Any]:
+        return {"path": self.path, "reason": self.reason}
+
+
+class StoreCorrupt(StoreError):
+    """The file is damaged, truncated, or not a kreld store at all."""
+
+    varlink_name = "io.kreld.StoreCorrupt"
+
+
+class StoreTooNew(StoreError):
+    """The store was written by a newer kreld with a schema this one cannot read."""
+
+    varlink_name = "io.kreld.StoreTooNew"
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        super().__init__(
+            path, f"schema version {found} is newer than the supported version {supported}"
+        )
+        self.found = found
+        self.supported = supported
+
+
+class StoreFull(StoreError):
+    """The disk under the store is full; nothing partial was written."""
+
+    varlink_name = "io.kreld.StoreFull"
+
+
+class ConfigError(KreldError):
+    """The configuration is unusable; names the file, key or line."""
+
+    varlink_name = "io.kreld.ConfigError"
+    exit_code = ExitCode.CONFIG
+
+    def __init__(self, file: str, reason: str, key: str | None = None) -> None:
+        where = f"{file}: {key}" if key else file
+        super().__init__(f"{where}: {reason}")
+        self.file = file
+        self.key = key
+        self.reason = reason
+
+
+class InvalidArgument(KreldError):
+    """A user-supplied value (address, time, boot-id) is malformed."""
+
+    varlink_name = "org.varlink.service.InvalidParameter"
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, parameter: str, reason: str) -> None:
+        super().__init__(f"{parameter}: {reason}")
+        self.parameter = parameter
+        self.reason = reason
+
+    def parameters(self) -> dict[str, Any]:
+        return {"parameter": self.parameter}

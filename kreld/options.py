@@ -1,0 +1,60 @@
+"""Command-line options shared by ``kreld`` and ``kreldctl``."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from kreld import consts
+from kreld.config import Config, load_config
+
+
+def add_common(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
+    """The options both programs accept (before or after a subcommand).
+
+    With *suppress*, an option left out does not overwrite a value given
+    earlier on the command line (argparse subparsers would otherwise reset it).
+    """
+
+    def d(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    g = parser.add_argument_group("common options")
+    g.add_argument(
+        "--config",
+        metavar="FILE",
+        default=d(None),
+        help=f"config file (default {consts.DEFAULT_CONFIG})",
+    )
+    g.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        default=d(None),
+        help=f"LMDB store directory (default {consts.DEFAULT_STATE_DIR})",
+    )
+    g.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=d(None),
+        help=f"varlink socket (default {consts.DEFAULT_SOCKET})",
+    )
+    g.add_argument(
+        "--root",
+        metavar="DIR",
+        default=d(None),
+        help="read every kernel path under DIR (default /; tests use a fake tree)",
+    )
+    g.add_argument(
+        "--debug", action="store_true", default=d(False), help="show tracebacks of errors"
+    )
+
+
+def resolve_config(args: argparse.Namespace) -> Config:
+    """The config file's values, overridden by what the command line says."""
+    cfg = load_config(args.config)
+    changes = {}
+    for attr in ("state_dir", "socket", "root"):
+        value = getattr(args, attr, None)
+        if value is not None:
+            changes[attr] = value
+    return replace(cfg, **changes)

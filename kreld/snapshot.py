@@ -1,0 +1,70 @@
+"""Putting the readers together: one snapshot of the running kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kreld import consts
+from kreld.errors import KernelReadError
+from kreld.kaslr import find_offset
+from kreld.kernel import (
+    Root,
+    has_cap_syslog,
+    read_anchors,
+    read_boot_id,
+    read_int_sysctl,
+    read_kernel_build_id,
+    read_release,
+    read_version,
+    restriction_reason,
+)
+from kreld.model import Anchors, BootSnapshot, Timestamp
+
+
+def take_snapshot(root: Root, debuginfo_dirs: Iterable[str] = ()) -> tuple[BootSnapshot, list[str]]:
+    """Snapshot the kernel; returns it and notes on what could not be learnt.
+
+    Only the boot-id and the release are required: without them there is
+    nothing to key a record by.  Everything else degrades to ``None`` with a
+    fault or a note saying why.
+    """
+    seen = Timestamp.now()
+    boot_id = read_boot_id(root)
+    release = read_release(root)
+    faults: list[str] = []
+    try:
+        version = read_version(root)
+    except KernelReadError as e:
+        version = ""
+        faults.append(str(e))
+    try:
+        build_id = read_kernel_build_id(root)
+    except KernelReadError as e:
+        build_id = None
+        faults.append(str(e))
+    kptr = read_int_sysctl(root, consts.KPTR_RESTRICT)
+    try:
+        anchors, zeroed = read_anchors(root)
+    except KernelReadError as e:
+        anchors, zeroed = Anchors(), False
+        faults.append(str(e))
+    reason = None
+    if zeroed:
+        reason = restriction_reason(
+            kptr, read_int_sysctl(root, consts.PERF_EVENT_PARANOID), has_cap_syslog()
+        )
+    kaslr, notes = find_offset(root, anchors, build_id, release, debuginfo_dirs)
+    snap = BootSnapshot(
+        boot_id=boot_id,
+        release=release,
+        version=version,
+        build_id=build_id,
+        anchors=anchors,
+        kaslr=kaslr,
+        restricted=zeroed,
+        restricted_reason=reason,
+        kptr_restrict=kptr,
+        first_seen=seen,
+        faults=tuple(faults),
+    )
+    return snap, notes

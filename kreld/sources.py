@@ -1,0 +1,212 @@
+"""Event sources that hint the module tracker: kernel uevents and watchdog.
+
+None of them is trusted alone: each only says "look again", and the tracker
+reconciles against ``sys/module``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers.inotify import InotifyObserver
+from watchdog.observers.polling import PollingObserver
+
+from kreld.model import SeenBy
+
+SYSFS_MAGIC = 0x62656572  # include/uapi/linux/magic.h
+
+
+class Notify(Protocol):
+    def __call__(self, source: SeenBy, action: str, name: str | None = None) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Uevent:
+    action: str
+    devpath: str
+    subsystem: str | None
+    properties: Mapping[str, str]
+
+
+def parse_uevent(raw: bytes) -> Uevent | None:
+    """Parse a kernel uevent datagram: ``ACTION@DEVPATH\\0KEY=VALUE\\0...``.
+
+    Messages from udev (they start with ``libudev\\0``) and malformed ones
+    give ``None``.
+    """
+    parts = raw.split(b"\0")
+    if not parts or b"@" not in parts[0]:
+        return None
+    props: dict[str, str] = {}
+    for p in parts[1:]:
+        key, sep, value = p.partition(b"=")
+        if sep:
+            props[key.decode("ascii", "replace")] = value.decode("utf-8", "replace")
+    action, _, devpath = parts[0].decode("utf-8", "replace").partition("@")
+    return Uevent(
+        props.get("ACTION", action), props.get("DEVPATH", devpath), props.get("SUBSYSTEM"), props
+    )
+
+
+def module_event(ev: Uevent) -> tuple[str, str] | None:
+    """``(action, module)`` for a module uevent, ``None`` for anything else."""
+    if ev.subsystem != "module" or not ev.devpath.startswith("/module/"):
+        return None
+    name = ev.devpath[len("/module/") :]
+    if not name or "/" in name:
+        return None
+    return ev.action, name
+
+
+class UeventSource:
+    """Kernel uevents (netlink ``NETLINK_KOBJECT_UEVENT``) through pyudev."""
+
+    def __init__(self, notify: Notify, log: Any, buffer_bytes: int = 4 << 20) -> None:
+        import pyudev
+
+        self._notify = notify
+        self.log = log
+        self.context = pyudev.Context()
+        self.monitor = pyudev.Monitor.from_netlink(self.context, source="kernel")
+        self.monitor.set_receive_buffer_size(buffer_bytes)
+        self.monitor.start()
+        self.received = 0
+        self.ignored = 0
+        self.overruns = 0
+        self.healthy = True
+        self.last_error: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, stop: threading.Event) -> None:
+        self._thread = threading.Thread(target=self._run, args=(stop,), name="uevent", daemon=True)
+        self._thread.start()
+
+    def handle(self, ev: Uevent) -> None:
+        self.received += 1
+        me = module_event(ev)
+        if me is None:
+            self.ignored += 1
+            self.log.debug(
+                "uevent_ignored", action=ev.action, devpath=ev.devpath, subsystem=ev.subsystem
+            )
+            return
+        self.log.debug("uevent", action=me[0], module=me[1])
+        self._notify(SeenBy.UEVENT, me[0], me[1])
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                device = self.monitor.poll(timeout=0.5)
+            except OSError as e:
+                if e.errno == errno.ENOBUFS:
+                    self.overruns += 1
+                    self.log.warning("uevent_overrun", overruns=self.overruns, action="rescan")
+                    self._notify(SeenBy.UEVENT, "rescan")
+                    continue
+                self.healthy = False
+                self.last_error = str(e)
+                self.log.error("uevent_source_failed", error=str(e))
+                return
+            if device is None:
+                continue
+            props = {k: device.properties[k] for k in device.properties}
+            self.handle(
+                Uevent(
+                    device.action or props.get("ACTION", ""),
+                    props.get("DEVPATH", device.device_path),
+                    device.subsystem,
+                    props,
+                )
+            )
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+
+def is_sysfs(path: str) -> bool:
+    """Whether *path* lies on sysfs (where inotify sees nothing)."""
+
+    class Statfs(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    buf = Statfs()
+    if libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
+        return True  # unknown: polling works everywhere
+    return bool((buf.f_type & 0xFFFFFFFF) == SYSFS_MAGIC)
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, source: WatchSource) -> None:
+        self.source = source
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self.source.handle(event)
+
+
+class WatchSource:
+    """A watchdog observer on ``sys/module``: polling on sysfs, inotify elsewhere."""
+
+    def __init__(self, notify: Notify, path: str, method: str, interval: float, log: Any) -> None:
+        self._notify = notify
+        self.path = path
+        self.log = log
+        if method == "auto":
+            method = "poll" if is_sysfs(path) else "inotify"
+        self.method = method
+        self.seen_by = SeenBy.POLL if method == "poll" else SeenBy.INOTIFY
+        self.observer: Any = (
+            PollingObserver(timeout=interval) if method == "poll" else InotifyObserver()
+        )
+        self.observer.schedule(_Handler(self), path, recursive=False)
+        self.events = 0
+        self.healthy = True
+        self.last_error: str | None = None
+
+    def _name(self, path: str | bytes) -> str | None:
+        p = os.fsdecode(path)
+        parent, name = os.path.split(p.rstrip("/"))
+        return name if os.path.normpath(parent) == os.path.normpath(self.path) else None
+
+    def handle(self, event: FileSystemEvent) -> None:
+        if isinstance(event, DirMovedEvent):
+            old, new = self._name(event.src_path), self._name(event.dest_path)
+            if old:
+                self._notify(self.seen_by, "remove", old)
+            if new:
+                self._notify(self.seen_by, "add", new)
+            return
+        if isinstance(event, DirCreatedEvent | DirDeletedEvent):
+            name = self._name(event.src_path)
+            if name:
+                self.events += 1
+                action = "add" if isinstance(event, DirCreatedEvent) else "remove"
+                self._notify(self.seen_by, action, name)
+
+    def start(self, stop: threading.Event) -> None:
+        try:
+            self.observer.start()
+        except OSError as e:
+            self.healthy = False
+            self.last_error = str(e)
+            self.log.error("watch_source_failed", path=self.path, error=str(e))
+
+    def stop(self) -> None:
+        if self.observer.is_alive():
+            self.observer.stop()
+            self.observer.join(timeout=5)

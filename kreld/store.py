@@ -1,0 +1,503 @@
+"""The LMDB store: every boot, build and module incarnation kreld has seen.
+
+Layout (named databases in one environment under ``--state-dir``):
+
+``meta``          ``magic`` and ``schema`` records.
+``boots``         boot-id (text) -> boot record (JSON).
+``boot_order``    first-seen realtime (8 bytes BE) + boot-id -> ``b""``: newest-first listing.
+``builds``        build-id (hex text) -> build record (JSON).
+``incarnations``  boot-id (16 bytes) + seq (8 bytes BE) -> incarnation (JSON).
+``open``          same key -> ``b""`` for incarnations not yet seen unloaded.
+``watch``         boot-id (16 bytes) -> last time the daemon saw ``sys/module`` (JSON).
+
+Every write is one LMDB transaction: committed and synced, or not at all,
+so a killed writer never leaves half a record.  When the map is full it is
+doubled and the write retried.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import struct
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import lmdb
+
+from kreld import consts
+from kreld.errors import (
+    AmbiguousBoot,
+    NoSuchBoot,
+    StoreCorrupt,
+    StoreError,
+    StoreFull,
+    StoreTooNew,
+)
+from kreld.model import BootSnapshot, Incarnation, Timestamp, merge_boot
+
+T = TypeVar("T")
+
+_DBS = (b"meta", b"boots", b"boot_order", b"builds", b"incarnations", b"open", b"watch")
+_LMDB_MAGIC = 0xBEEFC0DE
+_SEQ = struct.Struct(">Q")
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def boot_key(boot_id: str) -> bytes:
+    return uuid.UUID(boot_id).bytes
+
+
+def inc_key(boot_id: str, seq: int) -> bytes:
+    return boot_key(boot_id) + _SEQ.pack(seq)
+
+
+def check_datafile(path: Path) -> None:
+    """Refuse a ``data.mdb`` that is not a whole LMDB file, before LMDB maps it.
+
+    LMDB trusts its meta pages: a file cut short would be mapped and read
+    past its end (SIGBUS).  Each meta page sits at the start of one of the
+    first two pages: magic and version at +16, the page size in the free
+    DB's ``md_pad`` at +40, the last page number and txn id at +136.
+    """
+    data = path / "data.mdb"
+    try:
+        size = data.stat().st_size
+        with open(data, "rb") as f:
+            head = f.read(16384 + 152)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise StoreError(str(path), f"cannot read data.mdb: {e.strerror}") from e
+    if size < 152:
+        raise StoreCorrupt(str(path), f"data.mdb is {size} bytes: not an LMDB file (or truncated)")
+    metas = []
+    psize = struct.unpack_from("<I", head, 40)[0]
+    for off in (0, psize):
+        if off + 152 > len(head):
+            continue
+        magic, version = struct.unpack_from("<II", head, off + 16)
+        if magic != _LMDB_MAGIC or version != 1:
+            continue
+        last_pg, txnid = struct.unpack_from("<QQ", head, off + 136)
+        metas.append((txnid, last_pg))
+    if not metas or psize not in (4096, 8192, 16384, 65536):
+        raise StoreCorrupt(str(path), "data.mdb is not an LMDB file: this is not a kreld store")
+    _txnid, last_pg = max(metas)
+    need = (last_pg + 1) * psize
+    if size < need:
+        raise StoreCorrupt(str(path), f"data.mdb is truncated: {size} bytes, its pages need {need}")
+
+
+class _ResizeGate:
+    """Many transactions at once, or one map resize alone (LMDB's rule)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._resizing = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._resizing = True
+            while self._active:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._resizing = False
+                self._cond.notify_all()
+
+
+class Store:
+    """A kreld store opened for writing (the daemon) or reading (kreldctl)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        readonly: bool = False,
+        map_size: int = consts.STORE_INITIAL_MAP_SIZE,
+    ) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        self._gate = _ResizeGate()
+        self._write_lock = threading.Lock()
+        if readonly and not (self.path / "data.mdb").exists():
+            raise StoreError(str(self.path), "no kreld store here (no data.mdb)")
+        if not readonly:
+            try:
+                self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreError(str(self.path), f"cannot create: {e.strerror}") from e
+        check_datafile(self.path)
+        try:
+            self.env = lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=len(_DBS) + 4,
+                readonly=readonly,
+                create=not readonly,
+                subdir=True,
+                sync=True,
+                metasync=True,
+                max_readers=1024,
+            )
+        except lmdb.InvalidError as e:
+            raise StoreCorrupt(str(self.path), f"not an LMDB environment ({e})") from e
+        except lmdb.VersionMismatchError as e:
+            raise StoreCorrupt(str(self.path), f"LMDB version mismatch ({e})") from e
+        except lmdb.Error as e:
+            raise StoreError(str(self.path), str(e)) from e
+        try:
+            self._init_or_check()
+        except BaseException:
+            self.env.close()
+            raise
+        self.dbs: dict[bytes, Any] = {}
+        for name in _DBS:
+            try:
+                self.dbs[name] = self.env.open_db(name, create=not readonly)
+            except lmdb.NotFoundError:
+                # A read-only open of a store from before this table existed.
+                self.dbs[name] = None
+
+    # -- opening -----------------------------------------------------------
+
+    def _init_or_check(self) -> None:
+        with self.env.begin() as txn:
+            names = [k for k, _ in txn.cursor()]
+        if not names:
+            if self.readonly:
+                raise StoreError(str(self.path), "the store is empty (never initialised)")
+            meta = self.env.open_db(b"meta", create=True)
+            with self.env.begin(write=True) as txn:
+                txn.put(b"magic", consts.STORE_MAGIC, db=meta)
+                txn.put(b"schema", str(consts.STORE_SCHEMA_VERSION).encode(), db=meta)
+            return
+        if b"meta" not in names:
+            raise StoreCorrupt(str(self.path), "an LMDB environment, but not a kreld store")
+        meta = self.env.open_db(b"meta", create=False)
+        with self.env.begin(db=meta) as txn:
+            magic = txn.get(b"magic")
+            schema = txn.get(b"schema")
+        if magic != consts.STORE_MAGIC or schema is None:
+            raise StoreCorrupt(str(self.path), "an LMDB environment, but not a kreld store")
+        try:
+            version = int(schema)
+        except ValueError as e:
+            raise StoreCorrupt(str(self.path), f"unreadable schema version {schema!r}") from e
+        if version > consts.STORE_SCHEMA_VERSION:
+            raise StoreTooNew(str(self.path), version, consts.STORE_SCHEMA_VERSION)
+
+    def close(self) -> None:
+        self.env.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transactions --------------------------------------------------------
+
+    def _grow(self) -> None:
+        with self._gate.exclusive():
+            size = self.env.info()["map_size"]
+            if size >= consts.STORE_MAX_MAP_SIZE:
+                raise StoreFull(str(self.path), f"map size limit {size} bytes reached")
+            self.env.set_mapsize(size * 2)
+
+    def _adopt_size(self) -> None:
+        with self._gate.exclusive():
+            self.env.set_mapsize(0)
+
+    def read(self, fn: Callable[[Any], T]) -> T:
+        """Run *fn* in a read transaction (a consistent snapshot of the store)."""
+        while True:
+            try:
+                with self._gate.shared(), self.env.begin(buffers=False) as txn:
+                    return fn(txn)
+            except lmdb.MapResizedError:
+                self._adopt_size()
+            except lmdb.CorruptedError as e:
+                raise StoreCorrupt(str(self.path), str(e)) from e
+
+    def write(self, fn: Callable[[Any], T]) -> T:
+        """Run *fn* in a write transaction; grow the map and retry when full."""
+        if self.readonly:
+            raise StoreError(str(self.path), "opened read-only")
+        with self._write_lock:
+            for _ in range(64):
+                try:
+                    with self._gate.shared(), self.env.begin(write=True) as txn:
+                        return fn(txn)
+                except lmdb.MapFullError:
+                    self._grow()
+                except lmdb.MapResizedError:
+                    self._adopt_size()
+                except lmdb.CorruptedError as e:
+                    raise StoreCorrupt(str(self.path), str(e)) from e
+                except lmdb.Error as e:
+                    if "No space left" in str(e) or getattr(e, "errno", None) == errno.ENOSPC:
+                        raise StoreFull(str(self.path), "no space left on device") from e
+                    raise StoreError(str(self.path), str(e)) from e
+            raise StoreError(str(self.path), "write kept failing after growing the map")
+
+    def size_bytes(self) -> int:
+        try:
+            return (self.path / "data.mdb").stat().st_size
+        except OSError:
+            return 0
+
+    # -- boots ---------------------------------------------------------------
+
+    def record_boot(self, snap: BootSnapshot) -> tuple[BootSnapshot, bool, bool]:
+        """Record *snap*; returns the stored record, whether it was new, and
+        whether an existing record learnt something."""
+        key = snap.boot_id.encode()
+
+        def txn_fn(txn: Any) -> tuple[BootSnapshot, bool, bool]:
+            raw = txn.get(key, db=self.dbs[b"boots"])
+            if raw is not None:
+                old = BootSnapshot.from_json(json.loads(raw))
+                merged = merge_boot(old, snap)
+                if merged == old:
+                    return old, False, False
+                txn.put(key, _dumps(merged.to_json()), db=self.dbs[b"boots"])
+                self._put_build(txn, merged)
+                return merged, False, True
+            txn.put(key, _dumps(snap.to_json()), db=self.dbs[b"boots"])
+            order = _SEQ.pack(snap.first_seen.realtime) + key
+            txn.put(order, b"", db=self.dbs[b"boot_order"])
+            self._put_build(txn, snap)
+            return snap, True, False
+
+        return self.write(txn_fn)
+
+    def _put_build(self, txn: Any, snap: BootSnapshot) -> None:
+        if not snap.build_id:
+            return
+        key = snap.build_id.encode()
+        db = self.dbs[b"builds"]
+        raw = txn.get(key, db=db)
+        rec = json.loads(raw) if raw else None
+        if rec is None:
+            rec = {
+                "build_id": snap.build_id,
+                "release": snap.release,
+                "version": snap.version,
+                "first_boot": snap.boot_id,
+                "link_text": None,
+            }
+        if rec["link_text"] is None and snap.kaslr and snap.anchors.text is not None:
+            rec["link_text"] = f"{snap.anchors.text - snap.kaslr.value:#x}"
+        elif raw is not None:
+            return
+        txn.put(key, _dumps(rec), db=db)
+
+    def get_boot(self, boot_id: str) -> BootSnapshot:
+        def fn(txn: Any) -> bytes | None:
+            db = self.dbs[b"boots"]
+            return None if db is None else txn.get(boot_id.encode(), db=db)
+
+        raw = self.read(fn)
+        if raw is None:
+            raise NoSuchBoot(boot_id)
+        return BootSnapshot.from_json(json.loads(raw))
+
+    def resolve_boot(self, prefix: str) -> str:
+        """The full boot-id for a unique prefix (as ``git`` does with hashes)."""
+        p = prefix.strip().lower()
+        if not p:
+            raise NoSuchBoot(prefix)
+
+        def fn(txn: Any) -> list[str]:
+            db = self.dbs[b"boots"]
+            if db is None:
+                return []
+            cur = txn.cursor(db=db)
+            out: list[str] = []
+            if cur.set_range(p.encode()):
+                for k in cur.iternext(values=False):
+                    s = k.decode()
+                    if not s.startswith(p):
+                        break
+                    out.append(s)
+                    if s == p:
+                        return [s]
+            return out
+
+        matches = self.read(fn)
+        if not matches:
+            raise NoSuchBoot(prefix)
+        if len(matches) > 1:
+            raise AmbiguousBoot(prefix, matches)
+        return matches[0]
+
+    def list_boots(self) -> list[BootSnapshot]:
+        """Every recorded boot, newest first."""
+
+        def fn(txn: Any) -> list[BootSnapshot]:
+            order, boots = self.dbs[b"boot_order"], self.dbs[b"boots"]
+            if order is None or boots is None:
+                return []
+            out = []
+            for k in txn.cursor(db=order).iterprev(values=False):
+                raw = txn.get(k[8:], db=boots)
+                if raw is not None:
+                    out.append(BootSnapshot.from_json(json.loads(raw)))
+            return out
+
+        return self.read(fn)
+
+    def get_build(self, build_id: str) -> dict[str, Any] | None:
+        def fn(txn: Any) -> bytes | None:
+            db = self.dbs[b"builds"]
+            return None if db is None else txn.get(build_id.encode(), db=db)
+
+        raw = self.read(fn)
+        return None if raw is None else dict(json.loads(raw))
+
+    def counts(self) -> dict[str, int]:
+        def fn(txn: Any) -> dict[str, int]:
+            out = {}
+            for name in (b"boots", b"builds", b"incarnations", b"open"):
+                db = self.dbs[name]
+                out[name.decode()] = 0 if db is None else txn.stat(db)["entries"]
+            return out
+
+        return self.read(fn)
+
+    # -- module incarnations -------------------------------------------------
+
+    def _next_seq(self, txn: Any, boot_id: str) -> int:
+        prefix = boot_key(boot_id)
+        cur = txn.cursor(db=self.dbs[b"incarnations"])
+        # Position past the last key of this boot, then step back.
+        if cur.set_range(prefix + b"\xff" * 8):
+            if cur.key()[:16] == prefix:
+                return int(_SEQ.unpack(cur.key()[16:])[0]) + 1
+            if not cur.prev():
+                return 0
+        elif not cur.last():
+            return 0
+        k = cur.key()
+        return int(_SEQ.unpack(k[16:])[0]) + 1 if k[:16] == prefix else 0
+
+    def apply_module_changes(
+        self,
+        boot_id: str,
+        opened: list[Incarnation],
+        updated: list[Incarnation],
+        closed: list[Incarnation],
+        watched: Timestamp | None,
+    ) -> list[Incarnation]:
+        """Record new incarnations (seq assigned here), updates and unloads in
+        one transaction; returns the opened ones with their seq."""
+        db, open_db = self.dbs[b"incarnations"], self.dbs[b"open"]
+
+        def fn(txn: Any) -> list[Incarnation]:
+            seq = self._next_seq(txn, boot_id)
+            out = []
+            for inc in opened:
+                rec = Incarnation(
+                    boot_id=boot_id,
+                    seq=seq,
+                    state=inc.state,
+                    loaded=inc.loaded,
+                    seen_by=inc.seen_by,
+                    init_live=inc.init_live,
+                    init_done=inc.init_done,
+                )
+                key = inc_key(boot_id, seq)
+                txn.put(key, _dumps(rec.to_json()), db=db)
+                txn.put(key, b"", db=open_db)
+                out.append(rec)
+                seq += 1
+            for inc in updated:
+                txn.put(inc_key(boot_id, inc.seq), _dumps(inc.to_json()), db=db)
+            for inc in closed:
+                key = inc_key(boot_id, inc.seq)
+                txn.put(key, _dumps(inc.to_json()), db=db)
+                txn.delete(key, db=open_db)
+            if watched is not None:
+                txn.put(boot_key(boot_id), _dumps(watched.to_json()), db=self.dbs[b"watch"])
+            return out
+
+        return self.write(fn)
+
+    def heartbeat(self, boot_id: str, when: Timestamp) -> None:
+        self.apply_module_changes(boot_id, [], [], [], when)
+
+    def last_watched(self, boot_id: str) -> Timestamp | None:
+        def fn(txn: Any) -> bytes | None:
+            db = self.dbs[b"watch"]
+            return None if db is None else txn.get(boot_key(boot_id), db=db)
+
+        raw = self.read(fn)
+        return None if raw is None else Timestamp.from_json(json.loads(raw))
+
+    def open_incarnations(self, boot_id: str) -> list[Incarnation]:
+        prefix = boot_key(boot_id)
+
+        def fn(txn: Any) -> list[Incarnation]:
+            open_db, db = self.dbs[b"open"], self.dbs[b"incarnations"]
+            if open_db is None or db is None:
+                return []
+            out = []
+            cur = txn.cursor(db=open_db)
+            if cur.set_range(prefix):
+                for k in cur.iternext(values=False):
+                    if k[:16] != prefix:
+                        break
+                    raw = txn.get(k, db=db)
+                    if raw is not None:
+                        out.append(Incarnation.from_json(json.loads(raw)))
+            return out
+
+        return self.read(fn)
+
+    def incarnations(self, boot_id: str) -> list[Incarnation]:
+        """Every incarnation of the boot, in the order they were recorded."""
+        prefix = boot_key(boot_id)
+
+        def fn(txn: Any) -> list[Incarnation]:
+            db = self.dbs[b"incarnations"]
+            if db is None:
+                return []
+            out = []
+            cur = txn.cursor(db=db)
+            if cur.set_range(prefix):
+                for k, v in cur.iternext():
+                    if k[:16] != prefix:
+                        break
+                    out.append(Incarnation.from_json(json.loads(v)))
+            return out
+
+        return self.read(fn)

@@ -1,0 +1,372 @@
+"""Following module loads and unloads: the reconciler.
+
+Event sources (uevents, a watchdog observer) only *hint* that something
+changed; every batch of hints ends in a reconciliation against the real
+``sys/module`` directory, so a dropped or reordered event never loses a
+module.  An add hint that finds its module already gone still proves the
+load happened: it is recorded as an incarnation that was gone before it could
+be read.  Each source's add hints are paired with incarnations one to one,
+so a module seen by two sources is recorded once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kreld import consts
+from kreld.kernel import Root
+from kreld.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.modules import list_modules, read_module, read_proc_modules
+from kreld.store import Store
+
+Listener = Callable[[str, Incarnation], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    source: SeenBy
+    action: str  # "add", "remove", "change" or "rescan"
+    name: str | None
+
+
+@dataclass
+class _Tracked:
+    inc: Incarnation
+    hinted: set[SeenBy] = field(default_factory=set)
+
+
+def _complete(state: ModuleState) -> bool:
+    return state.initstate != "coming" and (bool(state.sections) or state.restricted)
+
+
+class ModuleTracker:
+    """Keeps the store's incarnations of one boot in step with ``sys/module``."""
+
+    def __init__(
+        self,
+        store: Store,
+        root: Root,
+        boot_id: str,
+        log: Any,
+        *,
+        recheck_interval: float = consts.DEFAULT_POLL_INTERVAL,
+        heartbeat_interval: float = consts.HEARTBEAT_INTERVAL,
+    ) -> None:
+        self.store = store
+        self.root = root
+        self.boot_id = boot_id
+        self.log = log
+        self.recheck_interval = recheck_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.listeners: list[Listener] = []
+        self._hints: queue.SimpleQueue[Hint] = queue.SimpleQueue()
+        self._open: dict[str, _Tracked] = {}
+        self._recent: dict[str, deque[_Tracked]] = {}
+        self._last_scan: Timestamp | None = None
+        self._last_heartbeat = 0
+        self.reconciliations = 0
+        self.lock = threading.Lock()
+
+    # -- what sources call ----------------------------------------------------
+
+    def notify(self, source: SeenBy, action: str, name: str | None = None) -> None:
+        """Thread-safe: queue a hint for the reconciler."""
+        self._hints.put(Hint(source, action, name))
+
+    # -- queries ------------------------------------------------------------------
+
+    def loaded(self) -> list[Incarnation]:
+        with self.lock:
+            return sorted((t.inc for t in self._open.values()), key=lambda i: i.seq)
+
+    # -- startup ------------------------------------------------------------------
+
+    def startup(self) -> None:
+        """Continue the incarnations a previous run left open; close those that
+        vanished while kreld was down; open what is new."""
+        now = Timestamp.now()
+        last = self.store.last_watched(self.boot_id)
+        present = list_modules(self.root)
+        proc = read_proc_modules(self.root)
+        closed: list[Incarnation] = []
+        continued = 0
+        for inc in self.store.open_incarnations(self.boot_id):
+            state = read_module(self.root, inc.name, proc) if inc.name in present else None
+            if state is not None and self._same_load(inc.state, state):
+                self._open[inc.name] = _Tracked(inc, set(SeenBy))
+                continued += 1
+                continue
+            after = (
+                last if last is not None and last.monotonic > inc.loaded.monotonic else inc.loaded
+            )
+            closed.append(
+                dataclasses.replace(
+                    inc, unloaded=now, unloaded_after=after, unload_seen_by=SeenBy.STARTUP
+                )
+            )
+        opened: list[Incarnation] = []
+        for name in sorted(present):
+            if name in self._open:
+                continue
+            state = read_module(self.root, name, proc)
+            if state is not None:
+                opened.append(self._new(state, now, SeenBy.STARTUP))
+        stored = self.store.apply_module_changes(self.boot_id, opened, [], closed, now)
+        with self.lock:
+            for inc in stored:
+                # A module still in its init gets its add uevent later: leave it unpaired.
+                hinted = set(SeenBy) if inc.state.initstate != "coming" else {SeenBy.STARTUP}
+                self._open[inc.name] = _Tracked(inc, hinted)
+        self._last_scan = now
+        self._last_heartbeat = now.monotonic
+        self.log.info(
+            "modules_startup",
+            continued=continued,
+            opened=len(stored),
+            closed_while_down=len(closed),
+        )
+        for inc in closed:
+            self.log.info(
+                "module_unloaded_while_down",
+                module=inc.name,
+                seq=inc.seq,
+                build_id=inc.state.build_id,
+            )
+        self._emit([("load", i) for i in stored] + [("unload", i) for i in closed])
+
+    @staticmethod
+    def _same_load(old: ModuleState, new: ModuleState) -> bool:
+        if old.inode is not None and new.inode is not None and old.inode != new.inode:
+            return False
+        for name in (".text", ".data"):
+            a, b = old.sections.get(name), new.sections.get(name)
+            if a is not None and b is not None and a != b:
+                return False
+        if old.core_base and new.core_base and old.core_base != new.core_base:
+            return False
+        return old.build_id == new.build_id and old.srcversion == new.srcversion
+
+    @staticmethod
+    def _new(
+        state: ModuleState, when: Timestamp, by: SeenBy, gone: Timestamp | None = None
+    ) -> Incarnation:
+        return Incarnation(
+            boot_id="",
+            seq=-1,
+            state=state,
+            loaded=when,
+            seen_by=by,
+            init_live=state.initstate == "coming",
+            init_done=when if state.initstate == "live" else None,
+            unloaded=gone,
+            unloaded_after=when if gone else None,
+            unload_seen_by=by if gone else None,
+        )
+
+    # -- the reconciler loop ----------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Process hints until *stop* is set (run this in its own thread)."""
+        while not stop.is_set():
+            try:
+                first = self._hints.get(timeout=self.recheck_interval)
+            except queue.Empty:
+                self._idle()
+                continue
+            batch = [first]
+            while True:
+                try:
+                    batch.append(self._hints.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self.reconcile(batch)
+            except Exception as e:  # the daemon must outlive any one bad batch
+                self.log.error("reconcile_failed", error=str(e), kind=type(e).__name__)
+                stop.wait(min(self.recheck_interval, 1.0))
+                for h in batch:
+                    self._hints.put(h)
+
+    def _idle(self) -> None:
+        """No hints: re-read modules still loading; write a heartbeat now and then."""
+        incomplete = [t.inc.name for t in self._open.values() if not _complete(t.inc.state)]
+        if incomplete:
+            self.reconcile([Hint(SeenBy.POLL, "change", n) for n in incomplete])
+            return
+        now = Timestamp.now()
+        if now.monotonic - self._last_heartbeat >= self.heartbeat_interval * 1e9:
+            self.store.heartbeat(self.boot_id, now)
+            self._last_heartbeat = now.monotonic
+
+    def reconcile(self, hints: list[Hint]) -> None:
+        """One pass: compare the directory with what is open, pair the hints."""
+        now = Timestamp.now()
+        previous = self._last_scan or now
+        present = list_modules(self.root)
+        proc = read_proc_modules(self.root)
+        source = hints[0].source if hints else SeenBy.POLL
+        opened: list[tuple[Incarnation, SeenBy]] = []
+        updated: list[Incarnation] = []
+        closed: list[Incarnation] = []
+        closed_tracked: list[_Tracked] = []
+        recheck = {h.name for h in hints if h.name}
+
+        def close(t: _Tracked, by: SeenBy) -> None:
+            after = previous if previous.monotonic > t.inc.loaded.monotonic else t.inc.loaded
+            t.inc = dataclasses.replace(
+                t.inc, unloaded=now, unloaded_after=after, unload_seen_by=by
+            )
+            closed.append(t.inc)
+            closed_tracked.append(t)
+
+        for name in list(self._open):
+            t = self._open[name]
+            by = self._source_for(hints, name, "remove", source)
+            if name not in present:
+                close(t, by)
+                del self._open[name]
+                continue
+            if present[name] != t.inc.state.inode:
+                close(t, by)
+                del self._open[name]
+                continue
+            if name in recheck or not _complete(t.inc.state):
+                state = read_module(self.root, name, proc)
+                if state is None:
+                    close(t, by)
+                    del self._open[name]
+                    continue
+                new = self._refresh(t.inc, state, now)
+                if new != t.inc:
+                    t.inc = new
+                    updated.append(new)
+        for name in sorted(present):
+            if name in self._open:
+                continue
+            state = read_module(self.root, name, proc)
+            if state is not None:
+                by = self._source_for(hints, name, "add", source)
+                opened.append((self._new(state, now, by), by))
+
+        # Pair add hints with incarnations; an unpaired one is a load that came
+        # and went between two looks at the directory.
+        new_by_name: dict[str, list[int]] = {}
+        for i, (inc, _) in enumerate(opened):
+            new_by_name.setdefault(inc.name, []).append(i)
+        hinted_new: dict[int, set[SeenBy]] = {i: set() for i in range(len(opened))}
+        transients: list[Incarnation] = []
+        for h in hints:
+            if h.action != "add" or h.name is None:
+                continue
+            if any(h.source not in hinted_new[i] for i in new_by_name.get(h.name, [])):
+                i = next(i for i in new_by_name[h.name] if h.source not in hinted_new[i])
+                hinted_new[i].add(h.source)
+                continue
+            candidates = [self._open[h.name]] if h.name in self._open else []
+            candidates += [t for t in closed_tracked if t.inc.name == h.name]
+            candidates += list(self._recent.get(h.name, ()))
+            match = next((c for c in candidates if h.source not in c.hinted), None)
+            if match is not None:
+                match.hinted.add(h.source)
+                continue
+            gone = ModuleState(
+                name=h.name,
+                build_id=None,
+                sections={},
+                coresize=None,
+                initsize=None,
+                initstate=None,
+                srcversion=None,
+                taint=None,
+                core_base=None,
+                restricted=False,
+                inode=None,
+                faults=("gone before it could be read",),
+            )
+            transients.append(self._new(gone, now, h.source, gone=now))
+
+        if not (opened or updated or closed or transients):
+            self._last_scan = now
+            return
+        all_new = [inc for inc, _ in opened] + transients
+        stored = self.store.apply_module_changes(self.boot_id, all_new, updated, closed, now)
+        with self.lock:
+            for i, inc in enumerate(stored):
+                t = _Tracked(inc, hinted_new.get(i, set()) | {inc.seen_by})
+                if inc.unloaded is None:
+                    self._open[inc.name] = t
+                else:
+                    self._remember(t)
+            for t in closed_tracked:
+                self._remember(t)
+        self._last_scan = now
+        self.reconciliations += 1
+        for inc in stored:
+            self.log.info(
+                "module_loaded" if inc.unloaded is None else "module_came_and_went",
+                module=inc.name,
+                seq=inc.seq,
+                seen_by=inc.seen_by.value,
+                build_id=inc.state.build_id,
+                text=f"{inc.state.sections['.text']:#x}" if ".text" in inc.state.sections else None,
+                initstate=inc.state.initstate,
+                restricted=inc.state.restricted,
+            )
+            for fault in inc.state.faults:
+                self.log.warning("module_read_fault", module=inc.name, seq=inc.seq, fault=fault)
+        for inc in closed:
+            self.log.info(
+                "module_unloaded", module=inc.name, seq=inc.seq, seen_by=inc.unload_seen_by
+            )
+        self._emit(
+            [("load", i) for i in stored]
+            + [("update", i) for i in updated]
+            + [("unload", i) for i in closed]
+        )
+
+    @staticmethod
+    def _source_for(hints: list[Hint], name: str, action: str, default: SeenBy) -> SeenBy:
+        for h in hints:
+            if h.name == name and h.action == action:
+                return h.source
+        return default
+
+    @staticmethod
+    def _refresh(inc: Incarnation, state: ModuleState, now: Timestamp) -> Incarnation:
+        """What a later read adds to an open incarnation: never changes an address."""
+        sections = dict(state.sections)
+        sections.update(inc.state.sections)
+        merged = dataclasses.replace(
+            inc.state,
+            sections=sections,
+            build_id=inc.state.build_id or state.build_id,
+            coresize=inc.state.coresize if inc.state.coresize is not None else state.coresize,
+            initsize=inc.state.initsize if inc.state.initsize is not None else state.initsize,
+            initstate=state.initstate,
+            srcversion=inc.state.srcversion or state.srcversion,
+            taint=state.taint,
+            core_base=inc.state.core_base or state.core_base,
+            restricted=inc.state.restricted or state.restricted,
+            faults=state.faults,
+        )
+        init_done = inc.init_done
+        if init_done is None and state.initstate == "live":
+            init_done = now
+        return dataclasses.replace(inc, state=merged, init_done=init_done)
+
+    def _remember(self, t: _Tracked) -> None:
+        self._recent.setdefault(t.inc.name, deque(maxlen=4)).append(t)
+
+    def _emit(self, events: list[tuple[str, Incarnation]]) -> None:
+        for kind, inc in events:
+            for listener in list(self.listeners):
+                try:
+                    listener(kind, inc)
+                except Exception as e:
+                    self.log.error("listener_failed", error=str(e))
