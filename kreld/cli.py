@@ -6,18 +6,21 @@ import argparse
 import datetime as dt
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from kreld.client import Client, ConnectError, error_from_reply
 from kreld.config import Config
 from kreld.errors import ExitCode, InvalidArgument, KreldError
 from kreld.kernel import Root, read_boot_id
-from kreld.model import BootSnapshot, Clock, Incarnation, clock_now, hexaddr, parse_addr
+from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr, parse_addr
 from kreld.options import add_common, resolve_config
-from kreld.queries import AddressMap, loaded_at
+from kreld.queries import loaded_at
+from kreld.server import Service
 from kreld.snapshot import take_snapshot
 from kreld.store import Store
+from kreld.varlink import VarlinkError
 
 EPILOG = """\
 exit status:
@@ -70,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("modules", "list module incarnations loaded at a time")
     at_options(sp)
     sp.add_argument("--all", action="store_true", help="the boot's whole module history")
+    cmd("status", "the daemon's health, or the store's counts when no daemon runs")
+    cmd("watch", "print module loads and unloads as kreld records them (needs the daemon)")
     sp = cmd("resolve", "say which image and section holds each address")
     sp.add_argument("addresses", nargs="+", metavar="ADDR", help="hex address (0x optional)")
     at_options(sp)
@@ -144,44 +149,108 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: Tex
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
 
 
+class LocalBackend:
+    """Answers from the store itself, with the daemon's own method code."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.root = Root(Path(cfg.root))
+        self._service: Service | None = None
+
+    def _current_id(self) -> str:
+        return read_boot_id(self.root)
+
+    def service(self) -> Service:
+        if self._service is None:
+            store = Store(self.cfg.state_dir, readonly=True)
+
+            def current() -> BootSnapshot:
+                return store.get_boot(self._current_id())
+
+            def loaded() -> list[Incarnation]:
+                return loaded_at(store.incarnations(self._current_id()), Clock.MONOTONIC, None)
+
+            def status() -> dict[str, Any]:
+                counts = store.counts()
+                return {
+                    "daemon": False,
+                    "boot_id": self._current_id(),
+                    "loaded_modules": len(loaded()),
+                    "store_bytes": store.size_bytes(),
+                    **counts,
+                }
+
+            self._service = Service(store, current_boot=current, loaded=loaded, status=status)
+        return self._service
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        if method == "Snapshot":
+            snap, _notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
+            with Store(self.cfg.state_dir) as store:
+                stored, added, changed = store.record_boot(snap)
+            return {"boot": stored.to_json(), "new": added, "updated": changed}
+        try:
+            return self.service().handle(method, params)
+        except VarlinkError as e:
+            raise error_from_reply(e.name, e.parameters) from e
+
+    def stream(self, method: str, **params: Any) -> Iterator[dict[str, Any]]:
+        raise ConnectError(f"{self.cfg.socket}: {method} needs a running kreld")
+
+
 class Ctl:
     def __init__(self, cfg: Config, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
         self.cfg = cfg
         self.args = args
         self.out = out
         self.err = err
-        self.root = Root(Path(cfg.root))
+        self._backend: Client | LocalBackend | None = None
+
+    def backend(self) -> Client | LocalBackend:
+        """The daemon if one answers, else the store read directly.
+
+        A ``--state-dir`` given without ``--socket`` names a store: it is read
+        directly, whatever daemon runs on the default socket.
+        """
+        if self._backend is None:
+            if self.args.state_dir is not None and self.args.socket is None:
+                self._backend = LocalBackend(self.cfg)
+            else:
+                try:
+                    self._backend = Client(self.cfg.socket, timeout=60)
+                except ConnectError:
+                    print(
+                        f"kreldctl: no kreld answers on {self.cfg.socket}; "
+                        f"reading the store in {self.cfg.state_dir} directly",
+                        file=self.err,
+                    )
+                    self._backend = LocalBackend(self.cfg)
+        return self._backend
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        return self.backend().call(method, **{k: v for k, v in params.items() if v is not None})
 
     def emit_json(self, obj: Any) -> None:
         json.dump(obj, self.out, indent=2)
         self.out.write("\n")
 
-    def ro_store(self) -> Store:
-        return Store(self.cfg.state_dir, readonly=True)
-
-    def boot_id(self, store: Store, given: str | None) -> str:
-        if given:
-            return store.resolve_boot(given)
-        return read_boot_id(self.root)
-
     # -- commands ----------------------------------------------------------------
 
     def snapshot(self) -> int:
-        snap, _notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
-        with Store(self.cfg.state_dir) as store:
-            stored, added, changed = store.record_boot(snap)
+        res = self.call("Snapshot")
+        stored = BootSnapshot.from_json(res["boot"])
         warn_restricted(stored, self.err)
         if self.args.json:
-            self.emit_json({"boot": stored.to_json(), "new": added, "updated": changed})
+            self.emit_json(res)
         else:
+            added, changed = res["new"], res["updated"]
             state = "recorded" if added else ("updated" if changed else "already recorded")
             print(f"Boot {stored.boot_id} {state}.", file=self.out)
             render_boot(stored, self.out)
         return 0
 
     def show(self) -> int:
-        with self.ro_store() as store:
-            snap = store.get_boot(self.boot_id(store, self.args.boot))
+        snap = BootSnapshot.from_json(self.call("GetBoot", boot_id=self.args.boot)["boot"])
         warn_restricted(snap, self.err)
         if self.args.json:
             self.emit_json(snap.to_json())
@@ -190,8 +259,7 @@ class Ctl:
         return 0
 
     def boots(self) -> int:
-        with self.ro_store() as store:
-            boots = store.list_boots()
+        boots = [BootSnapshot.from_json(b) for b in self.call("ListBoots")["boots"]]
         if self.args.json:
             self.emit_json([b.to_json() for b in boots])
             return 0
@@ -208,32 +276,28 @@ class Ctl:
         render_table(("BOOT-ID", "FIRST-SEEN", "RELEASE", "BUILD-ID", "OFFSET"), rows, self.out)
         return 0
 
-    def _at(self) -> tuple[Clock, int | None]:
+    def _at(self) -> dict[str, Any]:
         clock = Clock(self.args.clock)
-        return clock, None if self.args.at is None else parse_time(self.args.at, clock)
-
-    def _boot_incs(self) -> tuple[BootSnapshot, list[Incarnation]]:
-        with self.ro_store() as store:
-            boot = store.get_boot(self.boot_id(store, self.args.boot))
-            return boot, store.incarnations(boot.boot_id)
+        at = None if self.args.at is None else parse_time(self.args.at, clock)
+        return {"boot_id": self.args.boot, "at": at, "clock": clock.value}
 
     def modules(self) -> int:
-        clock, t = self._at()
-        _boot, incs = self._boot_incs()
-        chosen = incs if self.args.all else loaded_at(incs, clock, t)
+        params = self._at()
+        mods = self.call("GetModules", all=self.args.all or None, **params)["modules"]
         if self.args.json:
-            self.emit_json([i.to_json() for i in chosen])
+            self.emit_json(mods)
             return 0
+        clock = Clock(params["clock"])
         rows = []
-        for i in chosen:
-            s = i.state
+        for i in map(Incarnation.from_json, mods):
+            st = i.state
             rows.append(
                 (
-                    s.name,
+                    st.name,
                     str(i.seq),
-                    hexaddr(s.sections.get(".text")) or ("restricted" if s.restricted else "-"),
-                    str(len(s.sections)),
-                    (s.build_id or "-")[:16],
+                    hexaddr(st.sections.get(".text")) or ("restricted" if st.restricted else "-"),
+                    str(len(st.sections)),
+                    (st.build_id or "-")[:16],
                     f"{i.loaded.on(clock)}",
                     "-" if i.unloaded is None else f"{i.unloaded.on(clock)}",
                     i.seen_by.value,
@@ -257,42 +321,58 @@ class Ctl:
 
     def resolve(self) -> int:
         try:
-            addrs = [parse_addr(a) for a in self.args.addresses]
+            addrs = [hexaddr(parse_addr(a)) for a in self.args.addresses]
         except ValueError as e:
             raise InvalidArgument("ADDR", str(e)) from e
-        clock, t = self._at()
-        boot, incs = self._boot_incs()
-        if t is None and boot.boot_id == self._current_boot():
-            t = clock_now(clock)
-        amap = AddressMap(boot, incs, clock, t)
-        results = [amap.resolve(a) for a in addrs]
+        results = self.call("Resolve", addresses=addrs, **self._at())["results"]
         if self.args.json:
-            self.emit_json([r.to_json() for r in results])
-            return 0
-        rows = []
-        for r in results:
-            if r.region is None:
-                rows.append((hexaddr(r.address) or "", "?", "", "", ""))
-                continue
-            g = r.region
-            image = g.image if g.inc is None else f"{g.image} (seq {g.inc.seq})"
-            rows.append(
-                (
-                    hexaddr(r.address) or "",
-                    image,
-                    g.section,
-                    hexaddr(g.base) or "",
-                    f"+{r.address - g.base:#x}",
-                )
-            )
-        render_table(("ADDRESS", "IMAGE", "SECTION", "BASE", "OFFSET"), rows, self.out)
-        return 0 if all(r.region for r in results) else 1
+            self.emit_json(results)
+        else:
+            rows = []
+            for r in results:
+                if r.get("image") is None:
+                    rows.append((r["address"], "?", "", "", ""))
+                    continue
+                image = r["image"] if r.get("seq") is None else f"{r['image']} (seq {r['seq']})"
+                rows.append((r["address"], image, r["section"], r["base"], "+" + r["offset"]))
+            render_table(("ADDRESS", "IMAGE", "SECTION", "BASE", "OFFSET"), rows, self.out)
+        return 0 if all(r.get("image") for r in results) else 1
 
-    def _current_boot(self) -> str | None:
-        try:
-            return read_boot_id(self.root)
-        except KreldError:
-            return None
+    def status(self) -> int:
+        st = self.call("Status")
+        st.setdefault("daemon", isinstance(self.backend(), Client))
+        if self.args.json:
+            self.emit_json(st)
+            return 0
+        width = max(len(k) for k in st)
+        for k, v in st.items():
+            if k == "sources":
+                for src in v:
+                    state = "ok" if src["healthy"] else f"FAILED: {src['last_error']}"
+                    print(
+                        f"{'source':<{width}}  {src['name']}: {state}, {src['events']} events",
+                        file=self.out,
+                    )
+            else:
+                print(f"{k:<{width}}  {v}", file=self.out)
+        return 0
+
+    def watch(self) -> int:
+        backend = self.backend()
+        for msg in backend.stream("Subscribe"):
+            if self.args.json:
+                self.out.write(json.dumps(msg) + "\n")
+            elif msg.get("event") == "snapshot":
+                print(f"{len(msg.get('modules') or [])} modules loaded; watching", file=self.out)
+            else:
+                m = msg.get("module") or {}
+                text = (m.get("sections") or {}).get(".text", "-")
+                print(
+                    f"{msg.get('event'):<7} {m.get('name')} seq {m.get('seq')} .text {text}",
+                    file=self.out,
+                )
+            self.out.flush()
+        return 0
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -29,6 +29,13 @@ class Config:
     poll_interval: float = consts.DEFAULT_POLL_INTERVAL
     watch: str = "auto"
     uevents: bool = True
+    socket_group: str = "kreld"
+    allowed_groups: tuple[str, ...] = ("kreld",)
+    allowed_uids: tuple[int, ...] = ()
+    max_message_bytes: int = 4 << 20
+    max_connections: int = 1024
+    idle_timeout: float = 60.0
+    subscribe_queue: int = 4096
     log_level: str = "info"
     log_format: str = "auto"
     sources: tuple[str, ...] = field(default=(), compare=False)
@@ -61,6 +68,42 @@ def _interval(v: Any) -> float:
     return float(v)
 
 
+def _names(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list):
+        raise TypeError("a list of group names")
+    return tuple(_str(x) for x in v)
+
+
+def _uids(v: Any) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(
+        isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in v
+    ):
+        raise TypeError("a list of numeric uids")
+    return tuple(v)
+
+
+def _int_range(lo: int, hi: int) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError("an integer")
+        if not lo <= v <= hi:
+            raise ValueError(f"an integer from {lo} to {hi}")
+        return v
+
+    return check
+
+
+def _seconds(lo: float, hi: float) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise TypeError("a number of seconds")
+        if not lo <= float(v) <= hi:
+            raise ValueError(f"between {lo} and {hi} seconds")
+        return float(v)
+
+    return check
+
+
 def _bool(v: Any) -> bool:
     if not isinstance(v, bool):
         raise TypeError("true or false")
@@ -90,6 +133,17 @@ SCHEMA: Mapping[str, Mapping[str, tuple[str, Callable[[Any], Any]]]] = {
         "poll_interval": ("poll_interval", _interval),
         "watch": ("watch", _choice(*_WATCH_METHODS)),
         "uevents": ("uevents", _bool),
+    },
+    "access": {
+        "socket_group": ("socket_group", _str),
+        "allowed_groups": ("allowed_groups", _names),
+        "allowed_uids": ("allowed_uids", _uids),
+    },
+    "limits": {
+        "max_message_bytes": ("max_message_bytes", _int_range(1024, 1 << 30)),
+        "max_connections": ("max_connections", _int_range(1, 65536)),
+        "idle_timeout": ("idle_timeout", _seconds(0.1, 86400)),
+        "subscribe_queue": ("subscribe_queue", _int_range(1, 1 << 20)),
     },
     "log": {
         "level": ("log_level", _choice(*_LOG_LEVELS)),

@@ -1,37 +1,56 @@
 """``kreld``: the resident daemon.
 
-Starts, records the boot, follows modules, and stays in the foreground until
-SIGTERM or SIGINT (exit 0).  No fork, no PID file.
+Starts, records the boot, follows modules, serves varlink, and stays in the
+foreground until SIGTERM or SIGINT (exit 0).  No fork, no PID file.  Under
+systemd it takes its socket from socket activation, says ``READY=1`` once
+the store is open, the boot recorded and the socket listening, pings the
+watchdog, and reloads its configuration on SIGHUP.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import signal
+import socket
 import sys
 import threading
+import time
+from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
+from systemd import daemon as sd
+
+from kreld import __version__
 from kreld import log as klog
 from kreld.config import Config
 from kreld.errors import ExitCode, KreldError
 from kreld.kernel import Root
 from kreld.model import BootSnapshot, Timestamp
 from kreld.options import add_common, resolve_config
+from kreld.server import Limits, Policy, Server, Service, bind_socket, group_id
 from kreld.snapshot import take_snapshot
 from kreld.sources import UeventSource, WatchSource
 from kreld.store import Store
 from kreld.tracker import ModuleTracker
 
 EPILOG = """\
+signals:
+  SIGTERM, SIGINT  stop cleanly (exit 0), removing the socket kreld bound
+  SIGHUP           reload the configuration; an invalid one is logged and
+                   the running configuration kept
+
 exit status:
   0  stopped cleanly on SIGTERM or SIGINT
-  1  an error kept it from running (logged)
+  1  an error kept it from running (logged), e.g. the socket is in use
   5  the store is unusable: corrupt, truncated, foreign or from a newer kreld
   6  the configuration is invalid (the message names the file and key)
 """
+
+# Keys that take effect only when kreld starts again.
+RESTART_KEYS = ("state_dir", "socket", "root", "watch", "uevents", "socket_group", "debuginfo_dirs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,13 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common(p)
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None)
-    p.add_argument("--log-format", choices=("auto", "console", "json"), default=None)
+    p.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), default=None, help="log level"
+    )
+    p.add_argument(
+        "--log-format", choices=("auto", "console", "json"), default=None, help="log format"
+    )
+    p.add_argument("--version", action="version", version=f"kreld {__version__}")
     return p
 
 
 def log_boot(log: Any, snap: BootSnapshot, added: bool, changed: bool, notes: list[str]) -> None:
-    """One event per fact, as the brief asks."""
+    """One event per fact."""
     log.info("boot", boot_id=snap.boot_id, new=added, updated=changed)
     log.info("kernel_release", release=snap.release, version=snap.version)
     log.info("kernel_build_id", build_id=snap.build_id)
@@ -71,31 +95,60 @@ def log_boot(log: Any, snap: BootSnapshot, added: bool, changed: bool, notes: li
         log.warning("kernel_read_fault", fault=fault)
 
 
+def policy_of(cfg: Config, log: Any) -> Policy:
+    gids = set()
+    for name in cfg.allowed_groups:
+        gid = group_id(name)
+        if gid is None:
+            log.warning("allowed_group_missing", group=name)
+        else:
+            gids.add(gid)
+    return Policy(frozenset(gids), frozenset(cfg.allowed_uids))
+
+
+def limits_of(cfg: Config) -> Limits:
+    return Limits(cfg.max_message_bytes, cfg.max_connections, cfg.idle_timeout, cfg.subscribe_queue)
+
+
 class Daemon:
-    def __init__(self, cfg: Config, log: Any) -> None:
+    def __init__(self, cfg: Config, args: argparse.Namespace, log: Any) -> None:
         self.cfg = cfg
+        self.args = args
         self.log = log
-        self.stop = threading.Event()
+        self.started = time.monotonic_ns()
+        self.stop_threads = threading.Event()
         self.root = Root(Path(cfg.root))
         self.store = Store(cfg.state_dir)
         self.sources: list[Any] = []
         self.tracker: ModuleTracker | None = None
+        self.tracker_thread: threading.Thread | None = None
         self.boot: BootSnapshot | None = None
+        self.server: Server | None = None
+        self.bound: tuple[str, int] | None = None
+        self._snapshot_lock = threading.Lock()
 
-    def start(self) -> None:
-        snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
-        stored, added, changed = self.store.record_boot(snap)
-        self.boot = stored
+    # -- startup ----------------------------------------------------------------
+
+    def record_boot(self) -> tuple[BootSnapshot, bool, bool]:
+        """Snapshot the kernel and record what is new (also the Snapshot method)."""
+        with self._snapshot_lock:
+            snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
+            stored, added, changed = self.store.record_boot(snap)
+            self.boot = stored
         log_boot(self.log, stored, added, changed, notes)
-        self.tracker = ModuleTracker(
-            self.store,
-            self.root,
-            stored.boot_id,
-            self.log,
-            recheck_interval=self.cfg.poll_interval,
+        return stored, added, changed
+
+    def current_boot(self) -> BootSnapshot:
+        assert self.boot is not None
+        return self.boot
+
+    def start_tracking(self) -> None:
+        stored, _, _ = self.record_boot()
+        tracker = ModuleTracker(
+            self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
-        self.tracker.startup()
-        tracker = self.tracker
+        self.tracker = tracker
+        tracker.startup()
         watch = WatchSource(
             tracker.notify,
             str(self.root / "sys/module"),
@@ -104,14 +157,17 @@ class Daemon:
             self.log,
         )
         self.sources.append(watch)
-        if self.cfg.uevents and self.cfg.root == "/":
+        if self.cfg.uevents and os.path.realpath(self.cfg.root) == "/":
             try:
                 self.sources.append(UeventSource(tracker.notify, self.log))
-            except Exception as e:  # no netlink (container, seccomp): polling still works
+            except Exception as e:  # no netlink here (container, seccomp): polling still works
                 self.log.warning("uevent_source_unavailable", error=str(e))
-        threading.Thread(target=tracker.run, args=(self.stop,), name="tracker", daemon=True).start()
+        self.tracker_thread = threading.Thread(
+            target=tracker.run, args=(self.stop_threads,), name="tracker", daemon=True
+        )
+        self.tracker_thread.start()
         for s in self.sources:
-            s.start(self.stop)
+            s.start(self.stop_threads)
         self.log.info(
             "watching",
             path=watch.path,
@@ -119,16 +175,181 @@ class Daemon:
             uevents=any(isinstance(s, UeventSource) for s in self.sources),
         )
 
+    def listening_socket(self) -> socket.socket:
+        fds = sd.listen_fds()
+        if fds:
+            fd = fds[0]
+            if not sd.is_socket_unix(fd, socket.SOCK_STREAM, 1):
+                raise KreldError(f"socket activation passed fd {fd}, not a listening Unix socket")
+            self.log.info("socket_activated", fd=fd, count=len(fds))
+            return socket.socket(fileno=fd)
+        sock = bind_socket(self.cfg.socket, self.cfg.socket_group, self.log)
+        self.bound = (self.cfg.socket, os.stat(self.cfg.socket).st_ino)
+        self.log.info(
+            "socket_bound", path=self.cfg.socket, mode="0660", group=self.cfg.socket_group
+        )
+        return sock
+
+    def status(self) -> dict[str, Any]:
+        assert self.boot is not None and self.tracker is not None
+        counts = self.store.counts()
+        return {
+            "version": __version__,
+            "uptime_ns": time.monotonic_ns() - self.started,
+            "boot_id": self.boot.boot_id,
+            "boots": counts["boots"],
+            "builds": counts["builds"],
+            "incarnations": counts["incarnations"],
+            "loaded_modules": len(self.tracker.loaded()),
+            "store_bytes": self.store.size_bytes(),
+            "connections": 0,
+            "subscribers": 0,
+            "restricted": self.boot.restricted,
+            "sources": [
+                {
+                    "name": s.name,
+                    "healthy": s.healthy,
+                    "events": s.events,
+                    "last_error": s.last_error,
+                }
+                for s in self.sources
+            ]
+            + [
+                {
+                    "name": "tracker",
+                    "healthy": self.healthy(),
+                    "events": self.tracker.reconciliations,
+                    "last_error": None,
+                }
+            ],
+        }
+
+    def healthy(self) -> bool:
+        return self.tracker_thread is not None and self.tracker_thread.is_alive()
+
+    def status_line(self) -> str:
+        st = self.status()
+        return (
+            f"boot {st['boot_id'][:8]}: {st['loaded_modules']} modules loaded, "
+            f"{st['incarnations']} incarnations in {st['boots']} boots"
+            + (", addresses restricted" if st["restricted"] else "")
+        )
+
+    # -- the main loop -------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def on_stop(sig: signal.Signals) -> None:
+            self.log.info("signal", signal=sig.name)
+            stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_stop, sig)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+
+        self.start_tracking()
+        assert self.tracker is not None and self.boot is not None
+        service = Service(
+            self.store,
+            current_boot=self.current_boot,
+            loaded=self.tracker.loaded,
+            snapshot=self.record_boot,
+            status=self.status,
+        )
+        self.server = Server(service, policy_of(self.cfg, self.log), limits_of(self.cfg), self.log)
+        await self.server.start(self.listening_socket())
+        self.tracker.listeners.append(self.server.publish)
+        sd.notify(f"READY=1\nSTATUS={self.status_line()}")
+        self.log.info(
+            "ready", state_dir=self.cfg.state_dir, root=self.cfg.root, socket=self.cfg.socket
+        )
+        tasks = [asyncio.create_task(self._status_updates())]
+        usec = _watchdog_usec()
+        if usec:
+            tasks.append(asyncio.create_task(self._watchdog(usec)))
+        await stop.wait()
+        sd.notify("STOPPING=1")
+        for t in tasks:
+            t.cancel()
+        await self.server.close()
+        self.shutdown()
+        return int(ExitCode.OK)
+
+    async def _watchdog(self, usec: int) -> None:
+        self.log.info("watchdog", interval_s=usec / 2e6)
+        while True:
+            if self.healthy():
+                sd.notify("WATCHDOG=1")
+            else:
+                self.log.error("watchdog_withheld", reason="tracker thread stopped")
+            await asyncio.sleep(usec / 2e6)
+
+    async def _status_updates(self) -> None:
+        while True:
+            await asyncio.sleep(10)
+            sd.notify(f"STATUS={self.status_line()}")
+
+    def reload(self) -> None:
+        """SIGHUP: take the new configuration, or keep the old one and say why."""
+        self.log.info("signal", signal="SIGHUP")
+        try:
+            new = resolve_config(self.args)
+        except KreldError as e:
+            self.log.error("config_reload_failed", error=str(e), kept="running configuration")
+            return
+        sd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        changed = [
+            k for k in Config.__dataclass_fields__ if getattr(new, k) != getattr(self.cfg, k)
+        ]
+        for key in changed:
+            if key in RESTART_KEYS:
+                self.log.warning("config_change_needs_restart", key=key)
+        applied = replace(new, **{k: getattr(self.cfg, k) for k in RESTART_KEYS})
+        self.cfg = applied
+        klog.configure(
+            self.args.log_level or applied.log_level, self.args.log_format or applied.log_format
+        )
+        self.log = klog.get()
+        if self.server is not None:
+            self.server.policy = policy_of(applied, self.log)
+            self.server.limits = limits_of(applied)
+        if self.tracker is not None:
+            self.tracker.recheck_interval = applied.poll_interval
+        self.log.info("config_reloaded", changed=changed, files=list(applied.sources))
+        sd.notify("READY=1")
+
     def shutdown(self) -> None:
-        self.stop.set()
+        self.stop_threads.set()
         for s in self.sources:
             s.stop()
+        if self.tracker_thread is not None:
+            self.tracker_thread.join(timeout=5)
         if self.tracker is not None:
             try:
                 self.store.heartbeat(self.tracker.boot_id, Timestamp.now())
             except KreldError as e:
                 self.log.error("final_heartbeat_failed", error=str(e))
+        if self.bound is not None:
+            path, ino = self.bound
+            try:
+                if os.stat(path).st_ino == ino:
+                    os.unlink(path)
+            except OSError:
+                pass
         self.store.close()
+
+
+def _watchdog_usec() -> int:
+    try:
+        usec = int(os.environ.get("WATCHDOG_USEC", "0"))
+    except ValueError:
+        return 0
+    pid = os.environ.get("WATCHDOG_PID")
+    if pid and pid != str(os.getpid()):
+        return 0
+    return max(usec, 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,32 +361,19 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.exit_code)
     klog.configure(args.log_level or cfg.log_level, args.log_format or cfg.log_format)
     log = klog.get()
-
-    stopping = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal", signal=signal.Signals(signum).name)
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     try:
-        daemon = Daemon(cfg, log)
+        daemon = Daemon(cfg, args, log)
     except KreldError as e:
         log.error("startup_failed", error=str(e), kind=type(e).__name__)
         return int(e.exit_code)
     try:
-        daemon.start()
-        log.info("ready", state_dir=cfg.state_dir, root=cfg.root)
-        while not stopping.wait(3600):
-            pass
+        rc = asyncio.run(daemon.run())
     except KreldError as e:
         log.error("startup_failed", error=str(e), kind=type(e).__name__)
         daemon.shutdown()
         return int(e.exit_code)
-    daemon.shutdown()
     log.info("stopped")
-    return int(ExitCode.OK)
+    return rc
 
 
 if __name__ == "__main__":

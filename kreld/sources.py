@@ -84,12 +84,17 @@ class UeventSource:
         self.monitor = pyudev.Monitor.from_netlink(self.context, source="kernel")
         self.monitor.set_receive_buffer_size(buffer_bytes)
         self.monitor.start()
+        self.name = "uevent"
         self.received = 0
         self.ignored = 0
         self.overruns = 0
         self.healthy = True
         self.last_error: str | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def events(self) -> int:
+        return self.received
 
     def start(self, stop: threading.Event) -> None:
         self._thread = threading.Thread(target=self._run, args=(stop,), name="uevent", daemon=True)
@@ -169,6 +174,7 @@ class WatchSource:
         if method == "auto":
             method = "poll" if is_sysfs(path) else "inotify"
         self.method = method
+        self.name = f"watch-{method}"
         self.seen_by = SeenBy.POLL if method == "poll" else SeenBy.INOTIFY
         self.observer: Any = (
             PollingObserver(timeout=interval) if method == "poll" else InotifyObserver()

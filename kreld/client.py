@@ -1,0 +1,142 @@
+"""A small varlink client for kreld: what a Python profiler imports.
+
+    from kreld.client import Client
+    with Client("/run/kreld/kreld.sock") as kreld:
+        print(kreld.call("Resolve", addresses=["0xffffffffc0a01234"])["results"])
+
+``call`` returns a reply's parameters; ``stream`` iterates the replies of a
+call made with ``more`` (``Subscribe``).  Error replies raise typed
+:class:`~kreld.errors.KreldError` subclasses (:class:`~kreld.errors.NoSuchBoot`,
+:class:`~kreld.errors.PermissionDenied`, ...), others :class:`RemoteError`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+from kreld import consts
+from kreld.errors import (
+    AddressesRestricted,
+    AmbiguousBoot,
+    InvalidArgument,
+    KreldError,
+    NoSuchBoot,
+    PermissionDenied,
+    StoreCorrupt,
+    StoreError,
+    StoreFull,
+)
+
+
+class RemoteError(KreldError):
+    """An error reply kreld's client has no more specific class for."""
+
+    def __init__(self, name: str, parameters: dict[str, Any]) -> None:
+        detail = parameters.get("message") or parameters.get("reason") or parameters
+        super().__init__(f"{name}: {detail}")
+        self.varlink_name = name  # type: ignore[misc]
+        self.params = parameters
+
+    def parameters(self) -> dict[str, Any]:
+        return self.params
+
+
+class ConnectError(KreldError):
+    """No kreld answers on the socket."""
+
+
+def error_from_reply(name: str, p: dict[str, Any]) -> KreldError:
+    def s(k: str) -> str:
+        return str(p.get(k, ""))
+
+    match name:
+        case "io.kreld.NoSuchBoot":
+            return NoSuchBoot(s("boot_id"))
+        case "io.kreld.AmbiguousBoot":
+            return AmbiguousBoot(s("prefix"), list(p.get("matches", [])))
+        case "io.kreld.PermissionDenied":
+            return PermissionDenied(s("message") or "permission denied")
+        case "io.kreld.AddressesRestricted":
+            return AddressesRestricted(s("reason"))
+        case "io.kreld.StoreCorrupt":
+            return StoreCorrupt(s("path"), s("reason"))
+        case "io.kreld.StoreTooNew":
+            return StoreError(s("path"), s("reason"))
+        case "io.kreld.StoreFull":
+            return StoreFull(s("path"), s("reason"))
+        case "io.kreld.StoreError":
+            return StoreError(s("path"), s("reason"))
+        case "org.varlink.service.InvalidParameter":
+            return InvalidArgument(s("parameter"), "rejected by kreld")
+    return RemoteError(name, p)
+
+
+class Client:
+    """One connection to kreld; not thread-safe (use one per thread)."""
+
+    def __init__(self, path: str = consts.DEFAULT_SOCKET, timeout: float | None = 10.0) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(path)
+        except OSError as e:
+            self.sock.close()
+            raise ConnectError(f"{path}: {e.strerror or e}") from e
+        self._buf = bytearray()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _qualify(method: str) -> str:
+        return method if "." in method else f"io.kreld.{method}"
+
+    def send(self, method: str, parameters: dict[str, Any], more: bool = False) -> None:
+        msg: dict[str, Any] = {"method": self._qualify(method), "parameters": parameters}
+        if more:
+            msg["more"] = True
+        self.sock.sendall(json.dumps(msg, separators=(",", ":")).encode() + b"\0")
+
+    def receive(self) -> dict[str, Any]:
+        """The next reply object (raw: with ``parameters``, ``continues`` or ``error``)."""
+        while True:
+            end = self._buf.find(b"\0")
+            if end >= 0:
+                raw = bytes(self._buf[:end])
+                del self._buf[: end + 1]
+                obj = json.loads(raw)
+                if not isinstance(obj, dict):
+                    raise RemoteError("io.kreld.Protocol", {"reason": "reply is not an object"})
+                return obj
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectError(f"{self.path}: connection closed by kreld")
+            self._buf += chunk
+
+    @staticmethod
+    def _unwrap(obj: dict[str, Any]) -> dict[str, Any]:
+        if "error" in obj:
+            raise error_from_reply(str(obj["error"]), dict(obj.get("parameters") or {}))
+        return dict(obj.get("parameters") or {})
+
+    def call(self, method: str, **parameters: Any) -> dict[str, Any]:
+        self.send(method, parameters)
+        return self._unwrap(self.receive())
+
+    def stream(self, method: str, **parameters: Any) -> Iterator[dict[str, Any]]:
+        self.send(method, parameters, more=True)
+        while True:
+            obj = self.receive()
+            yield self._unwrap(obj)
+            if not obj.get("continues"):
+                return

@@ -1,0 +1,599 @@
+"""The varlink server: who may ask, how much, and the ``io.kreld`` methods.
+
+One asyncio loop serves every connection; store reads are short LMDB read
+transactions done inline, slow work (a fresh snapshot) runs in a thread.
+Module events arrive from the tracker thread and fan out to subscribers
+through bounded queues: a subscriber that does not keep up is dropped with
+``io.kreld.SubscriberTooSlow`` and never holds anyone else back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import os
+import socket
+import stat
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kreld import __version__
+from kreld.errors import KreldError
+from kreld.model import BootSnapshot, Clock, Incarnation, clock_now, parse_addr
+from kreld.queries import AddressMap, loaded_at
+from kreld.store import Store
+from kreld.varlink import (
+    INTERFACE,
+    SERVICE,
+    Call,
+    VarlinkError,
+    check_known,
+    error_reply,
+    invalid_parameter,
+    opt_bool,
+    opt_int,
+    opt_str,
+    parse_call,
+    reply,
+)
+
+INTERFACE_DESCRIPTION = resources.files("kreld").joinpath("io.kreld.varlink").read_text()
+SERVICE_DESCRIPTION = """\
+# The varlink service interface
+interface org.varlink.service
+
+method GetInfo() -> (
+  vendor: string,
+  product: string,
+  version: string,
+  url: string,
+  interfaces: []string
+)
+
+method GetInterfaceDescription(interface: string) -> (description: string)
+
+error InterfaceNotFound (interface: string)
+error MethodNotFound (method: string)
+error MethodNotImplemented (method: string)
+error InvalidParameter (parameter: string)
+error PermissionDenied ()
+error ExpectedMore ()
+"""
+
+MAX_RESOLVE_ADDRESSES = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_message_bytes: int = 4 << 20
+    max_connections: int = 1024
+    idle_timeout: float = 60.0
+    subscribe_queue: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Who may connect: root, kreld's own uid, listed uids, members of listed groups."""
+
+    allowed_gids: frozenset[int] = frozenset()
+    allowed_uids: frozenset[int] = frozenset()
+
+    def allows(self, pid: int, uid: int, gid: int) -> bool:
+        if uid in (0, os.geteuid()) or uid in self.allowed_uids:
+            return True
+        if gid in self.allowed_gids:
+            return True
+        return bool(peer_groups(pid) & self.allowed_gids)
+
+
+def peer_groups(pid: int) -> set[int]:
+    """The supplementary groups of a process, from ``/proc/<pid>/status``."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    except (OSError, ValueError):
+        pass
+    return set()
+
+
+def peer_comm(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def peer_cred(sock: socket.socket) -> tuple[int, int, int]:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+def group_id(name: str) -> int | None:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
+
+
+def parse_clock(params: dict[str, Any]) -> Clock:
+    c = opt_str(params, "clock")
+    if c is None:
+        return Clock.MONOTONIC
+    try:
+        return Clock(c)
+    except ValueError as e:
+        raise invalid_parameter("clock") from e
+
+
+class Service:
+    """The ``io.kreld`` methods over a store and the current boot.
+
+    The daemon serves it on its socket; ``kreldctl`` runs the same code on the
+    store directly when no daemon answers, so both give the same answers.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        current_boot: Callable[[], BootSnapshot],
+        loaded: Callable[[], list[Incarnation]],
+        snapshot: Callable[[], tuple[BootSnapshot, bool, bool]] | None = None,
+        status: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.store = store
+        self._current = current_boot
+        self._loaded = loaded
+        self._snapshot = snapshot
+        self._status = status
+        self._boot_reply: bytes | None = None
+        self._now_map: AddressMap | None = None
+        self._history: dict[str, list[Incarnation]] = {}
+        self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "GetBoot": self.get_boot,
+            "ListBoots": self.list_boots,
+            "Snapshot": self.snapshot,
+            "GetModules": self.get_modules,
+            "Resolve": self.resolve,
+            "ExportKallsyms": self.export_kallsyms,
+            "Status": self.status,
+        }
+
+    def handle(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Call method *name* of ``io.kreld``; errors are raised, not returned."""
+        h = self.handlers.get(name)
+        if h is None:
+            raise VarlinkError(f"{SERVICE}.MethodNotFound", {"method": f"{INTERFACE}.{name}"})
+        try:
+            return h(params)
+        except KreldError as e:
+            raise VarlinkError.from_kreld(e) from e
+
+    def loaded(self) -> list[Incarnation]:
+        return self._loaded()
+
+    # Caches are dropped on every recorded event (called on the loop thread).
+    def invalidate(self) -> None:
+        self._now_map = None
+        self._history.clear()
+
+    def _boot(self, params: dict[str, Any]) -> tuple[BootSnapshot, bool]:
+        """The boot asked for, and whether it is the current one."""
+        given = opt_str(params, "boot_id")
+        current = self._current()
+        if given is None or given == current.boot_id:
+            return current, True
+        boot = self.store.get_boot(self.store.resolve_boot(given))
+        return boot, boot.boot_id == current.boot_id
+
+    def _incarnations(self, boot_id: str) -> list[Incarnation]:
+        incs = self._history.get(boot_id)
+        if incs is None:
+            incs = self.store.incarnations(boot_id)
+            if len(self._history) > 8:
+                self._history.clear()
+            self._history[boot_id] = incs
+        return incs
+
+    def get_boot_reply(self, params: dict[str, Any]) -> bytes:
+        """GetBoot as wire bytes; the current boot's answer is built once."""
+        if not params:
+            if self._boot_reply is None:
+                self._boot_reply = reply(self.get_boot(params))
+            return self._boot_reply
+        return reply(self.get_boot(params))
+
+    def get_boot(self, params: dict[str, Any]) -> dict[str, Any]:
+        check_known(params, {"boot_id"})
+        return {"boot": self._boot(params)[0].to_json()}
+
+    def list_boots(self, params: dict[str, Any]) -> dict[str, Any]:
+        check_known(params, set())
+        return {"boots": [b.to_json() for b in self.store.list_boots()]}
+
+    def snapshot(self, params: dict[str, Any]) -> dict[str, Any]:
+        check_known(params, set())
+        if self._snapshot is None:
+            raise VarlinkError(f"{SERVICE}.MethodNotImplemented", {"method": "Snapshot"})
+        stored, added, changed = self._snapshot()
+        self._boot_reply = None
+        return {"boot": stored.to_json(), "new": added, "updated": changed}
+
+    def _at(self, params: dict[str, Any], is_current: bool) -> tuple[Clock, int | None]:
+        """The time asked about; "now" on the current boot, the end of record on others."""
+        clock = parse_clock(params)
+        t = opt_int(params, "at")
+        if t is None and is_current:
+            t = clock_now(clock)
+        return clock, t
+
+    def get_modules(self, params: dict[str, Any]) -> dict[str, Any]:
+        check_known(params, {"boot_id", "at", "clock", "all"})
+        boot, is_current = self._boot(params)
+        if opt_bool(params, "all"):
+            return {"modules": [i.to_json() for i in self._incarnations(boot.boot_id)]}
+        if is_current and params.get("at") is None:
+            parse_clock(params)
+            return {"modules": [i.to_json() for i in self._loaded()]}
+        clock, t = self._at(params, is_current)
+        incs = loaded_at(self._incarnations(boot.boot_id), clock, t)
+        return {"modules": [i.to_json() for i in incs]}
+
+    def resolve(self, params: dict[str, Any]) -> dict[str, Any]:
+        check_known(params, {"addresses", "boot_id", "at", "clock"})
+        raw = params.get("addresses")
+        if not isinstance(raw, list) or len(raw) > MAX_RESOLVE_ADDRESSES:
+            raise invalid_parameter("addresses")
+        try:
+            addrs = [parse_addr(a) for a in raw]
+        except (ValueError, TypeError, AttributeError) as e:
+            raise invalid_parameter("addresses") from e
+        boot, is_current = self._boot(params)
+        if boot.restricted and not boot.anchors.known():
+            raise VarlinkError(
+                f"{INTERFACE}.AddressesRestricted", {"reason": boot.restricted_reason or ""}
+            )
+        if is_current and params.get("at") is None:
+            parse_clock(params)
+            if self._now_map is None:
+                self._now_map = AddressMap(boot, self._loaded(), Clock.MONOTONIC, None)
+            amap = self._now_map
+        else:
+            clock, t = self._at(params, is_current)
+            amap = AddressMap(boot, self._incarnations(boot.boot_id), clock, t)
+        return {"results": [amap.resolve(a).to_json() for a in addrs]}
+
+    def export_kallsyms(self, params: dict[str, Any]) -> dict[str, Any]:
+        # Needs the symbol cache (a later issue): a named error, never an empty file.
+        raise VarlinkError(
+            f"{SERVICE}.MethodNotImplemented", {"method": f"{INTERFACE}.ExportKallsyms"}
+        )
+
+    def status(self, params: dict[str, Any]) -> dict[str, Any]:
+        check_known(params, set())
+        if self._status is None:
+            raise VarlinkError(f"{SERVICE}.MethodNotImplemented", {"method": "Status"})
+        return self._status()
+
+
+@dataclass(eq=False)
+class _Conn:
+    pid: int
+    uid: int
+    comm: str | None
+    writer: asyncio.StreamWriter
+    queue: asyncio.Queue[dict[str, Any] | None] | None = None
+    overflowed: bool = False
+    calls: int = 0
+    opened: float = field(default_factory=time.monotonic)
+
+
+class Server:
+    """Accepts connections on a listening socket and speaks varlink."""
+
+    def __init__(self, service: Service, policy: Policy, limits: Limits, log: Any) -> None:
+        self.service = service
+        self.policy = policy
+        self.limits = limits
+        self.log = log
+        self.conns: set[_Conn] = set()
+        self.subscribers: set[_Conn] = set()
+        self.refused = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self, sock: socket.socket) -> None:
+        self._loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        self._server = await asyncio.start_unix_server(
+            self._handle, sock=sock, limit=self.limits.max_message_bytes
+        )
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for c in list(self.conns):
+            c.writer.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    # -- module events from the tracker thread ------------------------------------
+
+    def publish(self, kind: str, inc: Incarnation) -> None:
+        """Thread-safe: hand an event to the loop."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._broadcast, kind, inc)
+
+    def _broadcast(self, kind: str, inc: Incarnation) -> None:
+        self.service.invalidate()
+        if not self.subscribers:
+            return
+        event = {"event": kind, "module": inc.to_json()}
+        for c in list(self.subscribers):
+            assert c.queue is not None
+            try:
+                c.queue.put_nowait(event)
+            except asyncio.QueueFull:
+                self._drop(c)
+
+    def _drop(self, c: _Conn) -> None:
+        """Drop a subscriber that fell behind: tell it why if its socket can take it."""
+        assert c.queue is not None
+        c.overflowed = True
+        self.subscribers.discard(c)
+        while not c.queue.empty():
+            c.queue.get_nowait()
+        c.queue.put_nowait(None)
+        if c.writer.transport.get_write_buffer_size():
+            # It is not reading at all: nothing more can reach it.
+            c.writer.transport.abort()
+        self.log.warning(
+            "subscriber_dropped", pid=c.pid, uid=c.uid, queued=self.limits.subscribe_queue
+        )
+
+    # -- connections ---------------------------------------------------------------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        try:
+            pid, uid, gid = peer_cred(sock)
+        except OSError:
+            writer.close()
+            return
+        conn = _Conn(pid, uid, None, writer)
+        try:
+            if len(self.conns) >= self.limits.max_connections:
+                await self._send(
+                    conn,
+                    error_reply(
+                        VarlinkError(
+                            f"{INTERFACE}.TooManyConnections",
+                            {"limit": self.limits.max_connections},
+                        )
+                    ),
+                )
+                return
+            if not self.policy.allows(pid, uid, gid):
+                conn.comm = peer_comm(pid)
+                self.refused += 1
+                self.log.warning("peer_refused", pid=pid, uid=uid, gid=gid, comm=conn.comm)
+                await self._refuse(reader, conn)
+                return
+            self.conns.add(conn)
+            await self._serve(reader, conn)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        except Exception as e:  # one connection's failure must never stop the daemon
+            self.log.error("connection_failed", pid=pid, error=str(e), kind=type(e).__name__)
+        finally:
+            self.conns.discard(conn)
+            self.subscribers.discard(conn)
+            writer.close()
+
+    async def _refuse(self, reader: asyncio.StreamReader, conn: _Conn) -> None:
+        err = VarlinkError(
+            f"{INTERFACE}.PermissionDenied",
+            {"message": f"uid {conn.uid} is not allowed to use kreld"},
+        )
+        with contextlib.suppress(
+            asyncio.LimitOverrunError, asyncio.IncompleteReadError, TimeoutError
+        ):
+            await asyncio.wait_for(reader.readuntil(b"\0"), timeout=2)
+        await self._send(conn, error_reply(err))
+
+    async def _send(self, conn: _Conn, data: bytes) -> None:
+        conn.writer.write(data)
+        await asyncio.wait_for(conn.writer.drain(), timeout=self.limits.idle_timeout)
+
+    async def _serve(self, reader: asyncio.StreamReader, conn: _Conn) -> None:
+        while True:
+            try:
+                raw = await asyncio.wait_for(
+                    reader.readuntil(b"\0"), timeout=self.limits.idle_timeout
+                )
+            except asyncio.LimitOverrunError:
+                err = VarlinkError(
+                    f"{INTERFACE}.MessageTooLarge", {"limit": self.limits.max_message_bytes}
+                )
+                self.log.warning("message_too_large", pid=conn.pid, uid=conn.uid)
+                await self._send(conn, error_reply(err))
+                return
+            except asyncio.IncompleteReadError as e:
+                if e.partial.strip():
+                    err = VarlinkError(
+                        f"{INTERFACE}.InvalidRequest", {"reason": "message not ended by NUL"}
+                    )
+                    await self._send(conn, error_reply(err))
+                return
+            except TimeoutError:
+                self.log.debug("connection_idle_closed", pid=conn.pid)
+                return
+            conn.calls += 1
+            try:
+                call = parse_call(raw[:-1])
+            except VarlinkError as bad:
+                await self._send(conn, error_reply(bad))
+                continue
+            if call.method == f"{INTERFACE}.Subscribe":
+                await self._subscribe(conn, call)
+                return
+            if call.method == f"{INTERFACE}.Snapshot":
+                # Reads all of kallsyms: off the loop, so others are served meanwhile.
+                loop = asyncio.get_running_loop()
+                data = await loop.run_in_executor(None, self._dispatch, call)
+            else:
+                data = self._dispatch(call)
+            if not call.oneway:
+                await self._send(conn, data)
+
+    def _dispatch(self, call: Call) -> bytes:
+        try:
+            return self._call(call)
+        except VarlinkError as err:
+            return error_reply(err)
+        except KreldError as e:
+            return error_reply(VarlinkError.from_kreld(e))
+        except RecursionError:
+            return error_reply(VarlinkError(f"{INTERFACE}.InvalidRequest", {"reason": "too deep"}))
+
+    def _call(self, call: Call) -> bytes:
+        m, p = call.method, call.parameters
+        s = self.service
+        if call.interface == SERVICE:
+            if m == f"{SERVICE}.GetInfo":
+                return reply(
+                    {
+                        "vendor": "kreld",
+                        "product": "kreld",
+                        "version": __version__,
+                        "url": "https://github.com/kreld/kreld",
+                        "interfaces": [SERVICE, INTERFACE],
+                    }
+                )
+            if m == f"{SERVICE}.GetInterfaceDescription":
+                name = opt_str(p, "interface")
+                if name == INTERFACE:
+                    return reply({"description": INTERFACE_DESCRIPTION})
+                if name == SERVICE:
+                    return reply({"description": SERVICE_DESCRIPTION})
+                raise VarlinkError(f"{SERVICE}.InterfaceNotFound", {"interface": name})
+            raise VarlinkError(f"{SERVICE}.MethodNotFound", {"method": m})
+        if call.interface != INTERFACE:
+            raise VarlinkError(f"{SERVICE}.InterfaceNotFound", {"interface": call.interface})
+        name = m[len(INTERFACE) + 1 :]
+        if name == "GetBoot":
+            check_known(p, {"boot_id"})
+            return s.get_boot_reply(p)
+        if name == "Status":
+            return reply(self._status(p))
+        return reply(s.handle(name, p))
+
+    def _status(self, params: dict[str, Any]) -> dict[str, Any]:
+        out = self.service.status(params)
+        out["connections"] = len(self.conns)
+        out["subscribers"] = len(self.subscribers)
+        return out
+
+    async def _subscribe(self, conn: _Conn, call: Call) -> None:
+        if not call.more:
+            await self._send(conn, error_reply(VarlinkError(f"{SERVICE}.ExpectedMore")))
+            return
+        try:
+            check_known(call.parameters, set())
+        except VarlinkError as err:
+            await self._send(conn, error_reply(err))
+            return
+        conn.queue = asyncio.Queue(maxsize=self.limits.subscribe_queue)
+        self.subscribers.add(conn)
+        first = {"event": "snapshot", "modules": [i.to_json() for i in self.service.loaded()]}
+        conn.writer.write(reply(first, continues=True))
+        await conn.writer.drain()
+        queue = conn.queue
+        while (event := await queue.get()) is not None:
+            conn.writer.write(reply(event, continues=True))
+            # A reader that lets its socket buffer fill stalls only this task;
+            # its bounded queue then overflows and _drop() cuts it off.
+            await asyncio.wait_for(conn.writer.drain(), timeout=self.limits.idle_timeout)
+        if conn.overflowed:
+            too_slow = VarlinkError(
+                f"{INTERFACE}.SubscriberTooSlow", {"queued": self.limits.subscribe_queue}
+            )
+            conn.writer.write(error_reply(too_slow))
+            await asyncio.wait_for(conn.writer.drain(), timeout=5)
+
+
+# -- the listening socket --------------------------------------------------------
+
+
+class SocketError(KreldError):
+    varlink_name = "io.kreld.SocketError"
+
+
+def socket_answers(path: str) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def bind_socket(path: str, group: str, log: Any) -> socket.socket:
+    """Bind a listening socket at *path*, mode 0660, group *group*.
+
+    Refuses to take a path a live kreld answers on, and anything at the path
+    that is not a socket (a planted symlink is never followed); a stale
+    socket is removed.  The socket is bound under a temporary name, given
+    its mode and group, then renamed into place: it is never reachable with
+    looser permissions.
+    """
+    p = Path(path)
+    try:
+        p.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    except OSError as e:
+        raise SocketError(f"{p.parent}: cannot create: {e.strerror}") from e
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise SocketError(f"{path}: exists and is not a socket; refusing to replace it")
+        if socket_answers(path):
+            raise SocketError(f"{path}: a live server answers there; refusing to take it over")
+        log.info("stale_socket_removed", path=path)
+        os.unlink(p)
+    gid = group_id(group)
+    if gid is None:
+        log.warning("socket_group_missing", group=group, fallback="root")
+        gid = 0
+    tmp = p.with_name(f".{p.name}.{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o177)
+        try:
+            sock.bind(str(tmp))
+        finally:
+            os.umask(old)
+        os.chown(tmp, -1, gid)
+        os.chmod(tmp, 0o660)
+        os.rename(tmp, p)
+        sock.listen(512)
+    except OSError as e:
+        sock.close()
+        raise SocketError(f"{path}: cannot bind: {e.strerror}") from e
+    return sock

@@ -1,0 +1,136 @@
+"""The varlink wire protocol: JSON objects, each ended by a NUL byte.
+
+A call is ``{"method": "iface.Method", "parameters": {...}, "more": bool,
+"oneway": bool}``; a reply is ``{"parameters": {...}, "continues": bool}``
+or ``{"error": "iface.Name", "parameters": {...}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from kreld.errors import KreldError
+
+INTERFACE = "io.kreld"
+SERVICE = "org.varlink.service"
+
+
+class VarlinkError(Exception):
+    """An error reply: a qualified name and its parameters."""
+
+    def __init__(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        super().__init__(name)
+        self.name = name
+        self.parameters = parameters or {}
+
+    def __str__(self) -> str:
+        detail = ", ".join(f"{k}={v!r}" for k, v in self.parameters.items())
+        return f"{self.name}({detail})"
+
+    @classmethod
+    def from_kreld(cls, e: KreldError) -> VarlinkError:
+        return cls(e.varlink_name, e.parameters())
+
+
+def invalid_parameter(name: str) -> VarlinkError:
+    return VarlinkError(f"{SERVICE}.InvalidParameter", {"parameter": name})
+
+
+def invalid_request(reason: str) -> VarlinkError:
+    return VarlinkError(f"{INTERFACE}.InvalidRequest", {"reason": reason})
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    method: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+    more: bool = False
+    oneway: bool = False
+
+    @property
+    def interface(self) -> str:
+        return self.method.rpartition(".")[0]
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_call(raw: bytes) -> Call:
+    """Decode one message (without its NUL); raise a named error when malformed."""
+    try:
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as e:
+        raise invalid_request(f"not UTF-8 at byte {e.start}") from e
+    except RecursionError as e:
+        raise invalid_request("JSON nested too deeply") from e
+    except ValueError as e:  # JSONDecodeError, or an integer with too many digits
+        raise invalid_request(f"not JSON: {str(e)[:120]}") from e
+    if not isinstance(obj, dict):
+        raise invalid_request("a call must be a JSON object")
+    method = obj.get("method")
+    if not isinstance(method, str) or "." not in method or len(method) > 256:
+        raise invalid_request("missing or malformed 'method'")
+    params = obj.get("parameters", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise invalid_parameter("parameters")
+    more, oneway = obj.get("more", False), obj.get("oneway", False)
+    if not isinstance(more, bool) or not isinstance(oneway, bool):
+        raise invalid_request("'more' and 'oneway' must be booleans")
+    if obj.get("upgrade"):
+        raise VarlinkError(f"{SERVICE}.MethodNotImplemented", {"method": method})
+    return Call(method, params, more, oneway)
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\0"
+
+
+def reply(parameters: dict[str, Any], continues: bool = False) -> bytes:
+    if continues:
+        return encode({"parameters": parameters, "continues": True})
+    return encode({"parameters": parameters})
+
+
+def error_reply(err: VarlinkError) -> bytes:
+    return encode({"error": err.name, "parameters": err.parameters})
+
+
+# -- parameter checks --------------------------------------------------------
+
+
+def opt_str(params: dict[str, Any], name: str, max_len: int = 256) -> str | None:
+    v = params.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, str) or len(v) > max_len:
+        raise invalid_parameter(name)
+    return v
+
+
+def opt_int(params: dict[str, Any], name: str) -> int | None:
+    v = params.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not -(2**63) <= v < 2**63:
+        raise invalid_parameter(name)
+    return v
+
+
+def opt_bool(params: dict[str, Any], name: str) -> bool:
+    v = params.get(name, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise invalid_parameter(name)
+    return v
+
+
+def check_known(params: dict[str, Any], known: set[str]) -> None:
+    for k in params:
+        if k not in known:
+            raise invalid_parameter(k)
