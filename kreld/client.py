@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,14 +80,30 @@ class Client:
 
     def __init__(self, path: str = consts.DEFAULT_SOCKET, timeout: float | None = 10.0) -> None:
         self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout)
-        try:
-            self.sock.connect(path)
-        except OSError as e:
-            self.sock.close()
-            raise ConnectError(f"{path}: {e.strerror or e}") from e
+        self.sock = self._connect(path, timeout)
         self._buf = bytearray()
+
+    @staticmethod
+    def _connect(path: str, timeout: float | None) -> socket.socket:
+        # A full listen backlog makes connect() fail with EAGAIN at once: retry
+        # until the timeout, as a blocking connect to a TCP server would wait.
+        deadline = time.monotonic() + (timeout if timeout is not None else 3600)
+        delay = 0.001
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            try:
+                sock.connect(path)
+                return sock
+            except BlockingIOError as e:
+                sock.close()
+                if time.monotonic() + delay > deadline:
+                    raise ConnectError(f"{path}: {e.strerror or e}") from e
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+            except OSError as e:
+                sock.close()
+                raise ConnectError(f"{path}: {e.strerror or e}") from e
 
     def close(self) -> None:
         self.sock.close()
@@ -118,7 +135,10 @@ class Client:
                 if not isinstance(obj, dict):
                     raise RemoteError("io.kreld.Protocol", {"reason": "reply is not an object"})
                 return obj
-            chunk = self.sock.recv(1 << 20)
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except ConnectionError as e:
+                raise ConnectError(f"{self.path}: {e.strerror or e}") from e
             if not chunk:
                 raise ConnectError(f"{self.path}: connection closed by kreld")
             self._buf += chunk

@@ -67,6 +67,8 @@ error ExpectedMore ()
 """
 
 MAX_RESOLVE_ADDRESSES = 1_000_000
+# Pending connections the kernel queues for us (capped by net.core.somaxconn).
+LISTEN_BACKLOG = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +317,7 @@ class Server:
         self._loop = asyncio.get_running_loop()
         sock.setblocking(False)
         self._server = await asyncio.start_unix_server(
-            self._handle, sock=sock, limit=self.limits.max_message_bytes
+            self._handle, sock=sock, limit=self.limits.max_message_bytes, backlog=LISTEN_BACKLOG
         )
 
     async def close(self) -> None:
@@ -444,6 +446,9 @@ class Server:
                 await self._send(conn, error_reply(bad))
                 continue
             if call.method == f"{INTERFACE}.Subscribe":
+                if not call.more:
+                    await self._send(conn, error_reply(VarlinkError(f"{SERVICE}.ExpectedMore")))
+                    continue
                 await self._subscribe(conn, call)
                 return
             if call.method == f"{INTERFACE}.Snapshot":
@@ -504,9 +509,6 @@ class Server:
         return out
 
     async def _subscribe(self, conn: _Conn, call: Call) -> None:
-        if not call.more:
-            await self._send(conn, error_reply(VarlinkError(f"{SERVICE}.ExpectedMore")))
-            return
         try:
             check_known(call.parameters, set())
         except VarlinkError as err:
@@ -592,7 +594,7 @@ def bind_socket(path: str, group: str, log: Any) -> socket.socket:
         os.chown(tmp, -1, gid)
         os.chmod(tmp, 0o660)
         os.rename(tmp, p)
-        sock.listen(512)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as e:
         sock.close()
         raise SocketError(f"{path}: cannot bind: {e.strerror}") from e

@@ -202,7 +202,13 @@ class Store:
             return
         if b"meta" not in names:
             raise StoreCorrupt(str(self.path), "an LMDB environment, but not a kreld store")
-        meta = self.env.open_db(b"meta", create=False)
+        try:
+            meta = self.env.open_db(b"meta", create=False)
+        except lmdb.Error as e:
+            # e.g. MDB_INCOMPATIBLE: "meta" is a plain key of a foreign environment.
+            raise StoreCorrupt(
+                str(self.path), f"an LMDB environment, but not a kreld store ({e})"
+            ) from e
         with self.env.begin(db=meta) as txn:
             magic = txn.get(b"magic")
             schema = txn.get(b"schema")

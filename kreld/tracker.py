@@ -294,15 +294,32 @@ class ModuleTracker:
         if not (opened or updated or closed or transients):
             self._last_scan = now
             return
-        all_new = [inc for inc, _ in opened] + transients
-        stored = self.store.apply_module_changes(self.boot_id, all_new, updated, closed, now)
+        # A load that came and went happened before the load of the same name
+        # still present: record it first, so seqs follow the order of loads.
+        all_new = transients + [inc for inc, _ in opened]
+        stored = [
+            # The store assigns the seq; whether the load is over is ours to say.
+            dataclasses.replace(
+                s,
+                unloaded=a.unloaded,
+                unloaded_after=a.unloaded_after,
+                unload_seen_by=a.unload_seen_by,
+            )
+            for s, a in zip(
+                self.store.apply_module_changes(self.boot_id, all_new, updated, closed, now),
+                all_new,
+                strict=True,
+            )
+        ]
         with self.lock:
             for i, inc in enumerate(stored):
-                t = _Tracked(inc, hinted_new.get(i, set()) | {inc.seen_by})
-                if inc.unloaded is None:
-                    self._open[inc.name] = t
+                if i < len(transients):
+                    self._remember(_Tracked(inc, {inc.seen_by}))
                 else:
-                    self._remember(t)
+                    # Only the hints paired with it: one still on its way (the
+                    # directory was listed before its event came) pairs later,
+                    # instead of becoming a phantom load that came and went.
+                    self._open[inc.name] = _Tracked(inc, hinted_new[i - len(transients)])
             for t in closed_tracked:
                 self._remember(t)
         self._last_scan = now

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from faketree import FakeTree
 
 BIN = Path(sys.executable).parent
@@ -34,11 +36,15 @@ def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"
 
 
-def kreldctl(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def kreldctl(
+    *args: str, check: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run kreldctl as a real subprocess; with --json in args, parse stdout via .json()."""
     cp = subprocess.run([_bin("kreldctl"), *args], capture_output=True, text=True, timeout=timeout)
     if check and cp.returncode != 0:
-        raise AssertionError(f"kreldctl {' '.join(args)} -> {cp.returncode}\n{cp.stdout}\n{cp.stderr}")
+        raise AssertionError(
+            f"kreldctl {' '.join(args)} -> {cp.returncode}\n{cp.stdout}\n{cp.stderr}"
+        )
     return cp
 
 
@@ -55,11 +61,13 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, wait_ready: bool = True, timeout: float = 20) -> Daemon:
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._offset = self.log_path.stat().st_size
         self.proc = subprocess.Popen(
             [_bin("kreld"), "--log-format", "json", *self.args],
-            stdout=self._log, stderr=self._log, start_new_session=True,
+            stdout=self._log,
+            stderr=self._log,
+            start_new_session=True,
         )
         if wait_ready:
             self.wait_for("ready", timeout=timeout)
@@ -74,17 +82,26 @@ class Daemon:
                 continue
         return out
 
-    def wait_for(self, event: str, timeout: float = 20, count: int = 1, **match: Any) -> dict[str, Any]:
+    def wait_for(
+        self, event: str, timeout: float = 20, count: int = 1, **match: Any
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = [e for e in self.events() if e.get("event") == event
-                     and all(e.get(k) == v for k, v in match.items())]
+            found = [
+                e
+                for e in self.events()
+                if e.get("event") == event and all(e.get(k) == v for k, v in match.items())
+            ]
             if len(found) >= count:
                 return found[count - 1]
             if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"kreld exited {self.proc.returncode}:\n{self.log_path.read_text()}")
+                raise AssertionError(
+                    f"kreld exited {self.proc.returncode}:\n{self.log_path.read_text()}"
+                )
             time.sleep(0.02)
-        raise AssertionError(f"no {event!r} {match} in {timeout}s:\n{self.log_path.read_text()[-4000:]}")
+        raise AssertionError(
+            f"no {event!r} {match} in {timeout}s:\n{self.log_path.read_text()[-4000:]}"
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
         assert self.proc is not None
@@ -109,3 +126,37 @@ def daemon_factory(tmp_path: Path) -> Iterator[Any]:
         if d.proc is not None and d.proc.poll() is None:
             d.proc.kill()
             d.proc.wait()
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    """A short, world-traversable directory (sun_path is 108 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="kreld-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def start(daemon_factory: Any, tree: FakeTree, state: Path, sock: Path, *extra: str) -> Daemon:
+    d: Daemon = daemon_factory(
+        "--root", str(tree.root), "--state-dir", str(state), "--socket", str(sock), *extra
+    )
+    return d.start()
+
+
+def raw_exchange(path: Path, data: bytes, timeout: float = 5) -> list[dict[str, Any]]:
+    """Send raw bytes, half-close, and read every reply until kreld closes."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(str(path))
+    buf = b""
+    try:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        while chunk := s.recv(65536):
+            buf += chunk
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        s.close()
+    return [json.loads(part) for part in buf.split(b"\0") if part]

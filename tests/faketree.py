@@ -31,8 +31,15 @@ def build_id_note(build_id: str) -> bytes:
 class FakeTree:
     """A kernel's view under a directory: boot-id, release, kallsyms, notes, modules."""
 
-    def __init__(self, root: Path, *, text: int = 0xFFFFFFFF9D000000, build_id: str | None = None,
-                 release: str = "6.1.0-fake", kptr_restrict: int = 0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        text: int = 0xFFFFFFFF9D000000,
+        build_id: str | None = None,
+        release: str = "6.1.0-fake",
+        kptr_restrict: int = 0,
+    ) -> None:
         self.root = root
         self.release = release
         self.build_id = build_id or uuid.uuid4().hex + "01234567"
@@ -72,37 +79,62 @@ class FakeTree:
         """Write a kallsyms whose image starts at *text* (all zeros if *zero*)."""
         self.text = text
         syms = [
-            (0, "T", "_text"), (0, "T", "_stext"), (0x1000, "T", "start_kernel"),
-            (0x2000, "t", "do_one_initcall"), (0x1000000, "T", "_etext"),
-            (0x3000000, "T", "_sinittext"), (0x3100000, "T", "_einittext"),
+            (0, "T", "_text"),
+            (0, "T", "_stext"),
+            (0x1000, "T", "start_kernel"),
+            (0x2000, "t", "do_one_initcall"),
+            (0x1000000, "T", "_etext"),
+            (0x3000000, "T", "_sinittext"),
+            (0x3100000, "T", "_einittext"),
         ]
         lines = [f"{0 if zero else text + off:016x} {t} {n}" for off, t, n in syms]
         lines.append(f"{0 if zero else 0xFFFFFFFFC0000000:016x} t dummy_init\t[dummy]")
         self.write("proc/kallsyms", "\n".join(lines) + "\n")
 
-    def add_module(self, name: str, base: int, *, build_id: str | None = None,
-                   initstate: str = "live", coresize: int = 0x4000, initsize: int = 0x1000,
-                   sections: Mapping[str, int] | None = None, zero: bool = False,
-                   extra_files: Mapping[str, bytes] | None = None) -> None:
+    def add_module(
+        self,
+        name: str,
+        base: int,
+        *,
+        build_id: str | None = None,
+        initstate: str = "live",
+        coresize: int = 0x4000,
+        initsize: int = 0x1000,
+        sections: Mapping[str, int] | None = None,
+        zero: bool = False,
+        extra_files: Mapping[str, bytes] | None = None,
+    ) -> None:
         """Load a module: its sysfs directory appears at once (rename), and /proc/modules."""
         stage = self.root / "stage" / name
         shutil.rmtree(stage, ignore_errors=True)
         (stage / "sections").mkdir(parents=True)
         (stage / "notes").mkdir()
         (stage / "parameters").mkdir()
-        secs = dict(sections) if sections is not None else {
-            ".text": base, ".data": base + 0x2000, ".rodata": base + 0x3000,
-            ".gnu.linkonce.this_module": base + 0x3800, ".init.text": base + 0x100000,
-            ".exit.text": base + 0x1800,
-        }
+        secs = (
+            dict(sections)
+            if sections is not None
+            else {
+                ".text": base,
+                ".data": base + 0x2000,
+                ".rodata": base + 0x3000,
+                ".gnu.linkonce.this_module": base + 0x3800,
+                ".init.text": base + 0x100000,
+                ".exit.text": base + 0x1800,
+            }
+        )
         for s, addr in secs.items():
             (stage / "sections" / s).write_text(f"0x{0 if zero else addr:016x}\n")
         (stage / "notes" / ".note.gnu.build-id").write_bytes(
             build_id_note(build_id or uuid.uuid5(uuid.NAMESPACE_DNS, name).hex[:40].ljust(40, "0"))
         )
-        for f, v in {"initstate": initstate, "coresize": str(coresize),
-                     "initsize": str(initsize), "srcversion": "0123456789ABCDEF0123456",
-                     "taint": "", "refcnt": "0"}.items():
+        for f, v in {
+            "initstate": initstate,
+            "coresize": str(coresize),
+            "initsize": str(initsize),
+            "srcversion": "0123456789ABCDEF0123456",
+            "taint": "",
+            "refcnt": "0",
+        }.items():
             (stage / f).write_text(v + "\n")
         for f, b in (extra_files or {}).items():
             p = stage / f
