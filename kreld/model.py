@@ -22,12 +22,10 @@ def hexaddr(value: int | None) -> str | None:
 
 def parse_addr(text: str) -> int:
     """Parse an address as users and JSON give it: ``0x``-prefixed or bare hex."""
-    s = text.strip().lower()
-    if s.startswith("0x"):
-        s = s[2:]
-    if not s or len(s) > 16:
+    value = int(text, 16)  # accepts an optional 0x and surrounding blanks
+    if not 0 <= value < 1 << 64 or "_" in text:
         raise ValueError(f"not a 64-bit hex address: {text!r}")
-    return int(s, 16)
+    return value
 
 
 class Clock(StrEnum):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import grp
+import json
 import os
 import socket
 import stat
@@ -251,6 +252,10 @@ class Service:
         return {"modules": [i.to_json() for i in incs]}
 
     def resolve(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"results": json.loads(self.resolve_results(params))}
+
+    def resolve_results(self, params: dict[str, Any]) -> str:
+        """Resolve's ``results`` as JSON text (the server splices it into its reply)."""
         check_known(params, {"addresses", "boot_id", "at", "clock"})
         raw = params.get("addresses")
         if not isinstance(raw, list) or len(raw) > MAX_RESOLVE_ADDRESSES:
@@ -272,7 +277,7 @@ class Service:
         else:
             clock, t = self._at(params, is_current)
             amap = AddressMap(boot, self._incarnations(boot.boot_id), clock, t)
-        return {"results": [amap.resolve(a).to_json() for a in addrs]}
+        return amap.resolve_json(addrs)
 
     def export_kallsyms(self, params: dict[str, Any]) -> dict[str, Any]:
         # Needs the symbol cache (a later issue): a named error, never an empty file.
@@ -500,6 +505,12 @@ class Server:
             return s.get_boot_reply(p)
         if name == "Status":
             return reply(self._status(p))
+        if name == "Resolve":
+            try:
+                text = s.resolve_results(p)
+            except KreldError as e:
+                raise VarlinkError.from_kreld(e) from e
+            return b'{"parameters":{"results":' + text.encode() + b"}}\0"
         return reply(s.handle(name, p))
 
     def _status(self, params: dict[str, Any]) -> dict[str, Any]:
