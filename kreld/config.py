@@ -16,7 +16,7 @@ from kreld import consts
 from kreld.errors import ConfigError
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
-_LOG_FORMATS = ("auto", "console", "json")
+_LOG_FORMATS = ("auto", "console", "json", "journal")
 _WATCH_METHODS = ("auto", "poll", "inotify")
 
 

@@ -62,10 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_common(p)
     p.add_argument(
-        "--log-level", choices=("debug", "info", "warning", "error"), default=None, help="log level"
+        "--log-level", choices=tuple(klog.LEVELS), default=None, help="log level (default info)"
     )
     p.add_argument(
-        "--log-format", choices=("auto", "console", "json"), default=None, help="log format"
+        "--log-format",
+        choices=klog.FORMATS,
+        default=None,
+        help="console, json (JSON lines), journal, or auto (journal under systemd, "
+        "console on a TTY, JSON lines otherwise)",
     )
     p.add_argument("--version", action="version", version=f"kreld {__version__}")
     return p
@@ -135,6 +139,7 @@ class Daemon:
             snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
             stored, added, changed = self.store.record_boot(snap)
             self.boot = stored
+        klog.journal_context["KRELD_BOOT_ID"] = stored.boot_id
         log_boot(self.log, stored, added, changed, notes)
         return stored, added, changed
 

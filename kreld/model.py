@@ -224,7 +224,7 @@ def merge_boot(old: BootSnapshot, new: BootSnapshot) -> BootSnapshot:
         anchors=anchors,
         kaslr=kaslr,
         restricted=restricted,
-        restricted_reason=old.restricted_reason if restricted else None,
+        restricted_reason=(old.restricted_reason or new.restricted_reason) if restricted else None,
         kptr_restrict=old.kptr_restrict if old.kptr_restrict is not None else new.kptr_restrict,
         first_seen=old.first_seen,
         faults=old.faults,

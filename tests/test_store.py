@@ -1,0 +1,410 @@
+"""The LMDB store on real files: one record per boot, durability, refusal, growth, readers."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import lmdb
+import pytest
+from conftest import kreldctl
+from faketree import FakeTree
+
+from kreld.errors import StoreCorrupt, StoreError, StoreTooNew
+from kreld.model import Anchors, BootSnapshot, KaslrOffset, OffsetSource, Timestamp
+from kreld.store import Store
+
+TEXT = 0xFFFFFFFF9D000000
+LINK = 0xFFFFFFFF81000000
+BUILD_ID = "0123456789abcdef0123456789abcdef01234567"
+
+
+def snap(
+    boot_id: str | None = None,
+    *,
+    n: int = 0,
+    text: int | None = TEXT,
+    kaslr: KaslrOffset | None = None,
+    restricted: bool = False,
+    build_id: str | None = BUILD_ID,
+    kptr_restrict: int | None = 0,
+) -> BootSnapshot:
+    anchors = Anchors() if text is None else Anchors(text, text, text + 0x1000000)
+    return BootSnapshot(
+        boot_id=boot_id or str(uuid.uuid4()),
+        release="6.1.0-fake",
+        version="#1 SMP",
+        build_id=build_id,
+        anchors=anchors,
+        kaslr=kaslr,
+        restricted=restricted,
+        restricted_reason="kernel.kptr_restrict=2 hides kernel pointers" if restricted else None,
+        kptr_restrict=kptr_restrict,
+        first_seen=Timestamp(1_000 + n, 2_000 + n, 1_700_000_000_000_000_000 + n),
+    )
+
+
+# -- one record per boot -----------------------------------------------------------------
+
+
+def test_same_boot_recorded_twice_is_one_record(tmp_path: Path) -> None:
+    first = snap()
+    with Store(tmp_path / "st") as store:
+        stored, new, changed = store.record_boot(first)
+        assert (stored, new, changed) == (first, True, False)
+        # A second scan of the same boot, a moment later: nothing new.
+        again = snap(first.boot_id, n=5)
+        stored, new, changed = store.record_boot(again)
+        assert (new, changed) == (False, False)
+        assert stored == first  # first_seen is the first scan's
+    with Store(tmp_path / "st") as store:  # and after reopening
+        _, new, changed = store.record_boot(snap(first.boot_id, n=9))
+        assert (new, changed) == (False, False)
+        assert store.counts()["boots"] == 1
+        assert [b.boot_id for b in store.list_boots()] == [first.boot_id]
+        assert store.get_boot(first.boot_id) == first
+
+
+def test_later_snapshot_fills_unknowns_and_keeps_what_was_known(tmp_path: Path) -> None:
+    """Restricted first, then with pointers and an offset: filled in; a third, different
+    scan of the same boot changes nothing already known."""
+    boot = str(uuid.uuid4())
+    restricted = snap(boot, text=None, restricted=True, build_id=None, kptr_restrict=2)
+    offset = KaslrOffset(TEXT - LINK, OffsetSource.VMLINUX, "/boot/vmlinux-6.1.0-fake")
+    full = snap(boot, n=1, kaslr=offset, kptr_restrict=0)
+    with Store(tmp_path / "st") as store:
+        store.record_boot(restricted)
+        stored, new, changed = store.record_boot(full)
+        assert (new, changed) == (False, True)
+        assert stored.anchors == full.anchors
+        assert stored.kaslr == offset
+        assert stored.build_id == BUILD_ID
+        assert stored.restricted is False and stored.restricted_reason is None
+        assert stored.first_seen == restricted.first_seen
+        assert stored.kptr_restrict == 2  # known before: kept
+        assert store.get_build(BUILD_ID)["link_text"] == f"{LINK:#x}"
+
+        other = KaslrOffset(0x1000000, OffsetSource.VMCOREINFO, "/proc/kcore")
+        liar = snap(boot, n=2, text=TEXT + 0x200000, kaslr=other, build_id="ab" * 20)
+        stored2, new, changed = store.record_boot(liar)
+        assert (new, changed) == (False, False)
+        assert stored2 == stored == store.get_boot(boot)
+        assert store.counts()["boots"] == 1
+
+
+def test_partial_anchor_knowledge_is_completed_field_by_field(tmp_path: Path) -> None:
+    boot = str(uuid.uuid4())
+    a = snap(boot, text=None)
+    a = BootSnapshot(**{**_fields(a), "anchors": Anchors(text=TEXT)})
+    b = snap(boot, n=1)
+    with Store(tmp_path / "st") as store:
+        store.record_boot(a)
+        stored, _, changed = store.record_boot(b)
+    assert changed is True
+    assert stored.anchors == Anchors(TEXT, TEXT, TEXT + 0x1000000)
+
+
+def test_restriction_learnt_later_keeps_its_reason(tmp_path: Path) -> None:
+    """kallsyms unreadable at first (no anchors, not restricted), zeros later: the record
+    becomes restricted *with* the later scan's reason, never a reason of None."""
+    boot = str(uuid.uuid4())
+    unreadable = snap(boot, text=None)
+    zeros = snap(boot, n=1, text=None, restricted=True, kptr_restrict=2)
+    with Store(tmp_path / "st") as store:
+        store.record_boot(unreadable)
+        stored, _, changed = store.record_boot(zeros)
+    assert changed is True
+    assert stored.restricted is True
+    assert stored.restricted_reason == zeros.restricted_reason
+
+
+def _fields(s: BootSnapshot) -> dict[str, object]:
+    return {f: getattr(s, f) for f in BootSnapshot.__slots__}
+
+
+# -- kill -9 of a writer ------------------------------------------------------------------
+
+WRITER = textwrap.dedent(
+    """
+    import sys, uuid
+    from kreld.model import Anchors, BootSnapshot, Timestamp
+    from kreld.store import Store
+
+    store = Store(sys.argv[1])
+    print("ready", flush=True)
+    i = 0
+    while True:
+        boot = str(uuid.uuid4())
+        store.record_boot(BootSnapshot(
+            boot_id=boot, release="6.1.0-fake", version="#1", build_id=uuid.uuid4().hex,
+            anchors=Anchors(0xffffffff81000000 + (i << 21)), kaslr=None, restricted=False,
+            restricted_reason=None, kptr_restrict=0, first_seen=Timestamp.now(),
+        ))
+        print(boot, flush=True)
+        i += 1
+    """
+)
+
+
+def test_kill_9_of_a_writer_mid_burst_loses_nothing_committed(tmp_path: Path) -> None:
+    state = tmp_path / "st"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(state)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        printed = [proc.stdout.readline() for _ in range(300)]
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        printed += proc.stdout.readlines()  # committed before the kill, still in the pipe
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    committed = [line.strip() for line in printed if line.endswith("\n")]
+    assert len(committed) >= 300
+
+    with Store(state) as store:  # opens for writing: no corruption
+        for boot in committed:
+            assert store.get_boot(boot).boot_id == boot
+        n = store.counts()
+        # At most one more than printed: committed, killed before printing.
+        assert len(committed) <= n["boots"] <= len(committed) + 1
+        # Every boot has its listing entry and its build record: no half transaction.
+        assert len(store.list_boots()) == n["boots"] == n["builds"]
+        _, new, _ = store.record_boot(snap())
+        assert new is True
+    with Store(state, readonly=True) as ro:
+        assert ro.counts()["boots"] == n["boots"] + 1
+
+
+# -- refusing what is not a kreld store -----------------------------------------------------
+
+
+def make_garbage(d: Path) -> None:
+    d.mkdir()
+    (d / "data.mdb").write_bytes(hashlib.sha256(b"x").digest() * 2048)
+
+
+def make_text_file(d: Path) -> None:
+    d.mkdir()
+    (d / "data.mdb").write_text("this is not a database\n")
+
+
+def make_kreld_store(d: Path, boots: int = 200) -> None:
+    with Store(d) as store:
+        for i in range(boots):
+            store.record_boot(snap(n=i))
+
+
+def make_truncated(keep: float | int):
+    def make(d: Path) -> None:
+        make_kreld_store(d)
+        data = d / "data.mdb"
+        size = data.stat().st_size
+        assert size > 3 * 4096
+        os.truncate(data, int(size * keep) if isinstance(keep, float) else keep)
+
+    return make
+
+
+def make_foreign_named(d: Path) -> None:
+    """Another program's environment: named databases, none of them ours."""
+    env = lmdb.open(str(d), max_dbs=4)
+    users, blobs = env.open_db(b"users"), env.open_db(b"blobs")
+    with env.begin(write=True) as txn:
+        txn.put(b"alice", b"1", db=users)
+        txn.put(b"k", b"v" * 100, db=blobs)
+    env.close()
+
+
+def make_foreign_meta(d: Path) -> None:
+    """A foreign environment that also has a named database called "meta"."""
+    env = lmdb.open(str(d), max_dbs=4)
+    meta = env.open_db(b"meta")
+    with env.begin(write=True) as txn:
+        txn.put(b"version", b"3", db=meta)
+        txn.put(b"magic", b"somebody-else", db=meta)
+    env.close()
+
+
+def make_foreign_plain(d: Path) -> None:
+    """A foreign environment with plain keys, one of them b"meta", in its main database."""
+    env = lmdb.open(str(d))
+    with env.begin(write=True) as txn:
+        txn.put(b"meta", b"not a database")
+        txn.put(b"other", b"value")
+    env.close()
+
+
+def make_schema_99(d: Path) -> None:
+    make_kreld_store(d, boots=3)
+    env = lmdb.open(str(d), max_dbs=16)
+    meta = env.open_db(b"meta", create=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"schema", b"99", db=meta)
+    env.close()
+
+
+REFUSED = [
+    pytest.param(make_garbage, StoreCorrupt, "not an LMDB file", id="garbage"),
+    pytest.param(make_text_file, StoreCorrupt, "not an LMDB file", id="text-file"),
+    pytest.param(make_truncated(0.5), StoreCorrupt, "truncated", id="truncated-half"),
+    pytest.param(make_truncated(4096), StoreCorrupt, "truncated", id="truncated-one-page"),
+    pytest.param(make_truncated(100), StoreCorrupt, "not an LMDB file", id="truncated-100b"),
+    pytest.param(make_foreign_named, StoreCorrupt, "not a kreld store", id="foreign"),
+    pytest.param(make_foreign_meta, StoreCorrupt, "not a kreld store", id="foreign-meta"),
+    pytest.param(make_foreign_plain, StoreCorrupt, "not a kreld store", id="foreign-plain"),
+    pytest.param(make_schema_99, StoreTooNew, "schema version 99", id="schema-99"),
+]
+
+
+def digests(d: Path) -> dict[str, str]:
+    """sha256 of every file but LMDB's lock file (which any opener may touch)."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(d.iterdir())
+        if p.name != "lock.mdb"
+    }
+
+
+@pytest.mark.parametrize(("make", "error", "words"), REFUSED)
+def test_unusable_store_is_refused_and_left_untouched(
+    tmp_path: Path, make, error: type[StoreError], words: str
+) -> None:
+    state = tmp_path / "st"
+    make(state)
+    before = digests(state)
+    for readonly in (False, True):
+        with pytest.raises(error) as ei:
+            Store(state, readonly=readonly)
+        assert words in str(ei.value)
+        assert str(state) in str(ei.value)
+    if error is StoreTooNew:
+        assert (ei.value.found, ei.value.supported) == (99, 1)
+    assert digests(state) == before
+
+
+# One of each kind for the CLI (a subprocess each); the Store test above covers all.
+REFUSED_CLI = [
+    p
+    for p in REFUSED
+    if p.id in ("garbage", "truncated-half", "foreign", "foreign-plain", "schema-99")
+]
+
+
+@pytest.mark.parametrize(("make", "error", "words"), REFUSED_CLI)
+def test_kreldctl_on_unusable_store_exits_5(
+    tmp_path: Path, tree: FakeTree, make, error: type[StoreError], words: str
+) -> None:
+    """`show` (a reader) refuses with exit 5 and a clear message, and writes nothing;
+    so does `snapshot` (a writer) on a few representative cases."""
+    state = tmp_path / "st"
+    make(state)
+    before = digests(state)
+    writer_too = make in (make_garbage, make_foreign_plain, make_schema_99)
+    for cmd in ("show", "snapshot") if writer_too else ("show",):
+        cp = kreldctl(cmd, "--root", str(tree.root), "--state-dir", str(state), check=False)
+        assert cp.returncode == 5, cp.stderr
+        assert cp.stderr.startswith("kreldctl: store ")
+        assert words in cp.stderr
+        assert "Traceback" not in cp.stderr
+        assert cp.stdout == ""
+    assert digests(state) == before
+
+
+# -- growth and readers ---------------------------------------------------------------------
+
+
+def test_tiny_map_grows_to_take_thousands_of_records(tmp_path: Path) -> None:
+    n = 2000
+    ids = [str(uuid.UUID(int=i + 1)) for i in range(n)]
+    with Store(tmp_path / "st", map_size=64 << 10) as store:
+        for i, boot in enumerate(ids):
+            store.record_boot(snap(boot, n=i))
+        assert store.env.info()["map_size"] > 64 << 10
+    with Store(tmp_path / "st", readonly=True, map_size=64 << 10) as ro:
+        assert ro.counts()["boots"] == n
+        listed = [b.boot_id for b in ro.list_boots()]
+        assert listed == ids[::-1]  # newest first
+
+
+READER = textwrap.dedent(
+    """
+    import sys
+    from kreld.errors import NoSuchBoot
+    from kreld.store import Store
+
+    store = Store(sys.argv[1], readonly=True, map_size=64 << 10)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cmd, _, arg = line.strip().partition(" ")
+        if cmd == "count":
+            print(store.counts()["boots"], flush=True)
+        elif cmd == "mapsize":
+            print(store.env.info()["map_size"], flush=True)
+        elif cmd == "get":
+            try:
+                print(store.get_boot(arg).boot_id, flush=True)
+            except NoSuchBoot:
+                print("missing", flush=True)
+    """
+)
+
+
+def test_reader_in_another_process_sees_commits_while_writer_stays_open(tmp_path: Path) -> None:
+    """A long-lived read-only Store sees each commit, even after the writer grew the map."""
+    state = tmp_path / "st"
+    writer = Store(state, map_size=64 << 10)
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, str(state)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert reader.stdin is not None and reader.stdout is not None
+
+    def ask(q: str) -> str:
+        reader.stdin.write(q + "\n")
+        reader.stdin.flush()
+        return reader.stdout.readline().strip()
+
+    try:
+        first = snap(n=0)
+        writer.record_boot(first)
+        assert reader.stdout.readline() == "ready\n"
+        assert ask("count") == "1"
+        later = snap(n=1)
+        assert ask(f"get {later.boot_id}") == "missing"
+        writer.record_boot(later)
+        assert ask(f"get {later.boot_id}") == later.boot_id
+        # Grow the map well past the reader's 64 KiB while it stays open.
+        for i in range(300):
+            writer.record_boot(snap(n=2 + i))
+        assert writer.env.info()["map_size"] > 64 << 10
+        assert ask("count") == "302"
+        assert int(ask("mapsize")) > 64 << 10  # the reader adopted the grown map
+        last = snap(n=1000)
+        writer.record_boot(last)
+        assert ask(f"get {last.boot_id}") == last.boot_id
+    finally:
+        reader.stdin.close()
+        reader.wait(timeout=10)
+        writer.close()
+    assert reader.returncode == 0
+
+
+def test_readonly_store_refuses_writes_and_missing_store(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no kreld store here"):
+        Store(tmp_path / "nothing", readonly=True)
+    assert not (tmp_path / "nothing").exists()
+    make_kreld_store(tmp_path / "st", boots=1)
+    with Store(tmp_path / "st", readonly=True) as ro, pytest.raises(StoreError, match="read-only"):
+        ro.record_boot(snap())
