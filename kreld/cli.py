@@ -17,8 +17,7 @@ from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr, parse_addr
 from kreld.options import add_common, resolve_config
 from kreld.queries import loaded_at
-from kreld.server import Service
-from kreld.snapshot import take_snapshot
+from kreld.service import Service
 from kreld.store import Store
 from kreld.varlink import VarlinkError
 
@@ -185,6 +184,8 @@ class LocalBackend:
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         if method == "Snapshot":
+            from kreld.snapshot import take_snapshot  # pyelftools: only when scanning
+
             snap, _notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
             with Store(self.cfg.state_dir) as store:
                 stored, added, changed = store.record_boot(snap)

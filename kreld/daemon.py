@@ -30,7 +30,8 @@ from kreld.errors import ExitCode, KreldError
 from kreld.kernel import Root
 from kreld.model import BootSnapshot, Timestamp
 from kreld.options import add_common, resolve_config
-from kreld.server import Limits, Policy, Server, Service, bind_socket, group_id
+from kreld.server import Limits, Policy, Server, bind_socket, group_id
+from kreld.service import Service
 from kreld.snapshot import take_snapshot
 from kreld.sources import UeventSource, WatchSource
 from kreld.store import Store

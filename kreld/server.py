@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import grp
-import json
 import os
 import socket
 import stat
 import struct
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -26,9 +24,8 @@ from typing import Any
 
 from kreld import __version__
 from kreld.errors import KreldError
-from kreld.model import BootSnapshot, Clock, Incarnation, clock_now, parse_addr
-from kreld.queries import AddressMap, loaded_at
-from kreld.store import Store
+from kreld.model import Incarnation
+from kreld.service import Service
 from kreld.varlink import (
     INTERFACE,
     SERVICE,
@@ -36,9 +33,6 @@ from kreld.varlink import (
     VarlinkError,
     check_known,
     error_reply,
-    invalid_parameter,
-    opt_bool,
-    opt_int,
     opt_str,
     parse_call,
     reply,
@@ -67,7 +61,6 @@ error PermissionDenied ()
 error ExpectedMore ()
 """
 
-MAX_RESOLVE_ADDRESSES = 1_000_000
 # Pending connections the kernel queues for us (capped by net.core.somaxconn).
 LISTEN_BACKLOG = 1024
 
@@ -125,171 +118,6 @@ def group_id(name: str) -> int | None:
         return grp.getgrnam(name).gr_gid
     except KeyError:
         return None
-
-
-def parse_clock(params: dict[str, Any]) -> Clock:
-    c = opt_str(params, "clock")
-    if c is None:
-        return Clock.MONOTONIC
-    try:
-        return Clock(c)
-    except ValueError as e:
-        raise invalid_parameter("clock") from e
-
-
-class Service:
-    """The ``io.kreld`` methods over a store and the current boot.
-
-    The daemon serves it on its socket; ``kreldctl`` runs the same code on the
-    store directly when no daemon answers, so both give the same answers.
-    """
-
-    def __init__(
-        self,
-        store: Store,
-        *,
-        current_boot: Callable[[], BootSnapshot],
-        loaded: Callable[[], list[Incarnation]],
-        snapshot: Callable[[], tuple[BootSnapshot, bool, bool]] | None = None,
-        status: Callable[[], dict[str, Any]] | None = None,
-    ) -> None:
-        self.store = store
-        self._current = current_boot
-        self._loaded = loaded
-        self._snapshot = snapshot
-        self._status = status
-        self._boot_reply: bytes | None = None
-        self._now_map: AddressMap | None = None
-        self._history: dict[str, list[Incarnation]] = {}
-        self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-            "GetBoot": self.get_boot,
-            "ListBoots": self.list_boots,
-            "Snapshot": self.snapshot,
-            "GetModules": self.get_modules,
-            "Resolve": self.resolve,
-            "ExportKallsyms": self.export_kallsyms,
-            "Status": self.status,
-        }
-
-    def handle(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Call method *name* of ``io.kreld``; errors are raised, not returned."""
-        h = self.handlers.get(name)
-        if h is None:
-            raise VarlinkError(f"{SERVICE}.MethodNotFound", {"method": f"{INTERFACE}.{name}"})
-        try:
-            return h(params)
-        except KreldError as e:
-            raise VarlinkError.from_kreld(e) from e
-
-    def loaded(self) -> list[Incarnation]:
-        return self._loaded()
-
-    # Caches are dropped on every recorded event (called on the loop thread).
-    def invalidate(self) -> None:
-        self._now_map = None
-        self._history.clear()
-
-    def _boot(self, params: dict[str, Any]) -> tuple[BootSnapshot, bool]:
-        """The boot asked for, and whether it is the current one."""
-        given = opt_str(params, "boot_id")
-        current = self._current()
-        if given is None or given == current.boot_id:
-            return current, True
-        boot = self.store.get_boot(self.store.resolve_boot(given))
-        return boot, boot.boot_id == current.boot_id
-
-    def _incarnations(self, boot_id: str) -> list[Incarnation]:
-        incs = self._history.get(boot_id)
-        if incs is None:
-            incs = self.store.incarnations(boot_id)
-            if len(self._history) > 8:
-                self._history.clear()
-            self._history[boot_id] = incs
-        return incs
-
-    def get_boot_reply(self, params: dict[str, Any]) -> bytes:
-        """GetBoot as wire bytes; the current boot's answer is built once."""
-        if not params:
-            if self._boot_reply is None:
-                self._boot_reply = reply(self.get_boot(params))
-            return self._boot_reply
-        return reply(self.get_boot(params))
-
-    def get_boot(self, params: dict[str, Any]) -> dict[str, Any]:
-        check_known(params, {"boot_id"})
-        return {"boot": self._boot(params)[0].to_json()}
-
-    def list_boots(self, params: dict[str, Any]) -> dict[str, Any]:
-        check_known(params, set())
-        return {"boots": [b.to_json() for b in self.store.list_boots()]}
-
-    def snapshot(self, params: dict[str, Any]) -> dict[str, Any]:
-        check_known(params, set())
-        if self._snapshot is None:
-            raise VarlinkError(f"{SERVICE}.MethodNotImplemented", {"method": "Snapshot"})
-        stored, added, changed = self._snapshot()
-        self._boot_reply = None
-        return {"boot": stored.to_json(), "new": added, "updated": changed}
-
-    def _at(self, params: dict[str, Any], is_current: bool) -> tuple[Clock, int | None]:
-        """The time asked about; "now" on the current boot, the end of record on others."""
-        clock = parse_clock(params)
-        t = opt_int(params, "at")
-        if t is None and is_current:
-            t = clock_now(clock)
-        return clock, t
-
-    def get_modules(self, params: dict[str, Any]) -> dict[str, Any]:
-        check_known(params, {"boot_id", "at", "clock", "all"})
-        boot, is_current = self._boot(params)
-        if opt_bool(params, "all"):
-            return {"modules": [i.to_json() for i in self._incarnations(boot.boot_id)]}
-        if is_current and params.get("at") is None:
-            parse_clock(params)
-            return {"modules": [i.to_json() for i in self._loaded()]}
-        clock, t = self._at(params, is_current)
-        incs = loaded_at(self._incarnations(boot.boot_id), clock, t)
-        return {"modules": [i.to_json() for i in incs]}
-
-    def resolve(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {"results": json.loads(self.resolve_results(params))}
-
-    def resolve_results(self, params: dict[str, Any]) -> str:
-        """Resolve's ``results`` as JSON text (the server splices it into its reply)."""
-        check_known(params, {"addresses", "boot_id", "at", "clock"})
-        raw = params.get("addresses")
-        if not isinstance(raw, list) or len(raw) > MAX_RESOLVE_ADDRESSES:
-            raise invalid_parameter("addresses")
-        try:
-            addrs = [parse_addr(a) for a in raw]
-        except (ValueError, TypeError, AttributeError) as e:
-            raise invalid_parameter("addresses") from e
-        boot, is_current = self._boot(params)
-        if boot.restricted and not boot.anchors.known():
-            raise VarlinkError(
-                f"{INTERFACE}.AddressesRestricted", {"reason": boot.restricted_reason or ""}
-            )
-        if is_current and params.get("at") is None:
-            parse_clock(params)
-            if self._now_map is None:
-                self._now_map = AddressMap(boot, self._loaded(), Clock.MONOTONIC, None)
-            amap = self._now_map
-        else:
-            clock, t = self._at(params, is_current)
-            amap = AddressMap(boot, self._incarnations(boot.boot_id), clock, t)
-        return amap.resolve_json(addrs)
-
-    def export_kallsyms(self, params: dict[str, Any]) -> dict[str, Any]:
-        # Needs the symbol cache (a later issue): a named error, never an empty file.
-        raise VarlinkError(
-            f"{SERVICE}.MethodNotImplemented", {"method": f"{INTERFACE}.ExportKallsyms"}
-        )
-
-    def status(self, params: dict[str, Any]) -> dict[str, Any]:
-        check_known(params, set())
-        if self._status is None:
-            raise VarlinkError(f"{SERVICE}.MethodNotImplemented", {"method": "Status"})
-        return self._status()
 
 
 @dataclass(eq=False)

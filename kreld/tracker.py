@@ -194,14 +194,21 @@ class ModuleTracker:
                     self._hints.put(h)
 
     def _idle(self) -> None:
-        """No hints: re-read modules still loading; write a heartbeat now and then."""
+        """No hints: re-read modules still loading; now and then look at the whole
+        directory and write a heartbeat.
+
+        The full look is a safety net for what no source reported (a load between
+        the startup scan and a source's start, an event lost in an overflow).  A
+        module that stays incomplete (e.g. its sections unreadable) must not keep
+        the heartbeat from being written.
+        """
         incomplete = [t.inc.name for t in self._open.values() if not _complete(t.inc.state)]
         if incomplete:
             self.reconcile([Hint(SeenBy.POLL, "change", n) for n in incomplete])
-            return
         now = Timestamp.now()
         if now.monotonic - self._last_heartbeat >= self.heartbeat_interval * 1e9:
-            self.store.heartbeat(self.boot_id, now)
+            self.reconcile([])
+            self.store.heartbeat(self.boot_id, self._last_scan or now)
             self._last_heartbeat = now.monotonic
 
     def reconcile(self, hints: list[Hint]) -> None:
