@@ -122,7 +122,13 @@ class Client:
         msg: dict[str, Any] = {"method": self._qualify(method), "parameters": parameters}
         if more:
             msg["more"] = True
-        self.sock.sendall(json.dumps(msg, separators=(",", ":")).encode() + b"\0")
+        try:
+            self.sock.sendall(json.dumps(msg, separators=(",", ":")).encode() + b"\0")
+        except (BrokenPipeError, ConnectionResetError):
+            # kreld may have answered and closed before reading the call (too
+            # many connections, permission denied): that answer is still to be
+            # read, and receive() raises ConnectError if there is none.
+            pass
 
     def receive(self) -> dict[str, Any]:
         """The next reply object (raw: with ``parameters``, ``continues`` or ``error``)."""

@@ -145,12 +145,15 @@ class FakeTree:
         self._write_proc_modules()
 
     def remove_module(self, name: str) -> None:
-        d = self.root / "sys/module" / name
-        gone = self.root / "stage" / f".{name}.gone.{uuid.uuid4().hex}"
-        os.rename(d, gone)
+        """Unload: the directory is deleted in place, as sysfs removes a kobject.
+
+        (Renaming it out would be atomic, but watchdog's inotify observer holds
+        an unpaired IN_MOVED_FROM for half a second, and every later event
+        queues behind it.)
+        """
         self.modules.pop(name, None)
         self._write_proc_modules()
-        shutil.rmtree(gone)
+        shutil.rmtree(self.root / "sys/module" / name)
 
     def add_builtin(self, name: str) -> None:
         (self.root / "sys/module" / name / "parameters").mkdir(parents=True, exist_ok=True)
