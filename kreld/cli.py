@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from kreld.client import Client, ConnectError, error_from_reply
 from kreld.config import Config
+from kreld.consts import KALLSYMS
 from kreld.errors import ExitCode, InvalidArgument, KreldError
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr, parse_addr
@@ -72,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("modules", "list module incarnations loaded at a time")
     at_options(sp)
     sp.add_argument("--all", action="store_true", help="the boot's whole module history")
+    sp = cmd(
+        "symbolize", "symbolize addresses read from stdin (one per line, or perf script output)"
+    )
+    at_options(sp)
+    sp = cmd("export", "export a recorded boot's symbols for other tools")
+    sp.add_argument("what", choices=["kallsyms"], help="kallsyms: a file as /proc/kallsyms")
+    at_options(sp)
+    sp.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
+    sp = cmd("gc", "remove boots beyond the retention policy and unused symbol tables")
+    sp.add_argument("--keep-boots", type=int, metavar="N", help="keep the N newest boots")
+    sp.add_argument("--keep-days", type=float, metavar="D", help="keep boots first seen in D days")
     cmd("status", "the daemon's health, or the store's counts when no daemon runs")
     cmd("watch", "print module loads and unloads as kreld records them (needs the daemon)")
     sp = cmd("resolve", "say which image and section holds each address")
@@ -99,6 +113,32 @@ def parse_time(text: str, clock: Clock) -> int:
                 when = when.replace(tzinfo=dt.UTC)
             return int(when.timestamp() * 1e9)
     raise InvalidArgument("--at", f"not a time: {text!r}")
+
+
+_HEX_TOKEN = re.compile(r"(?<![0-9A-Za-z_])(?:0x)?([0-9a-fA-F]{8,16})(?![0-9A-Za-z_])")
+
+
+def addresses_in(line: str) -> list[str]:
+    """Addresses in a line: the line itself, or hex words of ``perf script`` output."""
+    s = line.strip()
+    if not s:
+        return []
+    try:
+        return [hexaddr(parse_addr(s)) or ""]
+    except ValueError:
+        pass
+    out = []
+    for m in _HEX_TOKEN.finditer(s):
+        value = int(m.group(1), 16)
+        if value >= 1 << 47:  # kernel half of the address space
+            out.append(f"{value:#x}")
+    return out
+
+
+def symbol_of(r: dict[str, Any]) -> str:
+    if r.get("symbol") is None:
+        return ""
+    return f"{r['symbol']}+{r['symbol_offset']}"
 
 
 def fmt_realtime(ns: int) -> str:
@@ -185,10 +225,14 @@ class LocalBackend:
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         if method == "Snapshot":
             from kreld.snapshot import take_snapshot  # pyelftools: only when scanning
+            from kreld.symbols import SymbolCapture, parse_kallsyms
 
             snap, _notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
             with Store(self.cfg.state_dir) as store:
                 stored, added, changed = store.record_boot(snap)
+                if not stored.restricted and store.boot_symbols(stored.boot_id) is None:
+                    capture = SymbolCapture(store, self.root, stored, None)
+                    capture.capture_kernel(parse_kallsyms(self.root.read_bytes(KALLSYMS)))
             return {"boot": stored.to_json(), "new": added, "updated": changed}
         try:
             return self.service().handle(method, params)
@@ -332,12 +376,65 @@ class Ctl:
             rows = []
             for r in results:
                 if r.get("image") is None:
-                    rows.append((r["address"], "?", "", "", ""))
+                    rows.append((r["address"], "?", "", "", "", ""))
                     continue
                 image = r["image"] if r.get("seq") is None else f"{r['image']} (seq {r['seq']})"
-                rows.append((r["address"], image, r["section"], r["base"], "+" + r["offset"]))
-            render_table(("ADDRESS", "IMAGE", "SECTION", "BASE", "OFFSET"), rows, self.out)
+                rows.append(
+                    (r["address"], image, r["section"], r["base"], "+" + r["offset"], symbol_of(r))
+                )
+            render_table(
+                ("ADDRESS", "IMAGE", "SECTION", "BASE", "OFFSET", "SYMBOL"), rows, self.out
+            )
         return 0 if all(r.get("image") for r in results) else 1
+
+    def symbolize(self) -> int:
+        addrs: list[str] = []
+        for line in sys.stdin:
+            addrs.extend(addresses_in(line))
+        at = self._at()
+        results: list[dict[str, Any]] = []
+        for i in range(0, len(addrs), 100_000):
+            results += self.call("Resolve", addresses=addrs[i : i + 100_000], **at)["results"]
+        if self.args.json:
+            self.emit_json(results)
+            return 0
+        for r in results:
+            where = "" if r.get("image") in (None, "kernel") else f" [{r['image']}]"
+            print(f"{r['address']} {symbol_of(r) or '?'}{where}", file=self.out)
+        return 0
+
+    def export(self) -> int:
+        text = self.call("ExportKallsyms", **self._at())["kallsyms"]
+        if self.args.output:
+            tmp = Path(self.args.output + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(self.args.output)
+        else:
+            self.out.write(text)
+        return 0
+
+    def gc(self) -> int:
+        keep_boots = self.cfg.keep_boots if self.args.keep_boots is None else self.args.keep_boots
+        keep_days = self.cfg.keep_days if self.args.keep_days is None else self.args.keep_days
+        if keep_boots < 0 or keep_days < 0:
+            raise InvalidArgument("--keep-boots/--keep-days", "must not be negative")
+        try:
+            current: str | None = read_boot_id(Root(Path(self.cfg.root)))
+        except KreldError:
+            current = None
+        with Store(self.cfg.state_dir) as store:
+            before = store.size_bytes()
+            removed = store.gc(keep_boots, keep_days, current, time.time_ns())
+        removed["store_bytes"] = before
+        if self.args.json:
+            self.emit_json(removed)
+        else:
+            print(
+                f"removed {removed['boots']} boots, {removed['incarnations']} module "
+                f"incarnations and {removed['tables']} symbol tables",
+                file=self.out,
+            )
+        return 0
 
     def status(self) -> int:
         st = self.call("Status")

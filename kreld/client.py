@@ -12,6 +12,7 @@ call made with ``more`` (``Subscribe``).  Error replies raise typed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -122,13 +123,11 @@ class Client:
         msg: dict[str, Any] = {"method": self._qualify(method), "parameters": parameters}
         if more:
             msg["more"] = True
-        try:
+        # kreld may have answered and closed before reading the call (too many
+        # connections, permission denied): that answer is still to be read, and
+        # receive() raises ConnectError if there is none.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self.sock.sendall(json.dumps(msg, separators=(",", ":")).encode() + b"\0")
-        except (BrokenPipeError, ConnectionResetError):
-            # kreld may have answered and closed before reading the call (too
-            # many connections, permission denied): that answer is still to be
-            # read, and receive() raises ConnectError if there is none.
-            pass
 
     def receive(self) -> dict[str, Any]:
         """The next reply object (raw: with ``parameters``, ``continues`` or ``error``)."""

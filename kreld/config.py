@@ -36,6 +36,8 @@ class Config:
     max_connections: int = 1024
     idle_timeout: float = 60.0
     subscribe_queue: int = 4096
+    keep_boots: int = 0
+    keep_days: float = 0.0
     log_level: str = "info"
     log_format: str = "auto"
     sources: tuple[str, ...] = field(default=(), compare=False)
@@ -104,6 +106,14 @@ def _seconds(lo: float, hi: float) -> Callable[[Any], float]:
     return check
 
 
+def _days(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise TypeError("a number of days")
+    if not 0 <= float(v) <= 100_000:
+        raise ValueError("between 0 (keep forever) and 100000 days")
+    return float(v)
+
+
 def _bool(v: Any) -> bool:
     if not isinstance(v, bool):
         raise TypeError("true or false")
@@ -144,6 +154,10 @@ SCHEMA: Mapping[str, Mapping[str, tuple[str, Callable[[Any], Any]]]] = {
         "max_connections": ("max_connections", _int_range(1, 65536)),
         "idle_timeout": ("idle_timeout", _seconds(0.1, 86400)),
         "subscribe_queue": ("subscribe_queue", _int_range(1, 1 << 20)),
+    },
+    "retention": {
+        "keep_boots": ("keep_boots", _int_range(0, 1 << 31)),
+        "keep_days": ("keep_days", _days),
     },
     "log": {
         "level": ("log_level", _choice(*_LOG_LEVELS)),

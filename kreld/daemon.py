@@ -35,6 +35,7 @@ from kreld.service import Service
 from kreld.snapshot import take_snapshot
 from kreld.sources import UeventSource, WatchSource
 from kreld.store import Store
+from kreld.symbols import SymbolCapture
 from kreld.tracker import ModuleTracker
 
 EPILOG = """\
@@ -125,6 +126,7 @@ class Daemon:
         self.root = Root(Path(cfg.root))
         self.store = Store(cfg.state_dir)
         self.sources: list[Any] = []
+        self.symbols: SymbolCapture | None = None
         self.tracker: ModuleTracker | None = None
         self.tracker_thread: threading.Thread | None = None
         self.boot: BootSnapshot | None = None
@@ -168,6 +170,11 @@ class Daemon:
                 self.sources.append(UeventSource(tracker.notify, self.log))
             except Exception as e:  # no netlink here (container, seccomp): polling still works
                 self.log.warning("uevent_source_unavailable", error=str(e))
+        self.symbols = SymbolCapture(
+            self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs
+        )
+        tracker.listeners.append(self.symbols.on_event)
+        self.symbols.start(self.stop_threads, tracker.loaded())
         self.tracker_thread = threading.Thread(
             target=tracker.run, args=(self.stop_threads,), name="tracker", daemon=True
         )
@@ -218,7 +225,8 @@ class Daemon:
                     "events": s.events,
                     "last_error": s.last_error,
                 }
-                for s in self.sources
+                for s in [*self.sources, self.symbols]
+                if s is not None
             ]
             + [
                 {

@@ -102,6 +102,20 @@ class AddressesRestricted(KreldError):
         return {"reason": self.reason}
 
 
+class SymbolsUnavailable(KreldError):
+    """No symbol table is recorded for a boot's kernel."""
+
+    varlink_name = "io.kreld.SymbolsUnavailable"
+
+    def __init__(self, boot_id: str, reason: str) -> None:
+        super().__init__(f"no kernel symbols recorded for boot {boot_id}: {reason}")
+        self.boot_id = boot_id
+        self.reason = reason
+
+    def parameters(self) -> dict[str, Any]:
+        return {"boot_id": self.boot_id, "reason": self.reason}
+
+
 class PermissionDenied(KreldError):
     varlink_name = "io.kreld.PermissionDenied"
     exit_code = ExitCode.PERMISSION_DENIED

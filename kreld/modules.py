@@ -77,21 +77,22 @@ def list_modules(root: Root) -> dict[str, int]:
     return out
 
 
-def _read_small(path: str) -> bytes | None:
+def _read_small(path: str, dir_fd: int) -> bytes | None:
+    """Read *path* relative to the directory open as *dir_fd*."""
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb", opener=lambda p, flags: os.open(p, flags, dir_fd=dir_fd)) as f:
             return f.read(65536)
     except OSError:
         return None
 
 
-def _text(path: str) -> str | None:
-    raw = _read_small(path)
+def _text(path: str, dir_fd: int) -> str | None:
+    raw = _read_small(path, dir_fd)
     return None if raw is None else raw.decode("utf-8", "replace").strip()
 
 
-def _int(path: str, faults: list[str]) -> int | None:
-    s = _text(path)
+def _int(path: str, dir_fd: int, faults: list[str]) -> int | None:
+    s = _text(path, dir_fd)
     if s is None:
         return None
     try:
@@ -104,44 +105,67 @@ def _int(path: str, faults: list[str]) -> int | None:
 def read_module(
     root: Root, name: str, proc: Mapping[str, ProcModule] | None = None
 ) -> ModuleState | None:
-    """Read one module; ``None`` if it is gone or built in."""
+    """Read one module; ``None`` if it is gone or built in.
+
+    Every file is read through one open descriptor of the module's directory,
+    so a module unloaded and loaded again during the read never mixes the
+    files of two loads (nor the inode of one with the addresses of another).
+    """
     d = os.path.join(root / consts.SYS_MODULE, name)
     try:
-        inode = os.stat(d).st_ino
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        return _read_module_at(dfd, root, name, proc)
+    finally:
+        os.close(dfd)
+
+
+def _read_module_at(
+    dfd: int, root: Root, name: str, proc: Mapping[str, ProcModule] | None
+) -> ModuleState | None:
+    inode = os.fstat(dfd).st_ino
     faults: list[str] = []
-    initstate = _text(os.path.join(d, "initstate"))
+    initstate = _text("initstate", dfd)
     sections: dict[str, int] = {}
     restricted = False
-    sdir = os.path.join(d, "sections")
     try:
-        entries = sorted(os.scandir(sdir), key=lambda e: e.name)
+        sfd = os.open("sections", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
     except FileNotFoundError:
-        entries = []
+        sfd = -1
         if initstate is None:
             return None  # built-in, or gone
         faults.append("sections/ not present (still loading, or hidden)")
     except OSError as err:
-        entries = []
+        sfd = -1
         faults.append(f"sections/: {err.strerror}")
-    for entry in entries:
-        raw = _read_small(entry.path)
-        if raw is None:
-            faults.append(f"sections/{entry.name}: unreadable")
-            continue
-        s = raw.strip().decode("ascii", "replace")
+    if sfd >= 0:
         try:
-            addr = int(s, 16)
-        except ValueError:
-            faults.append(f"sections/{entry.name}: not a hex address: {s[:40]!r}")
-            continue
-        if addr == 0:
-            restricted = True
-        else:
-            sections[entry.name] = addr
+            names = sorted(os.listdir(sfd))
+            if not names:
+                if initstate is None:
+                    return None  # torn down while we looked
+                faults.append("sections/ empty (still loading, or going)")
+            for sname in names:
+                raw = _read_small(sname, sfd)
+                if raw is None:
+                    faults.append(f"sections/{sname}: unreadable")
+                    continue
+                s = raw.strip().decode("ascii", "replace")
+                try:
+                    addr = int(s, 16)
+                except ValueError:
+                    faults.append(f"sections/{sname}: not a hex address: {s[:40]!r}")
+                    continue
+                if addr == 0:
+                    restricted = True
+                else:
+                    sections[sname] = addr
+        finally:
+            os.close(sfd)
     build_id = None
-    note = _read_small(os.path.join(d, "notes", ".note.gnu.build-id"))
+    note = _read_small("notes/.note.gnu.build-id", dfd)
     if note is not None:
         try:
             build_id = find_build_id(note)
@@ -154,11 +178,11 @@ def read_module(
         name=name,
         build_id=build_id,
         sections=sections,
-        coresize=_int(os.path.join(d, "coresize"), faults),
-        initsize=_int(os.path.join(d, "initsize"), faults),
+        coresize=_int("coresize", dfd, faults),
+        initsize=_int("initsize", dfd, faults),
         initstate=initstate,
-        srcversion=_text(os.path.join(d, "srcversion")),
-        taint=_text(os.path.join(d, "taint")),
+        srcversion=_text("srcversion", dfd),
+        taint=_text("taint", dfd),
         core_base=pm.base if pm else None,
         restricted=restricted,
         inode=inode,

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr
+from kreld.symtab import SymbolTable, module_symbol_key
+
+# Symbol names that need no JSON escaping (all real ones).
+_PLAIN = re.compile(r"[A-Za-z0-9_.$@:+\-]*")
 
 # A section's extent is not in sysfs; bound it by its module's size, or this.
 _UNKNOWN_SIZE_BOUND = 1 << 24
@@ -37,6 +42,8 @@ class Region:
     image: str
     section: str
     inc: Incarnation | None
+    table: str | None = None  # key of the symbol table that covers it
+    rel_base: int = 0  # what the table's values are relative to (kernel: _text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,31 +85,40 @@ class AddressMap:
     """
 
     def __init__(
-        self, boot: BootSnapshot, incs: Sequence[Incarnation], clock: Clock, t: int | None
+        self,
+        boot: BootSnapshot,
+        incs: Sequence[Incarnation],
+        clock: Clock,
+        t: int | None,
+        kernel_table: str | None = None,
     ) -> None:
         regions: list[Region] = []
         a = boot.anchors
+        text = a.text or 0
         if a.text is not None and a.etext is not None:
-            regions.append(Region(a.text, a.etext, "kernel", ".text", None))
+            regions.append(Region(a.text, a.etext, "kernel", ".text", None, kernel_table, text))
         if a.sinittext is not None and a.einittext is not None:
-            regions.append(Region(a.sinittext, a.einittext, "kernel", ".init.text", None))
+            regions.append(
+                Region(a.sinittext, a.einittext, "kernel", ".init.text", None, kernel_table, text)
+            )
         for inc in loaded_at(incs, clock, t):
             live_init = init_live_at(inc, clock, t)
             s = inc.state
+            key = module_symbol_key(s.build_id, s.name, s.srcversion)
             for name, base in s.sections.items():
                 is_init = name.startswith(".init")
                 if is_init and not live_init:
                     continue
                 size = s.initsize if is_init else s.coresize
-                regions.append(
-                    Region(base, base + (size or _UNKNOWN_SIZE_BOUND), s.name, name, inc)
-                )
+                limit = base + (size or _UNKNOWN_SIZE_BOUND)
+                regions.append(Region(base, limit, s.name, name, inc, key, base))
         regions.sort(key=lambda r: (r.base, r.limit, r.section))
         by_base: dict[int, Region] = {r.base: r for r in regions}
         self.regions = list(by_base.values())
         self._bases = [r.base for r in self.regions]
         self._limits = [r.limit for r in self.regions]
         self._fragments: list[str] | None = None
+        self.kernel_table = kernel_table
 
     def resolve(self, address: int) -> Resolution:
         i = bisect.bisect_right(self._bases, address) - 1
@@ -110,21 +126,43 @@ class AddressMap:
             return Resolution(address, self.regions[i])
         return Resolution(address, None)
 
-    def resolve_json(self, addresses: Iterable[int]) -> str:
+    def table_keys(self) -> set[str]:
+        return {r.table for r in self.regions if r.table is not None}
+
+    def resolve_json(
+        self, addresses: Iterable[int], tables: Mapping[str, SymbolTable] | None = None
+    ) -> str:
         """The resolutions of *addresses* as a JSON array, built as text.
 
-        The hot path of ``Resolve``: one bisect and one format per address,
-        the region's own members rendered once.
+        The hot path of ``Resolve``: one bisect for the region, one in its
+        symbol table (straight from the store's map), one format per address;
+        the region's own members are rendered once.
         """
         if self._fragments is None:
             self._fragments = [_fragment(r) for r in self.regions]
         bases, limits, frags = self._bases, self._limits, self._fragments
+        syms: list[tuple[SymbolTable, int, int] | None] = []
+        for r in self.regions:
+            table = tables.get(r.table) if tables and r.table else None
+            sec = None
+            if table is not None:
+                sec = 0 if r.inc is None else table.section_index(r.section)
+            syms.append(None if table is None or sec is None else (table, sec, r.rel_base))
         find = bisect.bisect_right
         out = []
         for a in addresses:
             i = find(bases, a) - 1
             if i >= 0 and a < limits[i]:
-                out.append(f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frags[i]}}}')
+                sym = syms[i]
+                hit = sym[0].lookup(sym[1], a - sym[2]) if sym is not None else None
+                if hit is None:
+                    out.append(f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frags[i]}}}')
+                else:
+                    name = hit[0] if _PLAIN.fullmatch(hit[0]) else json.dumps(hit[0])[1:-1]
+                    out.append(
+                        f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frags[i]},'
+                        f'"symbol":"{name}","symbol_offset":"{hit[1]:#x}"}}'
+                    )
             else:
                 out.append(f'{{"address":"{a:#x}","image":null}}')
         return "[" + ",".join(out) + "]"

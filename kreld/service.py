@@ -8,13 +8,14 @@ give the same answers.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kreld.errors import KreldError
+from kreld.errors import KreldError, SymbolsUnavailable
 from kreld.model import BootSnapshot, Clock, Incarnation, clock_now, parse_addr
-from kreld.queries import AddressMap, loaded_at
+from kreld.queries import AddressMap, init_live_at, loaded_at
 from kreld.store import Store
+from kreld.symtab import ABSOLUTE, SymbolTable, module_symbol_key
 from kreld.varlink import (
     INTERFACE,
     SERVICE,
@@ -28,6 +29,44 @@ from kreld.varlink import (
 )
 
 MAX_RESOLVE_ADDRESSES = 1_000_000
+
+
+def _module_key(inc: Incarnation) -> str | None:
+    return module_symbol_key(inc.state.build_id, inc.name, inc.state.srcversion)
+
+
+def render_kallsyms(
+    text: int,
+    tables: Mapping[str, SymbolTable],
+    kernel_key: str,
+    incs: list[Incarnation],
+    extras: list[str],
+    clock: Clock,
+    t: int | None,
+) -> str:
+    """A kallsyms file: kernel lines in the kernel's order at this boot's
+    addresses, then each module's at its incarnation's section bases."""
+    out: list[str] = []
+    kernel = tables.get(kernel_key)
+    if kernel is not None:
+        for e in kernel:
+            value = e.value if e.section == ABSOLUTE else text + e.value
+            out.append(f"{value & 0xFFFFFFFFFFFFFFFF:016x} {e.type} {e.name}\n")
+    for inc in incs:
+        key = _module_key(inc)
+        table = tables.get(key) if key else None
+        if table is None:
+            continue
+        live_init = init_live_at(inc, clock, t)
+        bases = [inc.state.sections.get(name) for name in table.sections]
+        skip = [name.startswith(".init") and not live_init for name in table.sections]
+        for e in table:
+            base = bases[e.section]
+            if base is None or skip[e.section]:
+                continue
+            out.append(f"{base + e.value:016x} {e.type} {e.name}\t[{inc.name}]\n")
+    out.extend(line + "\n" for line in extras)
+    return "".join(out)
 
 
 def parse_clock(params: dict[str, Any]) -> Clock:
@@ -60,6 +99,7 @@ class Service:
         self._boot_reply: bytes | None = None
         self._now_map: AddressMap | None = None
         self._history: dict[str, list[Incarnation]] = {}
+        self._kernel_tables: dict[str, str] = {}
         self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "GetBoot": self.get_boot,
             "ListBoots": self.list_boots,
@@ -168,21 +208,50 @@ class Service:
             raise VarlinkError(
                 f"{INTERFACE}.AddressesRestricted", {"reason": boot.restricted_reason or ""}
             )
+        kernel_key = self._kernel_table(boot.boot_id)
         if is_current and params.get("at") is None:
             parse_clock(params)
-            if self._now_map is None:
-                self._now_map = AddressMap(boot, self._loaded(), Clock.MONOTONIC, None)
+            if self._now_map is None or self._now_map.kernel_table != kernel_key:
+                self._now_map = AddressMap(boot, self._loaded(), Clock.MONOTONIC, None, kernel_key)
             amap = self._now_map
         else:
             clock, t = self._at(params, is_current)
-            amap = AddressMap(boot, self._incarnations(boot.boot_id), clock, t)
-        return amap.resolve_json(addrs)
+            amap = AddressMap(boot, self._incarnations(boot.boot_id), clock, t, kernel_key)
+        return self.store.with_tables(
+            amap.table_keys(), lambda tables: amap.resolve_json(addrs, tables)
+        )
+
+    def _kernel_table(self, boot_id: str) -> str | None:
+        key = self._kernel_tables.get(boot_id)
+        if key is None:
+            rec = self.store.boot_symbols(boot_id)
+            if rec is not None:
+                key = self._kernel_tables[boot_id] = str(rec["kernel"])
+        return key
 
     def export_kallsyms(self, params: dict[str, Any]) -> dict[str, Any]:
-        # Needs the symbol cache (a later issue): a named error, never an empty file.
-        raise VarlinkError(
-            f"{SERVICE}.MethodNotImplemented", {"method": f"{INTERFACE}.ExportKallsyms"}
+        check_known(params, {"boot_id", "at", "clock"})
+        boot, is_current = self._boot(params)
+        if boot.restricted and not boot.anchors.known():
+            raise VarlinkError(
+                f"{INTERFACE}.AddressesRestricted", {"reason": boot.restricted_reason or ""}
+            )
+        rec = self.store.boot_symbols(boot.boot_id)
+        if rec is None or boot.anchors.text is None:
+            raise SymbolsUnavailable(boot.boot_id, "kallsyms was not captured for it")
+        clock, t = self._at(params, is_current)
+        incs = loaded_at(self._incarnations(boot.boot_id), clock, t)
+        # The kernel lists modules newest first (each load goes to the list head).
+        incs.sort(key=lambda i: (i.loaded.monotonic, i.seq), reverse=True)
+        keys = {str(rec["kernel"])}
+        keys |= {k for i in incs if (k := _module_key(i)) is not None}
+        text = self.store.with_tables(
+            keys,
+            lambda tables: render_kallsyms(
+                boot.anchors.text or 0, tables, str(rec["kernel"]), incs, rec["extras"], clock, t
+            ),
         )
+        return {"kallsyms": text}
 
     def status(self, params: dict[str, Any]) -> dict[str, Any]:
         check_known(params, set())

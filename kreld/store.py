@@ -9,6 +9,11 @@ Layout (named databases in one environment under ``--state-dir``):
 ``incarnations``  boot-id (16 bytes) + seq (8 bytes BE) -> incarnation (JSON).
 ``open``          same key -> ``b""`` for incarnations not yet seen unloaded.
 ``watch``         boot-id (16 bytes) -> last time the daemon saw ``sys/module`` (JSON).
+``symtabs``       table key -> packed symbol table (:mod:`kreld.symtab`): ``k:<build-id>``
+                  a kernel build, ``b:<boot-id>`` a boot whose table differs from
+                  its build's, ``m:<build-id>`` a module build.
+``boot_symbols``  boot-id (text) -> which kernel table the boot uses, and the
+                  kallsyms lines of owners that are not modules (bpf, ftrace), JSON.
 
 Every write is one LMDB transaction: committed and synced, or not at all,
 so a killed writer never leaves half a record.  When the map is full it is
@@ -23,7 +28,7 @@ import os
 import struct
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,10 +45,21 @@ from kreld.errors import (
     StoreTooNew,
 )
 from kreld.model import BootSnapshot, Incarnation, Timestamp, merge_boot
+from kreld.symtab import SymbolTable, module_symbol_key
 
 T = TypeVar("T")
 
-_DBS = (b"meta", b"boots", b"boot_order", b"builds", b"incarnations", b"open", b"watch")
+_DBS = (
+    b"meta",
+    b"boots",
+    b"boot_order",
+    b"builds",
+    b"incarnations",
+    b"open",
+    b"watch",
+    b"symtabs",
+    b"boot_symbols",
+)
 _LMDB_MAGIC = 0xBEEFC0DE
 _SEQ = struct.Struct(">Q")
 
@@ -507,3 +523,134 @@ class Store:
             return out
 
         return self.read(fn)
+
+    # -- symbol tables -----------------------------------------------------------
+
+    def boot_symbols(self, boot_id: str) -> dict[str, Any] | None:
+        def fn(txn: Any) -> bytes | None:
+            db = self.dbs[b"boot_symbols"]
+            return None if db is None else txn.get(boot_id.encode(), db=db)
+
+        raw = self.read(fn)
+        return None if raw is None else dict(json.loads(raw))
+
+    def has_table(self, key: str) -> bool:
+        def fn(txn: Any) -> bool:
+            db = self.dbs[b"symtabs"]
+            if db is None:
+                return False
+            with txn.cursor(db=db) as cur:
+                return bool(cur.set_key(key.encode()))
+
+        return self.read(fn)
+
+    def record_kernel_table(
+        self, boot_id: str, key: str, packed: bytes, extras: list[str]
+    ) -> tuple[str, str]:
+        """Attach the boot to its build's table, storing it only if new.
+
+        Returns the key used and what happened: ``"stored"``, ``"shared"``
+        (the build's table was already there, byte for byte) or ``"differs"``
+        (this boot's symbols differ from its build's, as under function-granular
+        KASLR: the boot gets a table of its own).
+        """
+        db, bdb = self.dbs[b"symtabs"], self.dbs[b"boot_symbols"]
+
+        def fn(txn: Any) -> tuple[str, str]:
+            done = txn.get(boot_id.encode(), db=bdb)
+            if done is not None:
+                return str(json.loads(done)["kernel"]), "known"
+            used, action = key, "shared"
+            existing = txn.get(key.encode(), db=db)
+            if existing is None:
+                txn.put(key.encode(), packed, db=db)
+                action = "stored"
+            elif existing != packed:
+                used, action = f"b:{boot_id}", "differs"
+                txn.put(used.encode(), packed, db=db)
+            txn.put(boot_id.encode(), _dumps({"kernel": used, "extras": extras}), db=bdb)
+            return used, action
+
+        return self.write(fn)
+
+    def put_table(self, key: str, packed: bytes) -> bool:
+        """Store a table under *key* unless one is there; True if stored."""
+        db = self.dbs[b"symtabs"]
+        return bool(self.write(lambda txn: txn.put(key.encode(), packed, db=db, overwrite=False)))
+
+    def with_tables(self, keys: Iterable[str], fn: Callable[[dict[str, Any]], T]) -> T:
+        """Run *fn* with :class:`~kreld.symtab.SymbolTable` views of the named
+        tables (absent ones left out), straight from the map; the views are
+        valid only inside *fn*."""
+        wanted = list(keys)
+
+        def txn_fn(txn: Any) -> T:
+            db = self.dbs[b"symtabs"]
+            tables: dict[str, Any] = {}
+            if db is not None:
+                for k in wanted:
+                    buf = txn.get(k.encode(), db=db)
+                    if buf is not None:
+                        tables[k] = SymbolTable(buf)
+            return fn(tables)
+
+        while True:
+            try:
+                with self._gate.shared(), self.env.begin(buffers=True) as txn:
+                    return txn_fn(txn)
+            except lmdb.MapResizedError:
+                self._adopt_size()
+
+    # -- garbage collection ------------------------------------------------------
+
+    def gc(
+        self, keep_boots: int, keep_days: float, protect: str | None, now_realtime: int
+    ) -> dict[str, int]:
+        """Forget boots beyond the retention policy, then every symbol table no
+        remaining boot refers to.  *keep_boots*/*keep_days* of 0 mean no limit;
+        the *protect*-ed boot (the current one) is always kept."""
+        cutoff = now_realtime - int(keep_days * 86400e9) if keep_days else None
+
+        def fn(txn: Any) -> dict[str, int]:
+            order = self.dbs[b"boot_order"]
+            newest_first = list(txn.cursor(db=order).iterprev(values=False))
+            doomed = []
+            for rank, k in enumerate(newest_first):
+                boot_id = k[8:].decode()
+                first_seen = int(_SEQ.unpack(k[:8])[0])
+                too_many = keep_boots and rank >= keep_boots
+                too_old = cutoff is not None and first_seen < cutoff
+                if (too_many or too_old) and boot_id != protect:
+                    doomed.append((k, boot_id))
+            removed_incs = 0
+            for k, boot_id in doomed:
+                prefix = boot_key(boot_id)
+                for name in (b"incarnations", b"open"):
+                    cur = txn.cursor(db=self.dbs[name])
+                    if cur.set_range(prefix):
+                        while cur.key()[:16] == prefix:
+                            removed_incs += name == b"incarnations"
+                            if not cur.delete():
+                                break
+                txn.delete(prefix, db=self.dbs[b"watch"])
+                txn.delete(boot_id.encode(), db=self.dbs[b"boots"])
+                txn.delete(boot_id.encode(), db=self.dbs[b"boot_symbols"])
+                txn.delete(k, db=order)
+            # Tables still referred to: each boot's kernel table, each module build.
+            used: set[bytes] = set()
+            for _, v in txn.cursor(db=self.dbs[b"boot_symbols"]):
+                used.add(str(json.loads(bytes(v))["kernel"]).encode())
+            for _, v in txn.cursor(db=self.dbs[b"incarnations"]):
+                rec = json.loads(bytes(v))
+                key = module_symbol_key(rec.get("build_id"), rec["name"], rec.get("srcversion"))
+                if key:
+                    used.add(key.encode())
+            tables = [k for k in txn.cursor(db=self.dbs[b"symtabs"]).iternext(values=False)]
+            dropped = 0
+            for k in tables:
+                if bytes(k) not in used:
+                    txn.delete(k, db=self.dbs[b"symtabs"])
+                    dropped += 1
+            return {"boots": len(doomed), "incarnations": removed_incs, "tables": dropped}
+
+        return self.write(fn)

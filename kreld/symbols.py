@@ -1,0 +1,291 @@
+"""Filling the symbol cache: the kernel's table once per build, each module's
+once per module build.
+
+Tables come from ``/proc/kallsyms`` (what the kernel itself prints) and, for
+a module kallsyms does not show (restricted pointers), from its ``.ko``
+(also ``.ko.xz`` and ``.ko.zst``) found under ``lib/modules/<release>`` with
+a build-id that must match.  A worker thread does the reading, coalescing a
+burst of module loads into one read of kallsyms, so the tracker never waits.
+"""
+
+from __future__ import annotations
+
+import io
+import lzma
+import os
+import queue
+import struct
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection, SymbolTableSection
+
+from kreld import consts
+from kreld.errors import KernelReadError, KreldError
+from kreld.kernel import Root
+from kreld.model import BootSnapshot, Incarnation
+from kreld.modules import list_modules
+from kreld.store import Store
+from kreld.symtab import (
+    Kallsyms,
+    kernel_symbol_key,
+    kernel_table,
+    module_symbol_key,
+    module_table,
+    pack,
+    parse_kallsyms,
+)
+
+__all__ = ["ModuleFiles", "SymbolCapture", "ko_table", "parse_kallsyms"]
+
+_MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst")
+
+
+def _decompress(path: Path) -> bytes | None:
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if path.name.endswith(".xz"):
+        try:
+            return lzma.decompress(raw)
+        except lzma.LZMAError:
+            return None
+    if path.name.endswith(".zst"):
+        try:
+            import zstandard
+        except ImportError:
+            return None
+        try:
+            return bytes(zstandard.ZstdDecompressor().decompress(raw, max_output_size=1 << 30))
+        except zstandard.ZstdError:
+            return None
+    return raw
+
+
+def _symbol_type(section: str, flags: int, bind: str, kind: str) -> int:
+    """The kallsyms letter nm would print, from section and binding."""
+    if section.startswith((".text", ".init.text", ".exit.text")) or flags & 0x4:
+        letter = "t"
+    elif section.startswith((".bss", ".tbss")):
+        letter = "b"
+    elif section.startswith((".rodata", "__param", "__ksymtab")) or not flags & 0x1:
+        letter = "r"
+    else:
+        letter = "d"
+    if bind in ("STB_GLOBAL", "STB_WEAK"):
+        letter = letter.upper()
+    return ord(letter)
+
+
+def ko_table(data: bytes, build_id: str) -> bytes | None:
+    """A module table from a ``.ko``; ``None`` unless its build-id is *build_id*."""
+    try:
+        elf = ELFFile(io.BytesIO(data))
+        found = None
+        for sec in elf.iter_sections():
+            if isinstance(sec, NoteSection):
+                for note in sec.iter_notes():
+                    if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
+                        found = str(note["n_desc"])
+        if found != build_id:
+            return None
+        symtab = elf.get_section_by_name(".symtab")
+        if not isinstance(symtab, SymbolTableSection):
+            return None
+        sections: list[str] = []
+        index: dict[str, int] = {}
+        entries = []
+        for sym in symtab.iter_symbols():
+            shndx = sym["st_shndx"]
+            kind = sym["st_info"]["type"]
+            if not isinstance(shndx, int) or shndx == 0 or not sym.name:
+                continue
+            if kind in ("STT_SECTION", "STT_FILE"):
+                continue
+            sec = elf.get_section(shndx)
+            if sec.name not in index:
+                index[sec.name] = len(sections)
+                sections.append(sec.name)
+            letter = _symbol_type(sec.name, sec["sh_flags"], sym["st_info"]["bind"], kind)
+            entries.append((index[sec.name], int(sym["st_value"]), letter, sym.name.encode()))
+        return pack(entries, sections) if entries else None
+    except (ELFError, struct.error, ValueError, KeyError, UnicodeDecodeError):
+        return None
+
+
+class ModuleFiles:
+    """``.ko`` files under ``lib/modules/<release>``, indexed by module name once."""
+
+    def __init__(self, root: Root, release: str, extra_dirs: Iterable[str] = ()) -> None:
+        self.dirs = [root / f"lib/modules/{release}", root / f"usr/lib/modules/{release}"]
+        self.dirs += [Path(d) for d in extra_dirs]
+        self._index: dict[str, list[Path]] | None = None
+
+    def _build(self) -> dict[str, list[Path]]:
+        index: dict[str, list[Path]] = {}
+        for d in self.dirs:
+            for dirpath, _dirs, files in os.walk(d):
+                for f in files:
+                    for suffix in _MODULE_SUFFIXES:
+                        if f.endswith(suffix):
+                            name = f[: -len(suffix)].replace("-", "_")
+                            index.setdefault(name, []).append(Path(dirpath) / f)
+        return index
+
+    def table(self, name: str, build_id: str | None) -> bytes | None:
+        if not build_id:
+            return None
+        if self._index is None:
+            self._index = self._build()
+        for path in self._index.get(name.replace("-", "_"), []):
+            data = _decompress(path)
+            if data is not None:
+                table = ko_table(data, build_id)
+                if table is not None:
+                    return table
+        return None
+
+
+def kallsyms_extras(ks: Kallsyms, modules: set[str]) -> list[str]:
+    """Lines of bracketed owners that are not loadable modules ([bpf], ftrace)."""
+    out = []
+    for owner in ks.order:
+        if owner in modules:
+            continue
+        for value, typ, name in ks.modules[owner]:
+            out.append(f"{value:016x} {typ.decode()} {name.decode()}\t[{owner}]")
+    return out
+
+
+class _Quiet:
+    """A logger that says nothing (kreldctl's own snapshot)."""
+
+    def __getattr__(self, _name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+class SymbolCapture:
+    """Keeps the symbol cache filled for one boot (a worker thread)."""
+
+    def __init__(
+        self,
+        store: Store,
+        root: Root,
+        boot: BootSnapshot,
+        log: Any | None,
+        extra_dirs: Iterable[str] = (),
+    ) -> None:
+        self.store = store
+        self.root = root
+        self.boot = boot
+        self.log = log if log is not None else _Quiet()
+        self.files = ModuleFiles(root, boot.release, extra_dirs)
+        self._pending: queue.SimpleQueue[Incarnation | None] = queue.SimpleQueue()
+        self.captured = 0
+        self.healthy = True
+        self.last_error: str | None = None
+        self.name = "symbols"
+        self.idle = threading.Event()
+
+    @property
+    def events(self) -> int:
+        return self.captured
+
+    def on_event(self, kind: str, inc: Incarnation) -> None:
+        """A tracker listener: queue each new load whose build has no table yet."""
+        if kind == "load":
+            self.idle.clear()
+            self._pending.put(inc)
+
+    def start(self, stop: threading.Event, loaded: list[Incarnation]) -> None:
+        self.idle.clear()
+        for inc in loaded:
+            self._pending.put(inc)
+        self._pending.put(None)  # marks the kernel's turn, first
+        threading.Thread(target=self._run, args=(stop,), name="symbols", daemon=True).start()
+
+    def _run(self, stop: threading.Event) -> None:
+        kernel_done = False
+        while not stop.is_set():
+            try:
+                first = self._pending.get(timeout=0.5)
+            except queue.Empty:
+                self.idle.set()
+                continue
+            batch = [first]
+            stop.wait(0.05)  # let a burst of loads gather into one read
+            while True:
+                try:
+                    batch.append(self._pending.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                ks = self._read()
+                if not kernel_done:
+                    self.capture_kernel(ks)
+                    kernel_done = True
+                self.capture_modules([i for i in batch if i is not None], ks)
+            except KreldError as e:
+                self.healthy = False
+                self.last_error = str(e)
+                self.log.error("symbol_capture_failed", error=str(e))
+            if self._pending.empty():
+                self.idle.set()
+
+    def _read(self) -> Kallsyms | None:
+        try:
+            return parse_kallsyms(self.root.read_bytes(consts.KALLSYMS))
+        except KernelReadError as e:
+            self.log.warning("kallsyms_unreadable", error=str(e))
+            return None
+
+    def capture_kernel(self, ks: Kallsyms | None) -> None:
+        text = self.boot.anchors.text
+        if ks is None or text is None or self.boot.restricted:
+            self.log.info("kernel_symbols_unavailable", restricted=self.boot.restricted)
+            return
+        key = kernel_symbol_key(self.boot.build_id, self.boot.boot_id)
+        if self.store.boot_symbols(self.boot.boot_id) is not None:
+            return
+        packed = kernel_table(ks.core, text)
+        extras = kallsyms_extras(ks, set(list_modules(self.root)))
+        used, action = self.store.record_kernel_table(self.boot.boot_id, key, packed, extras)
+        self.captured += 1
+        if action == "differs":
+            self.log.warning(
+                "kernel_symbols_differ_from_build", build_id=self.boot.build_id, table=used
+            )
+        else:
+            self.log.info(
+                "kernel_symbols", table=used, action=action, symbols=len(ks.core), bytes=len(packed)
+            )
+
+    def capture_modules(self, incs: list[Incarnation], ks: Kallsyms | None) -> None:
+        for inc in incs:
+            s = inc.state
+            key = module_symbol_key(s.build_id, s.name, s.srcversion)
+            if key is None or self.store.has_table(key):
+                continue
+            packed = None
+            source = "kallsyms"
+            lines = ks.modules.get(s.name) if ks is not None else None
+            if lines and not s.restricted:
+                sizes = {
+                    sec: (s.initsize if sec.startswith(".init") else s.coresize) or 0
+                    for sec in s.sections
+                }
+                packed = module_table(lines, s.sections, {k: v for k, v in sizes.items() if v})
+            if packed is None:
+                packed = self.files.table(s.name, s.build_id)
+                source = "ko"
+            if packed is None:
+                self.log.info("module_symbols_unavailable", module=s.name, build_id=s.build_id)
+                continue
+            if self.store.put_table(key, packed):
+                self.captured += 1
+                self.log.info("module_symbols", module=s.name, build_id=s.build_id, source=source)
