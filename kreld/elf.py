@@ -111,3 +111,50 @@ def kcore_vmcoreinfo(path: Path) -> dict[str, str] | None:
         return None
     finally:
         os.close(fd)
+
+
+def symbol_letter(section: str, flags: int, bind: str) -> int:
+    """The kallsyms/nm type letter for a symbol in *section*, from its flags."""
+    if section.startswith((".text", ".init.text", ".exit.text")) or flags & 0x4:  # SHF_EXECINSTR
+        letter = "t"
+    elif section.startswith((".bss", ".tbss")):
+        letter = "b"
+    elif section.startswith((".rodata", "__param", "__ksymtab")) or not flags & 0x1:  # SHF_WRITE
+        letter = "r"
+    else:
+        letter = "d"
+    if bind in ("STB_GLOBAL", "STB_WEAK"):
+        letter = letter.upper()
+    return ord(letter)
+
+
+def elf_symbol_entries(path: Path) -> list[tuple[int, bytes, bytes]]:
+    """Every named function/object symbol of a linked ELF (vmlinux), in symtab
+    order, as ``(value, type letter, name)`` like parsed kallsyms lines."""
+    opened = _open_elf(path)
+    if opened is None:
+        return []
+    elf, f = opened
+    out: list[tuple[int, bytes, bytes]] = []
+    try:
+        symtab = elf.get_section_by_name(".symtab")
+        if not isinstance(symtab, SymbolTableSection):
+            return []
+        names = {}
+        for sym in symtab.iter_symbols():
+            shndx = sym["st_shndx"]
+            if not sym.name or not isinstance(shndx, int) or shndx == 0:
+                continue
+            if sym["st_info"]["type"] in ("STT_SECTION", "STT_FILE"):
+                continue
+            if shndx not in names:
+                sec = elf.get_section(shndx)
+                names[shndx] = (sec.name, sec["sh_flags"])
+            sec_name, flags = names[shndx]
+            letter = symbol_letter(sec_name, flags, sym["st_info"]["bind"])
+            out.append((int(sym["st_value"]), bytes([letter]), sym.name.encode()))
+    except (ELFError, struct.error, ValueError, UnicodeDecodeError):
+        return []
+    finally:
+        f.close()  # type: ignore[attr-defined]
+    return out

@@ -49,6 +49,18 @@ def vmlinux_candidates(
             yield p
 
 
+def matching_vmlinux(
+    root: Root, release: str, build_id: str | None, extra_dirs: Iterable[str] = ()
+) -> Path | None:
+    """The first vmlinux candidate whose build-id is the running kernel's."""
+    if build_id is None:
+        return None
+    for path in vmlinux_candidates(root, release, build_id, extra_dirs):
+        if elf_build_id(path) == build_id:
+            return path
+    return None
+
+
 def parse_system_map(path: Path, names: Iterable[str]) -> dict[str, int]:
     wanted = set(names)
     found: dict[str, int] = {}

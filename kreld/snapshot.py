@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kreld import consts
+from kreld.elf import elf_symbols
 from kreld.errors import KernelReadError
-from kreld.kaslr import find_offset
+from kreld.kaslr import find_offset, matching_vmlinux
 from kreld.kernel import (
     Root,
     has_cap_syslog,
@@ -53,7 +54,16 @@ def take_snapshot(root: Root, debuginfo_dirs: Iterable[str] = ()) -> tuple[BootS
         reason = restriction_reason(
             kptr, read_int_sysctl(root, consts.PERF_EVENT_PARANOID), has_cap_syslog()
         )
-    kaslr, notes = find_offset(root, anchors, build_id, release, debuginfo_dirs)
+    dirs = list(debuginfo_dirs)
+    kaslr, notes = find_offset(root, anchors, build_id, release, dirs)
+    if not anchors.known() and kaslr is not None:
+        # The kernel hid its pointers from us, but VMCOREINFO gave the slide:
+        # a matching vmlinux's link-time anchors, moved by it, are the runtime ones.
+        vmlinux = matching_vmlinux(root, release, build_id, dirs)
+        if vmlinux is not None:
+            link = elf_symbols(vmlinux, set(consts.ANCHOR_SYMBOLS))
+            anchors = Anchors.from_symbols({k: v + kaslr.value for k, v in link.items()})
+            notes.append(f"anchors from {vmlinux} moved by the {kaslr.source.value} offset")
     snap = BootSnapshot(
         boot_id=boot_id,
         release=release,

@@ -25,7 +25,9 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import NoteSection, SymbolTableSection
 
 from kreld import consts
+from kreld.elf import elf_symbol_entries, elf_symbols, symbol_letter
 from kreld.errors import KernelReadError, KreldError
+from kreld.kaslr import matching_vmlinux
 from kreld.kernel import Root
 from kreld.model import BootSnapshot, Incarnation
 from kreld.modules import list_modules
@@ -67,21 +69,6 @@ def _decompress(path: Path) -> bytes | None:
     return raw
 
 
-def _symbol_type(section: str, flags: int, bind: str, kind: str) -> int:
-    """The kallsyms letter nm would print, from section and binding."""
-    if section.startswith((".text", ".init.text", ".exit.text")) or flags & 0x4:
-        letter = "t"
-    elif section.startswith((".bss", ".tbss")):
-        letter = "b"
-    elif section.startswith((".rodata", "__param", "__ksymtab")) or not flags & 0x1:
-        letter = "r"
-    else:
-        letter = "d"
-    if bind in ("STB_GLOBAL", "STB_WEAK"):
-        letter = letter.upper()
-    return ord(letter)
-
-
 def ko_table(data: bytes, build_id: str) -> bytes | None:
     """A module table from a ``.ko``; ``None`` unless its build-id is *build_id*."""
     try:
@@ -111,7 +98,7 @@ def ko_table(data: bytes, build_id: str) -> bytes | None:
             if sec.name not in index:
                 index[sec.name] = len(sections)
                 sections.append(sec.name)
-            letter = _symbol_type(sec.name, sec["sh_flags"], sym["st_info"]["bind"], kind)
+            letter = symbol_letter(sec.name, sec["sh_flags"], sym["st_info"]["bind"])
             entries.append((index[sec.name], int(sym["st_value"]), letter, sym.name.encode()))
         return pack(entries, sections) if entries else None
     except (ELFError, struct.error, ValueError, KeyError, UnicodeDecodeError):
@@ -184,7 +171,8 @@ class SymbolCapture:
         self.root = root
         self.boot = boot
         self.log = log if log is not None else _Quiet()
-        self.files = ModuleFiles(root, boot.release, extra_dirs)
+        self.dirs = list(extra_dirs)
+        self.files = ModuleFiles(root, boot.release, self.dirs)
         self._pending: queue.SimpleQueue[Incarnation | None] = queue.SimpleQueue()
         self.captured = 0
         self.healthy = True
@@ -245,15 +233,31 @@ class SymbolCapture:
             return None
 
     def capture_kernel(self, ks: Kallsyms | None) -> None:
+        """The kernel's table: from kallsyms, or where the kernel hid its
+        pointers, from a vmlinux whose build-id matches (relative to its
+        link-time ``_text``)."""
         text = self.boot.anchors.text
-        if ks is None or text is None or self.boot.restricted:
-            self.log.info("kernel_symbols_unavailable", restricted=self.boot.restricted)
-            return
-        key = kernel_symbol_key(self.boot.build_id, self.boot.boot_id)
         if self.store.boot_symbols(self.boot.boot_id) is not None:
             return
-        packed = kernel_table(ks.core, text)
-        extras = kallsyms_extras(ks, set(list_modules(self.root)))
+        if ks is not None and text is not None and not self.boot.restricted:
+            key = kernel_symbol_key(self.boot.build_id, self.boot.boot_id)
+            packed = kernel_table(ks.core, text)
+            extras = kallsyms_extras(ks, set(list_modules(self.root)))
+            n = len(ks.core)
+        else:
+            vmlinux = matching_vmlinux(self.root, self.boot.release, self.boot.build_id, self.dirs)
+            link = elf_symbols(vmlinux, {"_text"}).get("_text") if vmlinux else None
+            if vmlinux is None or link is None or self.boot.build_id is None:
+                self.log.info("kernel_symbols_unavailable", restricted=self.boot.restricted)
+                return
+            entries = elf_symbol_entries(vmlinux)
+            key, packed, extras, n = (
+                f"v:{self.boot.build_id}",
+                kernel_table(entries, link),
+                [],
+                len(entries),
+            )
+            self.log.info("kernel_symbols_from_vmlinux", path=str(vmlinux))
         used, action = self.store.record_kernel_table(self.boot.boot_id, key, packed, extras)
         self.captured += 1
         if action == "differs":
@@ -261,9 +265,7 @@ class SymbolCapture:
                 "kernel_symbols_differ_from_build", build_id=self.boot.build_id, table=used
             )
         else:
-            self.log.info(
-                "kernel_symbols", table=used, action=action, symbols=len(ks.core), bytes=len(packed)
-            )
+            self.log.info("kernel_symbols", table=used, action=action, symbols=n, bytes=len(packed))
 
     def capture_modules(self, incs: list[Incarnation], ks: Kallsyms | None) -> None:
         for inc in incs:

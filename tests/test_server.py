@@ -103,7 +103,8 @@ def test_named_errors_for_bad_calls(served: Any) -> None:
             ("io.kreld.Resolve", {"addresses": [], "clock": "x"}, "org.varlink.service.InvalidParameter"),  # noqa: E501
             ("io.kreld.GetBoot", {"bogus": 1}, "org.varlink.service.InvalidParameter"),
             ("io.kreld.Subscribe", {}, "org.varlink.service.ExpectedMore"),
-            ("io.kreld.ExportKallsyms", {}, "org.varlink.service.MethodNotImplemented"),
+            ("io.kreld.ExportKallsyms", {"at": "now"}, "org.varlink.service.InvalidParameter"),
+            ("org.varlink.service.Nope", {}, "org.varlink.service.MethodNotFound"),
         ]:  # fmt: skip
             c.send(method, params)
             reply = c.receive()
