@@ -232,14 +232,15 @@ class Service:
     def export_kallsyms(self, params: dict[str, Any]) -> dict[str, Any]:
         check_known(params, {"boot_id", "at", "clock"})
         boot, is_current = self._boot(params)
+        clock, t = self._at(params, is_current)
         if boot.restricted and not boot.anchors.known():
             raise VarlinkError(
                 f"{INTERFACE}.AddressesRestricted", {"reason": boot.restricted_reason or ""}
             )
         rec = self.store.boot_symbols(boot.boot_id)
         if rec is None or boot.anchors.text is None:
-            raise SymbolsUnavailable(boot.boot_id, "kallsyms was not captured for it")
-        clock, t = self._at(params, is_current)
+            why = "not captured yet" if is_current else "kallsyms was not captured for it"
+            raise SymbolsUnavailable(boot.boot_id, why)
         incs = loaded_at(self._incarnations(boot.boot_id), clock, t)
         # The kernel lists modules newest first (each load goes to the list head).
         incs.sort(key=lambda i: (i.loaded.monotonic, i.seq), reverse=True)
