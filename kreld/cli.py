@@ -199,6 +199,12 @@ class LocalBackend:
     def _current_id(self) -> str:
         return read_boot_id(self.root)
 
+    def _current_id_or_none(self) -> str | None:
+        try:
+            return self._current_id()
+        except KreldError:
+            return None
+
     def service(self) -> Service:
         if self._service is None:
             store = Store(self.cfg.state_dir, readonly=True)
@@ -219,7 +225,13 @@ class LocalBackend:
                     **counts,
                 }
 
-            self._service = Service(store, current_boot=current, loaded=loaded, status=status)
+            self._service = Service(
+                store,
+                current_boot=current,
+                current_id=self._current_id_or_none,
+                loaded=loaded,
+                status=status,
+            )
         return self._service
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:

@@ -268,6 +268,7 @@ class Daemon:
         service = Service(
             self.store,
             current_boot=self.current_boot,
+            current_id=lambda: self.current_boot().boot_id,
             loaded=self.tracker.loaded,
             snapshot=self.record_boot,
             status=self.status,

@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr
 from kreld.symtab import SymbolTable, module_symbol_key
@@ -24,6 +25,50 @@ def loaded_at(incs: Iterable[Incarnation], clock: Clock, t: int | None) -> list[
     if t is None:
         return [i for i in incs if i.unloaded is None]
     return [i for i in incs if i.loaded_at(clock, t)]
+
+
+# Sections the kernel lays out in a module's init allocation, freed once its
+# init has run: the .init.* code and data, and the full symbol table that
+# kallsyms uses while the module is coming (layout_symtab(); the core keeps
+# only the core symbols).
+_INIT_LAYOUT_NAMES = (".symtab", ".strtab")
+
+
+def is_init_section(name: str) -> bool:
+    return name.startswith(".init") or name in _INIT_LAYOUT_NAMES
+
+
+def module_regions(inc: Incarnation, live_init: bool) -> list[Region]:
+    """Where each section of a loaded module lies, as far as can be known.
+
+    sysfs gives section bases, not sizes.  A section ends where the next one
+    of the same module begins, and never past the allocation it lies in: the
+    core ``[core_base, core_base + coresize)`` from /proc/modules (one
+    allocation before Linux 6.4; since 6.4, commit ac3b43283923, text, data
+    and rodata are allocated apart and sections outside the text allocation
+    are bounded by the module's size instead), or the init allocation of
+    ``initsize`` bytes, whose sections exist only while init is live.
+    """
+    s = inc.state
+    key = module_symbol_key(s.build_id, s.name, s.srcversion)
+    core_lo = s.core_base
+    core_hi = core_lo + s.coresize if core_lo is not None and s.coresize else None
+    ordered = sorted(s.sections.items(), key=lambda kv: (kv[1], kv[0]))
+    out = []
+    for n, (name, base) in enumerate(ordered):
+        in_core = core_lo is not None and core_hi is not None and core_lo <= base < core_hi
+        if not in_core and is_init_section(name):
+            if not live_init:
+                continue
+            bound = base + (s.initsize or _UNKNOWN_SIZE_BOUND)
+        elif in_core and core_hi is not None:
+            bound = core_hi
+        else:
+            bound = base + (s.coresize or _UNKNOWN_SIZE_BOUND)
+        nxt = next((b for _, b in ordered[n + 1 :] if b > base), None)
+        limit = min(bound, nxt) if nxt is not None else bound
+        out.append(Region(base, limit, s.name, name, inc, key, base))
+    return out
 
 
 def init_live_at(inc: Incarnation, clock: Clock, t: int | None) -> bool:
@@ -102,16 +147,7 @@ class AddressMap:
                 Region(a.sinittext, a.einittext, "kernel", ".init.text", None, kernel_table, text)
             )
         for inc in loaded_at(incs, clock, t):
-            live_init = init_live_at(inc, clock, t)
-            s = inc.state
-            key = module_symbol_key(s.build_id, s.name, s.srcversion)
-            for name, base in s.sections.items():
-                is_init = name.startswith(".init")
-                if is_init and not live_init:
-                    continue
-                size = s.initsize if is_init else s.coresize
-                limit = base + (size or _UNKNOWN_SIZE_BOUND)
-                regions.append(Region(base, limit, s.name, name, inc, key, base))
+            regions.extend(module_regions(inc, init_live_at(inc, clock, t)))
         regions.sort(key=lambda r: (r.base, r.limit, r.section))
         by_base: dict[int, Region] = {r.base: r for r in regions}
         self.regions = list(by_base.values())
@@ -136,33 +172,60 @@ class AddressMap:
 
         The hot path of ``Resolve``: one bisect for the region, one in its
         symbol table (straight from the store's map), one format per address;
-        the region's own members are rendered once.
+        the region's own members are rendered once, and an address asked
+        twice in a batch (profiles repeat hot functions) is answered once.
         """
         if self._fragments is None:
             self._fragments = [_fragment(r) for r in self.regions]
         bases, limits, frags = self._bases, self._limits, self._fragments
-        syms: list[tuple[SymbolTable, int, int] | None] = []
+        # Per region: its table's arrays and the key of value 0 in its section.
+        syms: list[tuple[Any, Any, Any, Any, Any, int, int] | None] = []
         for r in self.regions:
             table = tables.get(r.table) if tables and r.table else None
             sec = None
             if table is not None:
                 sec = 0 if r.inc is None else table.section_index(r.section)
-            syms.append(None if table is None or sec is None else (table, sec, r.rel_base))
+            if table is None or sec is None:
+                syms.append(None)
+                continue
+            syms.append(
+                (
+                    table.keys,
+                    table.sorted,
+                    table.values,
+                    table.name_end,
+                    table.names,
+                    sec * (1 << 40) + (1 << 39) - r.rel_base,
+                    sec,
+                )
+            )
         find = bisect.bisect_right
+        plain = _PLAIN.fullmatch
+        done: dict[int, str] = {}
         out = []
         for a in addresses:
+            hit = done.get(a)
+            if hit is not None:
+                out.append(hit)
+                continue
             i = find(bases, a) - 1
-            if i >= 0 and a < limits[i]:
-                sym = syms[i]
-                hit = sym[0].lookup(sym[1], a - sym[2]) if sym is not None else None
-                if hit is None:
-                    out.append(f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frags[i]}}}')
-                else:
-                    name = hit[0] if _PLAIN.fullmatch(hit[0]) else json.dumps(hit[0])[1:-1]
-                    out.append(
-                        f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frags[i]},'
-                        f'"symbol":"{name}","symbol_offset":"{hit[1]:#x}"}}'
-                    )
+            if i < 0 or a >= limits[i]:
+                text = f'{{"address":"{a:#x}","image":null}}'
             else:
-                out.append(f'{{"address":"{a:#x}","image":null}}')
+                text = f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frags[i]}'
+                sym = syms[i]
+                if sym is not None:
+                    keys, order, values, ends, names, bias, sec = sym
+                    key = a + bias
+                    j = find(keys, key) - 1
+                    if j >= 0 and keys[j] >> 40 == sec:
+                        e = order[j]
+                        name = bytes(names[ends[e - 1] if e else 0 : ends[e]]).decode()
+                        if not plain(name):
+                            name = json.dumps(name)[1:-1]
+                        off = key - (1 << 39) - sec * (1 << 40) - values[e]
+                        text += f',"symbol":"{name}","symbol_offset":"{off:#x}"'
+                text += "}"
+            done[a] = text
+            out.append(text)
         return "[" + ",".join(out) + "]"

@@ -87,12 +87,14 @@ class Service:
         store: Store,
         *,
         current_boot: Callable[[], BootSnapshot],
+        current_id: Callable[[], str | None],
         loaded: Callable[[], list[Incarnation]],
         snapshot: Callable[[], tuple[BootSnapshot, bool, bool]] | None = None,
         status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.store = store
         self._current = current_boot
+        self._current_id = current_id
         self._loaded = loaded
         self._snapshot = snapshot
         self._status = status
@@ -129,13 +131,16 @@ class Service:
         self._history.clear()
 
     def _boot(self, params: dict[str, Any]) -> tuple[BootSnapshot, bool]:
-        """The boot asked for, and whether it is the current one."""
+        """The boot asked for, and whether it is the one running here.
+
+        A boot named by id is looked up by itself: the store may come from
+        another machine, whose boots are not this one's.
+        """
         given = opt_str(params, "boot_id")
-        current = self._current()
-        if given is None or given == current.boot_id:
-            return current, True
+        if given is None:
+            return self._current(), True
         boot = self.store.get_boot(self.store.resolve_boot(given))
-        return boot, boot.boot_id == current.boot_id
+        return boot, boot.boot_id == self._current_id()
 
     def _incarnations(self, boot_id: str) -> list[Incarnation]:
         incs = self._history.get(boot_id)

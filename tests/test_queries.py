@@ -1,0 +1,120 @@
+"""Address resolution over recorded incarnations (pure: no daemon, no store).
+
+The layouts mirror what a real 6.1 kernel showed (tests/vm): a module's
+core is one allocation of coresize bytes at its /proc/modules base; its
+.init.* sections and the full .symtab/.strtab live in a separate init
+allocation that is freed once init has run.
+"""
+
+from __future__ import annotations
+
+from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.queries import AddressMap
+
+T0 = Timestamp(1_000, 1_000, 1_000)
+T1 = Timestamp(2_000, 2_000, 2_000)
+T2 = Timestamp(3_000, 3_000, 3_000)
+
+
+def boot() -> BootSnapshot:
+    return BootSnapshot(
+        boot_id="00000000-0000-0000-0000-000000000001",
+        release="6.1.0",
+        version="#1",
+        build_id="ab" * 20,
+        anchors=Anchors(0xFFFFFFFF81000000, 0xFFFFFFFF81000000, 0xFFFFFFFF82000000),
+        kaslr=None,
+        restricted=False,
+        restricted_reason=None,
+        kptr_restrict=0,
+        first_seen=T0,
+    )
+
+
+def incarnation(
+    name: str, seq: int, core: int, coresize: int, init: int, **kw: object
+) -> Incarnation:
+    sections = {
+        ".text": core,
+        ".rodata": core + 0x1000,
+        ".data": core + 0x2000,
+        ".gnu.linkonce.this_module": core + 0x2400,
+        ".bss": core + 0x2800,
+        ".init.text": init,
+        ".init.data": init + 0x400,
+        ".symtab": init + 0x800,
+        ".strtab": init + 0xC00,
+    }
+    state = ModuleState(
+        name=name,
+        build_id=f"{seq:02x}" * 20,
+        sections=sections,
+        coresize=coresize,
+        initsize=0x1000,
+        initstate="live",
+        srcversion=None,
+        taint=None,
+        core_base=core,
+        restricted=False,
+        inode=seq,
+    )
+    defaults: dict[str, object] = {"init_live": False, "init_done": None, "unloaded": None}
+    defaults.update(kw)
+    return Incarnation(
+        boot_id=boot().boot_id,
+        seq=seq,
+        state=state,
+        loaded=T0,
+        seen_by=SeenBy.STARTUP,
+        **defaults,  # type: ignore[arg-type]
+    )
+
+
+def where(amap: AddressMap, addr: int) -> tuple[str, str] | None:
+    r = amap.resolve(addr).region
+    return None if r is None else (r.image, r.section)
+
+
+def test_freed_init_layout_of_one_module_does_not_capture_anothers_core() -> None:
+    # crc's init allocation (freed at boot) lies where dummy's core now is.
+    crc = incarnation("crc32_pclmul", 1, 0xFFFFFFFFC0600000, 0x4000, 0xFFFFFFFFC0790000)
+    dummy = incarnation("dummy", 2, 0xFFFFFFFFC0790000 + 0x100, 0x3000, 0xFFFFFFFFC0900000)
+    amap = AddressMap(boot(), [crc, dummy], Clock.MONOTONIC, None)
+    for off in range(0, 0x3000, 0x80):
+        assert where(amap, 0xFFFFFFFFC0790100 + off)[0] == "dummy", hex(off)
+    assert where(amap, 0xFFFFFFFFC0790100 + 0x2000 + 8) == ("dummy", ".data")
+
+
+def test_an_address_past_a_modules_core_is_not_its() -> None:
+    kvm = incarnation("kvm_amd", 1, 0xFFFFFFFFC0000000, 0x3000, 0xFFFFFFFFC0900000)
+    amap = AddressMap(boot(), [kvm], Clock.MONOTONIC, None)
+    assert where(amap, 0xFFFFFFFFC0002900) == ("kvm_amd", ".bss")
+    assert where(amap, 0xFFFFFFFFC0003000) is None  # the first byte past the core
+    assert where(amap, 0xFFFFFFFFC0050000) is None
+
+
+def test_sections_end_where_the_next_begins() -> None:
+    m = incarnation("m", 1, 0xFFFFFFFFC0000000, 0x4000, 0xFFFFFFFFC0900000)
+    amap = AddressMap(boot(), [m], Clock.MONOTONIC, None)
+    assert where(amap, 0xFFFFFFFFC0000FFF) == ("m", ".text")
+    assert where(amap, 0xFFFFFFFFC0001000) == ("m", ".rodata")
+
+
+def test_init_layout_sections_resolve_only_while_init_is_live() -> None:
+    m = incarnation(
+        "m", 1, 0xFFFFFFFFC0000000, 0x4000, 0xFFFFFFFFC0900000, init_live=True, init_done=T1
+    )
+    before = AddressMap(boot(), [m], Clock.MONOTONIC, T0.monotonic + 1)
+    after = AddressMap(boot(), [m], Clock.MONOTONIC, T2.monotonic)
+    assert where(before, 0xFFFFFFFFC0900010) == ("m", ".init.text")
+    assert where(before, 0xFFFFFFFFC0900810) == ("m", ".symtab")
+    assert where(after, 0xFFFFFFFFC0900010) is None
+    assert where(after, 0xFFFFFFFFC0900810) is None
+    assert where(after, 0xFFFFFFFFC0000010) == ("m", ".text")
+
+
+def test_unloaded_module_is_only_found_at_times_it_was_loaded() -> None:
+    m = incarnation("m", 1, 0xFFFFFFFFC0000000, 0x4000, 0xFFFFFFFFC0900000, unloaded=T1)
+    assert where(AddressMap(boot(), [m], Clock.MONOTONIC, T0.monotonic + 5), 0xFFFFFFFFC0000010)
+    assert where(AddressMap(boot(), [m], Clock.MONOTONIC, T2.monotonic), 0xFFFFFFFFC0000010) is None
+    assert where(AddressMap(boot(), [m], Clock.MONOTONIC, None), 0xFFFFFFFFC0000010) is None

@@ -1,0 +1,156 @@
+#!/bin/sh
+# Runs inside the VM that tests/vm/test_realkernel.py boots (through
+# tests/vm/harness.py): kreld on the real /proc and /sys, and, read
+# independently with cat/grep/od/cp, what the kernel itself says.  Everything is
+# written as files under $OUT for the host to compare.
+#
+#   sh guest.sh first    boot facts; kreld running while dummy, veth, rmmod dummy,
+#                        dummy again; then kreldctl snapshots with /proc/kcore
+#                        hidden (stock /boot System.map, then the real one)
+#   sh guest.sh second   boot facts; kreld running while dummy is loaded
+#
+# Environment: OUT (facts directory), STATE (kreld's state dir), KRELD_VENV,
+# KRELD_REPO, and for "first" SYSMAP (the real System.map, may be empty).
+# Times are CLOCK_MONOTONIC ns ("now at" of /proc/timer_list) and
+# CLOCK_REALTIME ns (date), one line per mark in $OUT/times.
+set -u
+mode=$1
+V=$KRELD_VENV/bin
+CONFIG=$KRELD_REPO/etc/kreld/kreld.toml
+LOG=$OUT/kreld.log
+KPID=
+mkdir -p "$OUT"
+: >"$OUT/times"
+
+fail() {
+    echo "guest.sh: $*" >&2
+    [ -n "$KPID" ] && kill -TERM "$KPID" 2>/dev/null && wait "$KPID"
+    exit 1
+}
+
+mark() {
+    m=$(sed -n '/^now at /{s/^now at \([0-9]*\) nsecs$/\1/p;q}' /proc/timer_list)
+    echo "$1 $m $(date +%s%N)" >>"$OUT/times"
+}
+
+facts() {
+    cat /proc/sys/kernel/random/boot_id >"$OUT/boot_id"
+    uname -r >"$OUT/release"
+    od -An -v -tx1 /sys/kernel/notes >"$OUT/kernel_notes.hex"
+    grep -E ' (_text|_stext|_etext|_sinittext|_einittext)$' /proc/kallsyms >"$OUT/anchors"
+    cat /proc/kallsyms >"$OUT/kallsyms"
+    cat /proc/modules >"$OUT/modules.start"
+    cat /proc/sys/kernel/kptr_restrict >"$OUT/kptr_restrict"
+}
+
+# copy_module NAME LABEL: the module's sysfs files, as the kernel shows them now
+# (a few commands only: every exec costs ~0.2 s under software emulation).
+copy_module() {
+    d=/sys/module/$1
+    o=$OUT/mod/$2
+    mkdir -p "$o"
+    cp -r "$d/sections" "$o/sections" || fail "cannot copy $d/sections"
+    cp "$d/notes/.note.gnu.build-id" "$d/coresize" "$d/initsize" "$d/initstate" "$o/" ||
+        fail "cannot copy $d"
+    cat /proc/modules >"$o/proc_modules"
+}
+
+# wait_log COUNT EVENT [MODULE]: until kreld has logged EVENT (for MODULE) COUNT times.
+wait_log() {
+    i=0
+    while [ $i -lt 600 ]; do
+        if [ -n "${3:-}" ]; then
+            c=$(grep -F "\"event\": \"$2\"" "$LOG" | grep -cF "\"module\": \"$3\"")
+        else
+            c=$(grep -cF "\"event\": \"$2\"" "$LOG")
+        fi
+        [ "$c" -ge "$1" ] && return 0
+        kill -0 "$KPID" 2>/dev/null || fail "kreld exited while waiting for $2 $*"
+        sleep 0.1
+        i=$((i + 1))
+    done
+    fail "no $1 x $2 ${3:-} from kreld in 60 s"
+}
+
+start_kreld() {
+    "$V/kreld" --config "$CONFIG" --root / --state-dir "$STATE" \
+        --log-format json --log-level debug >>"$LOG" 2>&1 &
+    KPID=$!
+    wait_log 1 ready
+    mark kreld_ready
+}
+
+stop_kreld() {
+    mark kreld_stopping
+    kill -TERM "$KPID"
+    wait "$KPID"
+    echo $? >"$OUT/kreld.rc"
+    KPID=
+}
+
+# load NAME LABEL COUNT: modprobe, wait until kreld has it, copy sysfs.
+load() {
+    mark "$2.before"
+    modprobe "$1" || fail "modprobe $1"
+    mark "$2.returned"
+    wait_log "$3" module_loaded "$1"
+    mark "$2.seen"
+    copy_module "$1" "$2"
+    mark "$2.copied"
+    sleep 0.3
+}
+
+unload() {
+    mark "$2.before_rmmod"
+    rmmod "$1" || fail "rmmod $1"
+    mark "$2.rmmod_returned"
+    wait_log "$3" module_unloaded "$1"
+    mark "$2.unload_seen"
+    sleep 0.3
+}
+
+snapshot() { # LABEL: kreldctl snapshot into its own state dir
+    "$V/kreldctl" --config "$CONFIG" --root / --state-dir "$OUT/state-$1" \
+        snapshot --json >"$OUT/snapshot-$1.json" 2>"$OUT/snapshot-$1.err"
+    echo $? >"$OUT/snapshot-$1.rc"
+}
+
+mark script_start
+case $mode in
+first)
+    facts
+    mark facts_done
+    start_kreld
+    load dummy dummy1 1
+    load veth veth 1
+    unload dummy dummy1 1
+    load dummy dummy2 2
+    stop_kreld
+    # The KASLR offset from a System.map: hide VMCOREINFO (/proc/kcore) first.
+    mount --bind /dev/null /proc/kcore || fail "cannot hide /proc/kcore"
+    release=$(uname -r)
+    cp "/boot/System.map-$release" "$OUT/stock-system-map"
+    snapshot stock-map
+    if [ -n "${SYSMAP:-}" ]; then
+        mount --bind "$SYSMAP" "/boot/System.map-$release" || fail "cannot mount $SYSMAP"
+        grep -E ' (_text|_stext|_etext|_sinittext|_einittext)$' "/boot/System.map-$release" \
+            >"$OUT/system-map-anchors"
+        snapshot system-map
+        umount "/boot/System.map-$release"
+    fi
+    umount /proc/kcore
+    mark snapshots_done
+    ;;
+second)
+    facts
+    mark facts_done
+    start_kreld
+    load dummy dummy 1
+    stop_kreld
+    ;;
+*)
+    fail "unknown mode $mode"
+    ;;
+esac
+sync
+echo done >"$OUT/done"
