@@ -13,7 +13,7 @@ from typing import Any
 
 from kreld.errors import KreldError, SymbolsUnavailable
 from kreld.model import BootSnapshot, Clock, Incarnation, clock_now, parse_addr
-from kreld.queries import AddressMap, init_live_at, loaded_at
+from kreld.queries import AddressMap, init_live_at, is_init_section, loaded_at
 from kreld.store import Store
 from kreld.symtab import ABSOLUTE, SymbolTable, module_symbol_key
 from kreld.varlink import (
@@ -59,7 +59,7 @@ def render_kallsyms(
             continue
         live_init = init_live_at(inc, clock, t)
         bases = [inc.state.sections.get(name) for name in table.sections]
-        skip = [name.startswith(".init") and not live_init for name in table.sections]
+        skip = [is_init_section(name) and not live_init for name in table.sections]
         for e in table:
             base = bases[e.section]
             if base is None or skip[e.section]:
