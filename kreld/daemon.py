@@ -280,7 +280,10 @@ class Daemon:
         self.log.info(
             "ready", state_dir=self.cfg.state_dir, root=self.cfg.root, socket=self.cfg.socket
         )
-        tasks = [asyncio.create_task(self._status_updates())]
+        tasks = [
+            asyncio.create_task(self._status_updates()),
+            asyncio.create_task(self._retention()),
+        ]
         usec = _watchdog_usec()
         if usec:
             tasks.append(asyncio.create_task(self._watchdog(usec)))
@@ -300,6 +303,27 @@ class Daemon:
             else:
                 self.log.error("watchdog_withheld", reason="tracker thread stopped")
             await asyncio.sleep(usec / 2e6)
+
+    async def _retention(self) -> None:
+        """Apply the retention policy at start and then daily, off the loop."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.cfg.keep_boots or self.cfg.keep_days:
+                try:
+                    removed = await loop.run_in_executor(None, self.gc)
+                    if any(removed.values()):
+                        self.log.info("retention", **removed)
+                    if self.server is not None:
+                        self.server.service.invalidate()
+                except KreldError as e:
+                    self.log.error("retention_failed", error=str(e))
+            await asyncio.sleep(86400)
+
+    def gc(self) -> dict[str, int]:
+        assert self.boot is not None
+        return self.store.gc(
+            self.cfg.keep_boots, self.cfg.keep_days, self.boot.boot_id, time.time_ns()
+        )
 
     async def _status_updates(self) -> None:
         while True:

@@ -59,6 +59,7 @@ class Daemon:
         self.args = args
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        self._offset = 0
 
     def start(self, wait_ready: bool = True, timeout: float = 20) -> Daemon:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
@@ -74,8 +75,13 @@ class Daemon:
         return self
 
     def events(self) -> list[dict[str, Any]]:
+        """This run's events: a log file shared by several runs is read from
+        where this run started writing."""
         out = []
-        for line in self.log_path.read_text().splitlines():
+        with open(self.log_path, "rb") as f:
+            f.seek(self._offset)
+            lines = f.read().decode(errors="replace").splitlines()
+        for line in lines:
             try:
                 out.append(json.loads(line))
             except ValueError:

@@ -1,0 +1,38 @@
+"""The retention policy: kreld forgets old boots by itself, never the current one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conftest import Daemon, start
+from faketree import FakeTree
+
+from kreld.store import Store
+
+
+def test_daemon_applies_retention_at_start(
+    daemon_factory: Any, tree: FakeTree, state_dir: Path, sockdir: Path, tmp_path: Path
+) -> None:
+    boots = []
+    for i in range(3):
+        if i:
+            tree.new_boot(text=tree.text + 0x200000 * i)
+        tree.add_module(f"m{i}", 0xFFFFFFFFC0000000 + i * 0x100000)
+        d: Daemon = start(daemon_factory, tree, state_dir, sockdir / f"k{i}.sock")
+        d.wait_for("kernel_symbols")
+        assert d.stop() == 0
+        boots.append(tree.boot_id)
+    with Store(state_dir, readonly=True) as store:
+        assert [b.boot_id for b in store.list_boots()] == boots[::-1]
+    cfg = tmp_path / "kreld.toml"
+    cfg.write_text("[retention]\nkeep_boots = 1\n")
+    # A fourth boot: the three recorded ones are all older than the current one.
+    tree.new_boot(text=tree.text + 0x800000)
+    d = start(daemon_factory, tree, state_dir, sockdir / "k.sock", "--config", str(cfg))
+    ev = d.wait_for("retention")
+    assert ev["boots"] == 3 and ev["incarnations"] >= 3
+    with Store(state_dir, readonly=True) as store:
+        assert [b.boot_id for b in store.list_boots()] == [tree.boot_id]
+        assert store.incarnations(boots[0]) == []
+    assert d.stop() == 0
