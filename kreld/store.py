@@ -22,6 +22,7 @@ doubled and the write retried.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -448,18 +449,11 @@ class Store:
             seq = self._next_seq(txn, boot_id)
             out = []
             for inc in opened:
-                rec = Incarnation(
-                    boot_id=boot_id,
-                    seq=seq,
-                    state=inc.state,
-                    loaded=inc.loaded,
-                    seen_by=inc.seen_by,
-                    init_live=inc.init_live,
-                    init_done=inc.init_done,
-                )
+                rec = dataclasses.replace(inc, boot_id=boot_id, seq=seq)
                 key = inc_key(boot_id, seq)
                 txn.put(key, _dumps(rec.to_json()), db=db)
-                txn.put(key, b"", db=open_db)
+                if rec.unloaded is None:
+                    txn.put(key, b"", db=open_db)
                 out.append(rec)
                 seq += 1
             for inc in updated:

@@ -140,9 +140,11 @@ class FakeTree:
             p = stage / f
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(b)
-        os.rename(stage, self.root / "sys/module" / name)
+        # The kernel lists a module in /proc/modules before its sysfs directory
+        # appears (mod_sysfs_setup() runs late in load_module()).
         self.modules[name] = (0 if zero else base, coresize)
         self._write_proc_modules()
+        os.rename(stage, self.root / "sys/module" / name)
 
     def remove_module(self, name: str) -> None:
         """Unload: the directory is deleted in place, as sysfs removes a kobject.

@@ -1,0 +1,240 @@
+"""The uevent path: parsing real kernel uevent datagrams, filtering, a real netlink socket."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import threading
+import time
+from typing import Any
+
+import pytest
+import structlog
+
+from kreld.model import SeenBy
+from kreld.sources import Uevent, UeventSource, module_event, parse_uevent
+
+MEM_NULL_UEVENT = "/sys/devices/virtual/mem/null/uevent"
+
+
+def datagram(header: str, **props: str) -> bytes:
+    """A kernel uevent as it travels on NETLINK_KOBJECT_UEVENT."""
+    return b"".join(s.encode() + b"\0" for s in [header, *(f"{k}={v}" for k, v in props.items())])
+
+
+MODULE_ADD = (
+    b"add@/module/dummy\0ACTION=add\0DEVPATH=/module/dummy\0SUBSYSTEM=module\0SEQNUM=1234\0"
+)
+MODULE_REMOVE = datagram(
+    "remove@/module/dummy",
+    ACTION="remove",
+    DEVPATH="/module/dummy",
+    SUBSYSTEM="module",
+    SEQNUM="1240",
+)
+MEM_CHANGE = datagram(
+    "change@/devices/virtual/mem/null",
+    ACTION="change",
+    DEVPATH="/devices/virtual/mem/null",
+    SUBSYSTEM="mem",
+    MAJOR="1",
+    MINOR="3",
+    DEVNAME="null",
+    DEVMODE="0666",
+    SEQNUM="1235",
+)
+# A driver binding is sent with SUBSYSTEM=drivers, a path under /bus: not a module load.
+DRIVER_BIND = datagram(
+    "add@/bus/pci/drivers/e1000e",
+    ACTION="add",
+    DEVPATH="/bus/pci/drivers/e1000e",
+    SUBSYSTEM="drivers",
+    SEQNUM="1236",
+)
+
+
+def udev_message() -> bytes:
+    """What udevd multicasts: "libudev\\0", a binary header, then properties."""
+    props = b"ACTION=add\0DEVPATH=/module/dummy\0SUBSYSTEM=module\0SEQNUM=1234\0"
+    header = struct.pack("<8sIIIIIIII", b"libudev", 0xFEEDCAFE, 40, 40, len(props), 0, 0, 0, 0)
+    return header + props
+
+
+def test_parse_module_add() -> None:
+    ev = parse_uevent(MODULE_ADD)
+    assert ev is not None
+    assert ev.action == "add"
+    assert ev.devpath == "/module/dummy"
+    assert ev.subsystem == "module"
+    assert ev.properties["SEQNUM"] == "1234"
+    assert module_event(ev) == ("add", "dummy")
+
+
+def test_parse_module_remove() -> None:
+    ev = parse_uevent(MODULE_REMOVE)
+    assert ev is not None
+    assert (ev.action, ev.devpath, ev.subsystem) == ("remove", "/module/dummy", "module")
+    assert module_event(ev) == ("remove", "dummy")
+
+
+def test_module_name_with_underscores_and_dashes() -> None:
+    raw = datagram(
+        "add@/module/nf_conntrack_netlink",
+        ACTION="add",
+        DEVPATH="/module/nf_conntrack_netlink",
+        SUBSYSTEM="module",
+        SEQNUM="9",
+    )
+    ev = parse_uevent(raw)
+    assert ev is not None
+    assert module_event(ev) == ("add", "nf_conntrack_netlink")
+
+
+def test_non_module_subsystem_is_ignored() -> None:
+    ev = parse_uevent(MEM_CHANGE)
+    assert ev is not None
+    assert ev.subsystem == "mem"
+    assert ev.action == "change"
+    assert ev.devpath == "/devices/virtual/mem/null"
+    assert ev.properties["DEVNAME"] == "null"
+    assert module_event(ev) is None
+
+    bind = parse_uevent(DRIVER_BIND)
+    assert bind is not None
+    assert module_event(bind) is None
+
+
+def test_module_subsystem_with_a_deeper_path_or_no_name_is_ignored() -> None:
+    for devpath in ("/module/dummy/holders/x", "/module/", "/devices/module/dummy"):
+        raw = datagram(f"add@{devpath}", ACTION="add", DEVPATH=devpath, SUBSYSTEM="module")
+        ev = parse_uevent(raw)
+        assert ev is not None
+        assert module_event(ev) is None, devpath
+
+
+def test_module_path_without_subsystem_is_ignored() -> None:
+    raw = b"add@/module/dummy\0ACTION=add\0DEVPATH=/module/dummy\0SEQNUM=7\0"
+    ev = parse_uevent(raw)
+    assert ev is not None
+    assert ev.subsystem is None
+    assert module_event(ev) is None
+
+
+def test_properties_override_the_header() -> None:
+    # The kernel's header and properties agree; the properties are authoritative.
+    raw = b"change@/module/x\0ACTION=remove\0DEVPATH=/module/dummy\0SUBSYSTEM=module\0"
+    ev = parse_uevent(raw)
+    assert ev is not None
+    assert module_event(ev) == ("remove", "dummy")
+
+
+def test_udev_message_is_not_a_kernel_uevent() -> None:
+    assert parse_uevent(udev_message()) is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"\0", b"\0\0\0\0", b"hello world", b"\xff\xfe\xfd\0KEY=VALUE\0", b"ACTION=add\0"],
+)
+def test_garbage_is_none(raw: bytes) -> None:
+    assert parse_uevent(raw) is None
+
+
+class Recorder:
+    """A real notify target: remembers every hint it was given."""
+
+    def __init__(self) -> None:
+        self.hints: list[tuple[SeenBy, str, str | None]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, source: SeenBy, action: str, name: str | None = None) -> None:
+        with self.lock:
+            self.hints.append((source, action, name))
+
+
+def json_logger(buf: io.StringIO) -> Any:
+    return structlog.wrap_logger(
+        structlog.PrintLogger(buf),
+        processors=[structlog.processors.add_log_level, structlog.processors.JSONRenderer()],
+    )
+
+
+def log_lines(buf: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in buf.getvalue().splitlines() if line.strip()]
+
+
+def open_source(notify: Recorder, buf: io.StringIO) -> UeventSource:
+    try:
+        return UeventSource(notify, json_logger(buf))
+    except (OSError, ImportError) as e:
+        pytest.skip(f"cannot open a NETLINK_KOBJECT_UEVENT socket here: {e}")
+
+
+def test_handle_counts_ignored_and_notifies_modules() -> None:
+    rec, buf = Recorder(), io.StringIO()
+    src = open_source(rec, buf)
+    for raw in [MODULE_ADD, MEM_CHANGE, DRIVER_BIND, MODULE_REMOVE, MEM_CHANGE]:
+        ev = parse_uevent(raw)
+        assert ev is not None
+        src.handle(ev)
+    assert src.received == 5
+    assert src.ignored == 3
+    assert rec.hints == [
+        (SeenBy.UEVENT, "add", "dummy"),
+        (SeenBy.UEVENT, "remove", "dummy"),
+    ]
+    ignored = [e for e in log_lines(buf) if e["event"] == "uevent_ignored"]
+    assert [e["devpath"] for e in ignored] == [
+        "/devices/virtual/mem/null",
+        "/bus/pci/drivers/e1000e",
+        "/devices/virtual/mem/null",
+    ]
+    assert ignored[0]["subsystem"] == "mem"
+
+
+def test_handle_of_a_hand_built_uevent() -> None:
+    rec, buf = Recorder(), io.StringIO()
+    src = open_source(rec, buf)
+    src.handle(Uevent("add", "/module/loop", "module", {}))
+    src.handle(Uevent("add", "/devices/virtual/block/loop0", "block", {}))
+    assert (src.received, src.ignored) == (2, 1)
+    assert rec.hints == [(SeenBy.UEVENT, "add", "loop")]
+
+
+def test_real_netlink_uevent_reaches_the_monitor_and_is_ignored() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("writing to /sys/.../uevent to trigger a kernel uevent needs root")
+    if not os.path.exists(MEM_NULL_UEVENT):
+        pytest.skip(f"{MEM_NULL_UEVENT} does not exist here")
+    rec, buf = Recorder(), io.StringIO()
+    src = open_source(rec, buf)
+    stop = threading.Event()
+    src.start(stop)
+    try:
+        try:
+            with open(MEM_NULL_UEVENT, "w") as f:
+                f.write("change")
+        except OSError as e:
+            pytest.skip(f"cannot trigger a uevent through {MEM_NULL_UEVENT}: {e}")
+        deadline = time.monotonic() + 15
+        seen: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not seen:
+            seen = [
+                e
+                for e in log_lines(buf)
+                if e["event"] == "uevent_ignored" and e["devpath"] == "/devices/virtual/mem/null"
+            ]
+            time.sleep(0.02)
+        assert seen, f"no uevent for /dev/null arrived; log:\n{buf.getvalue()}"
+        assert seen[0]["action"] == "change"
+        assert seen[0]["subsystem"] == "mem"
+        assert src.received >= 1
+        assert src.ignored >= 1
+        assert src.healthy
+        # Not a module: the tracker was never told to look.
+        assert all(h[2] != "null" for h in rec.hints)
+    finally:
+        stop.set()
+        src.stop()
