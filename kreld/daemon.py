@@ -156,7 +156,6 @@ class Daemon:
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
         self.tracker = tracker
-        tracker.startup()
         watch = WatchSource(
             tracker.notify,
             str(self.root / "sys/module"),
@@ -170,6 +169,10 @@ class Daemon:
                 self.sources.append(UeventSource(tracker.notify, self.log))
             except Exception as e:  # no netlink here (container, seccomp): polling still works
                 self.log.warning("uevent_source_unavailable", error=str(e))
+        # Sources first, then the scan: see ModuleTracker.startup().
+        for s in self.sources:
+            s.start(self.stop_threads)
+        tracker.startup()
         self.symbols = SymbolCapture(
             self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs
         )
@@ -179,8 +182,6 @@ class Daemon:
             target=tracker.run, args=(self.stop_threads,), name="tracker", daemon=True
         )
         self.tracker_thread.start()
-        for s in self.sources:
-            s.start(self.stop_threads)
         self.log.info(
             "watching",
             path=watch.path,

@@ -89,7 +89,14 @@ class ModuleTracker:
 
     def startup(self) -> None:
         """Continue the incarnations a previous run left open; close those that
-        vanished while kreld was down; open what is new."""
+        vanished while kreld was down; open what is new.
+
+        Start the event sources first: a load between this scan and their
+        start would otherwise go unseen until the next full look.  Their hints
+        wait in the queue; an add hint for a module this scan already found
+        pairs with it (nothing here is marked as paired), so no load is
+        recorded twice.
+        """
         now = Timestamp.now()
         last = self.store.last_watched(self.boot_id)
         present = list_modules(self.root)
@@ -99,7 +106,7 @@ class ModuleTracker:
         for inc in self.store.open_incarnations(self.boot_id):
             state = read_module(self.root, inc.name, proc) if inc.name in present else None
             if state is not None and self._same_load(inc.state, state):
-                self._open[inc.name] = _Tracked(inc, set(SeenBy))
+                self._open[inc.name] = _Tracked(inc, {SeenBy.STARTUP})
                 continued += 1
                 continue
             after = (
@@ -120,9 +127,7 @@ class ModuleTracker:
         stored = self.store.apply_module_changes(self.boot_id, opened, [], closed, now)
         with self.lock:
             for inc in stored:
-                # A module still in its init gets its add uevent later: leave it unpaired.
-                hinted = set(SeenBy) if inc.state.initstate != "coming" else {SeenBy.STARTUP}
-                self._open[inc.name] = _Tracked(inc, hinted)
+                self._open[inc.name] = _Tracked(inc, {SeenBy.STARTUP})
         self._last_scan = now
         self._last_heartbeat = now.monotonic
         self.log.info(
