@@ -309,20 +309,7 @@ class ModuleTracker:
         # A load that came and went happened before the load of the same name
         # still present: record it first, so seqs follow the order of loads.
         all_new = transients + [inc for inc, _ in opened]
-        stored = [
-            # The store assigns the seq; whether the load is over is ours to say.
-            dataclasses.replace(
-                s,
-                unloaded=a.unloaded,
-                unloaded_after=a.unloaded_after,
-                unload_seen_by=a.unload_seen_by,
-            )
-            for s, a in zip(
-                self.store.apply_module_changes(self.boot_id, all_new, updated, closed, now),
-                all_new,
-                strict=True,
-            )
-        ]
+        stored = self.store.apply_module_changes(self.boot_id, all_new, updated, closed, now)
         with self.lock:
             for i, inc in enumerate(stored):
                 if i < len(transients):
