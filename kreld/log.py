@@ -67,7 +67,13 @@ class JournalRenderer:
             if value is not None:
                 fields[journal_field(key)] = str(value)
         message = " ".join([event, *(f"{k}={v}" for k, v in ev.items() if v is not None)])
-        self._send(message, **fields)
+        try:
+            self._send(message, **fields)
+        except OSError:
+            # The journal's socket refuses (journald stopped, a stale socket):
+            # logging must never stop the daemon.  Write the line to stderr,
+            # with the sd-daemon(3) priority prefix a journal stream reads.
+            print(f"<{fields['PRIORITY']}>{message}", file=sys.stderr, flush=True)
         raise structlog.DropEvent
 
 

@@ -403,8 +403,16 @@ def bind_socket(path: str, group: str, log: Any) -> socket.socket:
     p = Path(path)
     try:
         p.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        dst = os.stat(p.parent)
     except OSError as e:
         raise SocketError(f"{p.parent}: cannot create: {e.strerror}") from e
+    # Whoever may write the directory can replace the socket with their own.
+    if dst.st_uid not in (0, os.geteuid()):
+        raise SocketError(
+            f"{p.parent}: owned by uid {dst.st_uid}; refusing to put the socket there"
+        )
+    if dst.st_mode & 0o022 and not dst.st_mode & stat.S_ISVTX:
+        raise SocketError(f"{p.parent}: writable by others; refusing to put the socket there")
     try:
         st = os.lstat(p)
     except FileNotFoundError:

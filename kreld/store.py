@@ -26,6 +26,7 @@ import dataclasses
 import errno
 import json
 import os
+import stat
 import struct
 import threading
 import uuid
@@ -114,6 +115,31 @@ def check_datafile(path: Path) -> None:
         raise StoreCorrupt(str(path), f"data.mdb is truncated: {size} bytes, its pages need {need}")
 
 
+def check_owner(path: Path) -> None:
+    """Refuse a state directory someone else controls (or a symlink to one).
+
+    Whoever owns the directory, or may write to it, can swap data.mdb under
+    the daemon; kreld writes only into a directory of its own user (or root).
+    """
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise StoreError(str(path), f"cannot stat: {e.strerror}") from e
+    if stat.S_ISLNK(st.st_mode):
+        raise StoreError(str(path), "is a symlink; refusing to follow it")
+    if st.st_uid not in (0, os.geteuid()):
+        raise StoreError(str(path), f"owned by uid {st.st_uid}, not by kreld's uid {os.geteuid()}")
+    if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+        raise StoreError(str(path), "is writable by every user")
+    for name in ("data.mdb", "lock.mdb"):
+        try:
+            fst = os.lstat(path / name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(fst.st_mode) or fst.st_uid not in (0, os.geteuid()):
+            raise StoreError(str(path / name), "a symlink or another user's file; refusing it")
+
+
 class _ResizeGate:
     """Many transactions at once, or one map resize alone (LMDB's rule)."""
 
@@ -172,6 +198,7 @@ class Store:
                 self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
             except OSError as e:
                 raise StoreError(str(self.path), f"cannot create: {e.strerror}") from e
+            check_owner(self.path)
         check_datafile(self.path)
         try:
             self.env = lmdb.open(
@@ -465,6 +492,31 @@ class Store:
             if watched is not None:
                 txn.put(boot_key(boot_id), _dumps(watched.to_json()), db=self.dbs[b"watch"])
             return out
+
+        return self.write(fn)
+
+    def close_other_boots(self, boot_id: str) -> int:
+        """Drop the open-index entries of every other boot: those boots are over.
+
+        Their incarnations keep ``unloaded`` null (their clocks ended with the
+        boot: no time of this boot can close them); queries on an old boot
+        treat them as loaded to the end of its record.
+        """
+        prefix = boot_key(boot_id)
+
+        def fn(txn: Any) -> int:
+            cur = txn.cursor(db=self.dbs[b"open"])
+            n = 0
+            if not cur.first():
+                return 0
+            while True:
+                if cur.key()[:16] != prefix:
+                    n += 1
+                    if not cur.delete():
+                        break
+                elif not cur.next():
+                    break
+            return n
 
         return self.write(fn)
 

@@ -98,6 +98,7 @@ class ModuleTracker:
         recorded twice.
         """
         now = Timestamp.now()
+        self.store.close_other_boots(self.boot_id)
         last = self.store.last_watched(self.boot_id)
         present = list_modules(self.root)
         proc = read_proc_modules(self.root)
