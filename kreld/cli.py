@@ -417,6 +417,8 @@ class Ctl:
 
     def export(self) -> int:
         text = self.call("ExportKallsyms", **self._at())["kallsyms"]
+        if self.args.json:
+            text = json.dumps({"kallsyms": text}) + "\n"
         if self.args.output:
             tmp = Path(self.args.output + ".tmp")
             tmp.write_text(text)

@@ -30,6 +30,7 @@ from kreld.errors import (
     StoreCorrupt,
     StoreError,
     StoreFull,
+    SymbolsUnavailable,
 )
 
 
@@ -71,6 +72,8 @@ def error_from_reply(name: str, p: dict[str, Any]) -> KreldError:
             return StoreFull(s("path"), s("reason"))
         case "io.kreld.StoreError":
             return StoreError(s("path"), s("reason"))
+        case "io.kreld.SymbolsUnavailable":
+            return SymbolsUnavailable(s("boot_id"), s("reason"))
         case "org.varlink.service.InvalidParameter":
             return InvalidArgument(s("parameter"), "rejected by kreld")
     return RemoteError(name, p)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -27,7 +28,7 @@ from kreld import __version__
 from kreld import log as klog
 from kreld.config import Config
 from kreld.errors import ExitCode, KreldError
-from kreld.kernel import Root
+from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp
 from kreld.options import add_common, resolve_config
 from kreld.server import Limits, Policy, Server, bind_socket, group_id
@@ -47,6 +48,7 @@ signals:
 exit status:
   0  stopped cleanly on SIGTERM or SIGINT
   1  an error kept it from running (logged), e.g. the socket is in use
+  2  the command line is wrong
   5  the store is unusable: corrupt, truncated, foreign or from a newer kreld
   6  the configuration is invalid (the message names the file and key)
 """
@@ -401,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.exit_code)
     klog.configure(args.log_level or cfg.log_level, args.log_format or cfg.log_format)
     log = klog.get()
+    # Every journal entry carries the boot; if it cannot be read, the snapshot
+    # says why below.
+    with contextlib.suppress(KreldError):
+        klog.journal_context["KRELD_BOOT_ID"] = read_boot_id(Root(Path(cfg.root)))
     try:
         daemon = Daemon(cfg, args, log)
     except KreldError as e:

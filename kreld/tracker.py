@@ -119,7 +119,11 @@ class ModuleTracker:
                 )
             )
         opened: list[Incarnation] = []
-        for name in sorted(present):
+        # /proc/modules lists the newest load first: give the oldest the lowest
+        # seq, so an exported kallsyms lists modules as the kernel does.
+        newest_first = [n for n in proc if n in present]
+        order = newest_first[::-1] + sorted(set(present) - set(newest_first))
+        for name in order:
             if name in self._open:
                 continue
             state = read_module(self.root, name, proc)

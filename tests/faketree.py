@@ -161,7 +161,11 @@ class FakeTree:
         (self.root / "sys/module" / name / "parameters").mkdir(parents=True, exist_ok=True)
 
     def _write_proc_modules(self) -> None:
-        lines = [f"{n} {size} 0 - Live 0x{base:016x}" for n, (base, size) in self.modules.items()]
+        # Newest first, as the kernel lists them (each load goes to the list head).
+        lines = [
+            f"{n} {size} 0 - Live 0x{base:016x}"
+            for n, (base, size) in reversed(self.modules.items())
+        ]
         tmp = self.root / "proc/.modules.tmp"
         tmp.write_text("".join(line + "\n" for line in lines))
         os.rename(tmp, self.root / "proc/modules")

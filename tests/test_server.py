@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, kreldctl, raw_exchange, start
+from conftest import Daemon, _bin, kreldctl, raw_exchange, start
 from faketree import FakeTree
 
 from kreld.client import Client, ConnectError, RemoteError
@@ -359,7 +359,8 @@ def test_sd_notify_ready_watchdog_status_and_stopping(
     env = dict(os.environ, NOTIFY_SOCKET=str(sockdir / "notify"), WATCHDOG_USEC="200000")
     log = open(tmp_path / "kreld.log", "wb")  # noqa: SIM115 - outlives the Popen call
     proc = subprocess.Popen(
-        ["kreld", "--root", str(tree.root), "--state-dir", str(state_dir), "--socket", str(sock)],
+        [_bin("kreld"), "--root", str(tree.root), "--state-dir", str(state_dir),
+         "--socket", str(sock)],
         env=env, stdout=log, stderr=log,
     )  # fmt: skip
     try:
@@ -386,8 +387,7 @@ def test_sd_notify_ready_watchdog_status_and_stopping(
 def test_socket_activation(tree: FakeTree, state_dir: Path, sockdir: Path, tmp_path: Path) -> None:
     sock = sockdir / "activated.sock"
     log = open(tmp_path / "kreld.log", "wb")  # noqa: SIM115 - outlives the Popen call
-    kreld = shutil.which("kreld")
-    assert kreld
+    kreld = _bin("kreld")
     proc = subprocess.Popen(
         ["systemd-socket-activate", "-l", str(sock), kreld, "--log-format", "json",
          "--root", str(tree.root), "--state-dir", str(state_dir),
