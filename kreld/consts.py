@@ -18,7 +18,8 @@ DEFAULT_ROOT: Final = "/"
 EMBEDDED_STATE_SUBDIR: Final = "run/state"
 EMBEDDED_SOCKET_SUBPATH: Final = "run/kreld.sock"
 
-STORE_SCHEMA_VERSION: Final = 1
+# 2: compact incarnation records (kreld.records); schema 1 records still read.
+STORE_SCHEMA_VERSION: Final = 2
 STORE_MAGIC: Final = b"kreld-store"
 STORE_INITIAL_MAP_SIZE: Final = 16 << 20
 STORE_MAX_MAP_SIZE: Final = 1 << 40

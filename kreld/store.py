@@ -12,6 +12,8 @@ Layout (named databases in one environment under ``--state-dir``):
 ``symtabs``       table key -> packed symbol table (:mod:`kreld.symtab`): ``k:<build-id>``
                   a kernel build, ``b:<boot-id>`` a boot whose table differs from
                   its build's, ``m:<build-id>`` a module build.
+``layouts``       12-byte key -> the section names an incarnation record's offsets
+                  follow (:mod:`kreld.records`), JSON.
 ``boot_symbols``  boot-id (text) -> which kernel table the boot uses, and the
                   kallsyms lines of owners that are not modules (bpf, ftrace), JSON.
 
@@ -37,7 +39,7 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from kreld import consts
+from kreld import consts, records
 from kreld.errors import (
     AmbiguousBoot,
     NoSuchBoot,
@@ -61,6 +63,7 @@ _DBS = (
     b"watch",
     b"symtabs",
     b"boot_symbols",
+    b"layouts",
 )
 _LMDB_MAGIC = 0xBEEFC0DE
 _SEQ = struct.Struct(">Q")
@@ -190,6 +193,7 @@ class Store:
         self.path = Path(path)
         self.readonly = readonly
         self._gate = _ResizeGate()
+        self._layouts: dict[bytes, list[str]] = {}
         self._write_lock = threading.Lock()
         if readonly and not (self.path / "data.mdb").exists():
             raise StoreError(str(self.path), "no kreld store here (no data.mdb)")
@@ -264,6 +268,10 @@ class Store:
             raise StoreCorrupt(str(self.path), f"unreadable schema version {schema!r}") from e
         if version > consts.STORE_SCHEMA_VERSION:
             raise StoreTooNew(str(self.path), version, consts.STORE_SCHEMA_VERSION)
+        if version < consts.STORE_SCHEMA_VERSION and not self.readonly:
+            # 1 -> 2: new incarnations are written compactly; old ones stay readable.
+            with self.env.begin(write=True, db=meta) as txn:
+                txn.put(b"schema", str(consts.STORE_SCHEMA_VERSION).encode())
 
     def close(self) -> None:
         self.env.close()
@@ -478,16 +486,16 @@ class Store:
             for inc in opened:
                 rec = dataclasses.replace(inc, boot_id=boot_id, seq=seq)
                 key = inc_key(boot_id, seq)
-                txn.put(key, _dumps(rec.to_json()), db=db)
+                txn.put(key, self._encode(txn, rec), db=db)
                 if rec.unloaded is None:
                     txn.put(key, b"", db=open_db)
                 out.append(rec)
                 seq += 1
             for inc in updated:
-                txn.put(inc_key(boot_id, inc.seq), _dumps(inc.to_json()), db=db)
+                txn.put(inc_key(boot_id, inc.seq), self._encode(txn, inc), db=db)
             for inc in closed:
                 key = inc_key(boot_id, inc.seq)
-                txn.put(key, _dumps(inc.to_json()), db=db)
+                txn.put(key, self._encode(txn, inc), db=db)
                 txn.delete(key, db=open_db)
             if watched is not None:
                 txn.put(boot_key(boot_id), _dumps(watched.to_json()), db=self.dbs[b"watch"])
@@ -520,6 +528,26 @@ class Store:
 
         return self.write(fn)
 
+    def _encode(self, txn: Any, inc: Incarnation) -> bytes:
+        raw, key, names = records.encode(inc)
+        txn.put(key, _dumps(names), db=self.dbs[b"layouts"], overwrite=False)
+        return raw
+
+    def decode_incarnation(self, txn: Any, key: bytes, raw: bytes) -> Incarnation:
+        """An incarnation from its key and stored record, in a read transaction."""
+
+        def layout(k: bytes) -> list[str]:
+            names = self._layouts.get(k)
+            if names is None:
+                stored = txn.get(k, db=self.dbs[b"layouts"])
+                if stored is None:
+                    raise StoreCorrupt(str(self.path), f"section layout {k.hex()} is missing")
+                names = self._layouts[k] = list(json.loads(bytes(stored)))
+            return names
+
+        boot_id = str(uuid.UUID(bytes=bytes(key[:16])))
+        return records.decode(raw, boot_id, int(_SEQ.unpack(key[16:24])[0]), layout)
+
     def heartbeat(self, boot_id: str, when: Timestamp) -> None:
         self.apply_module_changes(boot_id, [], [], [], when)
 
@@ -546,7 +574,7 @@ class Store:
                         break
                     raw = txn.get(k, db=db)
                     if raw is not None:
-                        out.append(Incarnation.from_json(json.loads(raw)))
+                        out.append(self.decode_incarnation(txn, k, raw))
             return out
 
         return self.read(fn)
@@ -565,7 +593,7 @@ class Store:
                 for k, v in cur.iternext():
                     if k[:16] != prefix:
                         break
-                    out.append(Incarnation.from_json(json.loads(v)))
+                    out.append(self.decode_incarnation(txn, k, v))
             return out
 
         return self.read(fn)
@@ -686,9 +714,9 @@ class Store:
             used: set[bytes] = set()
             for _, v in txn.cursor(db=self.dbs[b"boot_symbols"]):
                 used.add(str(json.loads(bytes(v))["kernel"]).encode())
-            for _, v in txn.cursor(db=self.dbs[b"incarnations"]):
-                rec = json.loads(bytes(v))
-                key = module_symbol_key(rec.get("build_id"), rec["name"], rec.get("srcversion"))
+            for k, v in txn.cursor(db=self.dbs[b"incarnations"]):
+                st = self.decode_incarnation(txn, bytes(k), v).state
+                key = module_symbol_key(st.build_id, st.name, st.srcversion)
                 if key:
                     used.add(key.encode())
             tables = [k for k in txn.cursor(db=self.dbs[b"symtabs"]).iternext(values=False)]

@@ -16,6 +16,7 @@ import pytest
 from conftest import kreldctl
 from faketree import FakeTree
 
+from kreld import consts
 from kreld.errors import StoreCorrupt, StoreError, StoreTooNew
 from kreld.model import Anchors, BootSnapshot, KaslrOffset, OffsetSource, Timestamp
 from kreld.store import Store
@@ -288,7 +289,7 @@ def test_unusable_store_is_refused_and_left_untouched(
         assert words in str(ei.value)
         assert str(state) in str(ei.value)
     if error is StoreTooNew:
-        assert (ei.value.found, ei.value.supported) == (99, 1)
+        assert (ei.value.found, ei.value.supported) == (99, consts.STORE_SCHEMA_VERSION)
     assert digests(state) == before
 
 
