@@ -3,9 +3,10 @@
 A boot records every loaded module again, so its incarnations are most of
 what a boot adds to the store.  The stored record leaves out what the key
 already says (boot-id, seq), writes timestamps as ``[monotonic, boottime,
-realtime]``, and keeps section bases as one list of offsets from the lowest
-base, the section names being interned once per distinct set of names in the
-``layouts`` table (every load of one module build has the same set).
+realtime]`` (later ones as differences from the load), and keeps section
+bases as one list of offsets from the lowest base, the section names being
+interned once per distinct set of names in the ``layouts`` table (every load
+of one module build has the same set).
 """
 
 from __future__ import annotations
@@ -24,12 +25,24 @@ def layout_key(names: Sequence[str]) -> bytes:
     return hashlib.sha1("\0".join(names).encode()).digest()[:12]
 
 
-def _ts(t: Timestamp | None) -> list[int] | None:
-    return None if t is None else [t.monotonic, t.boottime, t.realtime]
+def _ts(t: Timestamp | None, rel: Timestamp | None = None) -> list[int] | None:
+    """``[monotonic, boottime, realtime]``, as differences from *rel* if given."""
+    if t is None:
+        return None
+    if rel is None:
+        return [t.monotonic, t.boottime, t.realtime]
+    return [t.monotonic - rel.monotonic, t.boottime - rel.boottime, t.realtime - rel.realtime]
 
 
-def _un_ts(v: Any) -> Timestamp | None:
-    return None if v is None else Timestamp(int(v[0]), int(v[1]), int(v[2]))
+def _un_ts(v: Any, rel: Timestamp | None = None) -> Timestamp | None:
+    if v is None:
+        return None
+    t = Timestamp(int(v[0]), int(v[1]), int(v[2]))
+    if rel is not None:
+        t = Timestamp(
+            t.monotonic + rel.monotonic, t.boottime + rel.boottime, t.realtime + rel.realtime
+        )
+    return t
 
 
 def encode(inc: Incarnation) -> tuple[bytes, bytes, list[str]]:
@@ -52,15 +65,16 @@ def encode(inc: Incarnation) -> tuple[bytes, bytes, list[str]]:
         "is": s.initsize,
         "st": s.initstate,
         "sv": s.srcversion,
-        "t": s.taint or None,
-        "cb": s.core_base,
+        "t": s.taint,
+        "cb": None if s.core_base is None else s.core_base - base0,
         "r": s.restricted or None,
         "i": s.inode,
         "f": list(s.faults) or None,
         "il": inc.init_live or None,
-        "id": _ts(inc.init_done),
-        "u": _ts(inc.unloaded),
-        "ua": _ts(inc.unloaded_after),
+        # Later times as differences from the load: short numbers.
+        "id": _ts(inc.init_done, inc.loaded),
+        "u": _ts(inc.unloaded, inc.loaded),
+        "ua": _ts(inc.unloaded_after, inc.loaded),
         "uby": inc.unload_seen_by.value if inc.unload_seen_by else None,
     }
     rec.update({k: v for k, v in optional.items() if v is not None})
@@ -86,8 +100,8 @@ def decode(
         initsize=d.get("is"),
         initstate=d.get("st"),
         srcversion=d.get("sv"),
-        taint=d.get("t", ""),
-        core_base=d.get("cb"),
+        taint=d.get("t"),
+        core_base=None if d.get("cb") is None else base0 + int(d["cb"]),
         restricted=bool(d.get("r", False)),
         inode=d.get("i"),
         faults=tuple(d.get("f", ())),
@@ -102,8 +116,8 @@ def decode(
         loaded=loaded,
         seen_by=SeenBy(d["by"]),
         init_live=bool(d.get("il", False)),
-        init_done=_un_ts(d.get("id")),
-        unloaded=_un_ts(d.get("u")),
-        unloaded_after=_un_ts(d.get("ua")),
+        init_done=_un_ts(d.get("id"), loaded),
+        unloaded=_un_ts(d.get("u"), loaded),
+        unloaded_after=_un_ts(d.get("ua"), loaded),
         unload_seen_by=SeenBy(uby) if uby else None,
     )
