@@ -471,6 +471,8 @@ class Ctl:
 
     def watch(self) -> int:
         backend = self.backend()
+        if isinstance(backend, Client):
+            backend.sock.settimeout(None)  # events may be hours apart
         for msg in backend.stream("Subscribe"):
             if self.args.json:
                 self.out.write(json.dumps(msg) + "\n")

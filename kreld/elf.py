@@ -128,6 +128,31 @@ def symbol_letter(section: str, flags: int, bind: str) -> int:
     return ord(letter)
 
 
+def module_symbol_letter(
+    section: str, flags: int, sh_type: str, bind: str, kind: str, exported: bool
+) -> int:
+    """The letter /proc/kallsyms shows for a module symbol.
+
+    ``elf_type()`` in kernel/module/kallsyms.c picks it from the section, and
+    ``s_show()`` in kernel/kallsyms.c prints it upper case only when the
+    module exports the symbol with plain EXPORT_SYMBOL (``is_exported()``
+    looks in ``mod->syms``, not the GPL table).
+    """
+    if bind == "STB_WEAK":
+        letter = "v" if kind == "STT_OBJECT" else "w"
+    elif flags & 0x4:  # SHF_EXECINSTR
+        letter = "t"
+    elif flags & 0x2 and sh_type != "SHT_NOBITS":  # SHF_ALLOC
+        letter = "d" if flags & 0x1 else "r"  # SHF_WRITE
+    elif sh_type == "SHT_NOBITS":
+        letter = "b"
+    elif section.startswith(".debug"):
+        letter = "n"
+    else:
+        letter = "?"
+    return ord(letter.upper() if exported else letter)
+
+
 def elf_symbol_entries(path: Path) -> list[tuple[int, bytes, bytes]]:
     """Every named function/object symbol of a linked ELF (vmlinux), in symtab
     order, as ``(value, type letter, name)`` like parsed kallsyms lines."""

@@ -143,6 +143,7 @@ class Server:
         self.conns: set[_Conn] = set()
         self.subscribers: set[_Conn] = set()
         self.refused = 0
+        self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -154,12 +155,25 @@ class Server:
         )
 
     async def close(self) -> None:
+        """Stop accepting, end every connection's task, and wait for them."""
         if self._server is not None:
             self._server.close()
+        for c in list(self.subscribers):
+            self._end_subscription(c)
         for c in list(self.conns):
             c.writer.close()
+        tasks = [t for t in self._tasks if not t.done()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
         if self._server is not None:
             await self._server.wait_closed()
+
+    def _end_subscription(self, c: _Conn) -> None:
+        self.subscribers.discard(c)
+        if c.queue is not None:
+            while not c.queue.empty():
+                c.queue.get_nowait()
+            c.queue.put_nowait(None)
 
     # -- module events from the tracker thread ------------------------------------
 
@@ -182,12 +196,8 @@ class Server:
 
     def _drop(self, c: _Conn) -> None:
         """Drop a subscriber that fell behind: tell it why if its socket can take it."""
-        assert c.queue is not None
         c.overflowed = True
-        self.subscribers.discard(c)
-        while not c.queue.empty():
-            c.queue.get_nowait()
-        c.queue.put_nowait(None)
+        self._end_subscription(c)
         if c.writer.transport.get_write_buffer_size():
             # It is not reading at all: nothing more can reach it.
             c.writer.transport.abort()
@@ -198,6 +208,10 @@ class Server:
     # -- connections ---------------------------------------------------------------
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         sock = writer.get_extra_info("socket")
         try:
             pid, uid, gid = peer_cred(sock)
@@ -282,7 +296,7 @@ class Server:
                 if not call.more:
                     await self._send(conn, error_reply(VarlinkError(f"{SERVICE}.ExpectedMore")))
                     continue
-                await self._subscribe(conn, call)
+                await self._subscribe(conn, call, reader)
                 return
             if call.method == f"{INTERFACE}.Snapshot":
                 # Reads all of kallsyms: off the loop, so others are served meanwhile.
@@ -347,7 +361,7 @@ class Server:
         out["subscribers"] = len(self.subscribers)
         return out
 
-    async def _subscribe(self, conn: _Conn, call: Call) -> None:
+    async def _subscribe(self, conn: _Conn, call: Call, reader: asyncio.StreamReader) -> None:
         try:
             check_known(call.parameters, set())
         except VarlinkError as err:
@@ -359,11 +373,23 @@ class Server:
         conn.writer.write(reply(first, continues=True))
         await conn.writer.drain()
         queue = conn.queue
-        while (event := await queue.get()) is not None:
-            conn.writer.write(reply(event, continues=True))
-            # A reader that lets its socket buffer fill stalls only this task;
-            # its bounded queue then overflows and _drop() cuts it off.
-            await asyncio.wait_for(conn.writer.drain(), timeout=self.limits.idle_timeout)
+
+        async def hangup() -> None:
+            # A subscriber sends nothing more: the read ends when it goes away.
+            with contextlib.suppress(ConnectionError, asyncio.LimitOverrunError):
+                while await reader.read(4096):
+                    pass
+            self._end_subscription(conn)
+
+        watcher = asyncio.create_task(hangup())
+        try:
+            while (event := await queue.get()) is not None:
+                conn.writer.write(reply(event, continues=True))
+                # A reader that lets its socket buffer fill stalls only this task;
+                # its bounded queue then overflows and _drop() cuts it off.
+                await asyncio.wait_for(conn.writer.drain(), timeout=self.limits.idle_timeout)
+        finally:
+            watcher.cancel()
         if conn.overflowed:
             too_slow = VarlinkError(
                 f"{INTERFACE}.SubscriberTooSlow", {"queued": self.limits.subscribe_queue}

@@ -15,7 +15,7 @@ from kreld.errors import KreldError, SymbolsUnavailable
 from kreld.model import BootSnapshot, Clock, Incarnation, clock_now, parse_addr
 from kreld.queries import AddressMap, init_live_at, is_init_section, loaded_at
 from kreld.store import Store
-from kreld.symtab import ABSOLUTE, SymbolTable, module_symbol_key
+from kreld.symtab import ABSOLUTE, MODULE_ABSOLUTE, SymbolTable, module_symbol_key
 from kreld.varlink import (
     INTERFACE,
     SERVICE,
@@ -58,7 +58,10 @@ def render_kallsyms(
         if table is None:
             continue
         live_init = init_live_at(inc, clock, t)
-        bases = [inc.state.sections.get(name) for name in table.sections]
+        bases = [
+            0 if name == MODULE_ABSOLUTE else inc.state.sections.get(name)
+            for name in table.sections
+        ]
         skip = [is_init_section(name) and not live_init for name in table.sections]
         for e in table:
             base = bases[e.section]

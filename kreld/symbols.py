@@ -25,7 +25,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import NoteSection, SymbolTableSection
 
 from kreld import consts
-from kreld.elf import elf_symbol_entries, elf_symbols, symbol_letter
+from kreld.elf import elf_symbol_entries, elf_symbols, module_symbol_letter
 from kreld.errors import KernelReadError, KreldError
 from kreld.kaslr import matching_vmlinux
 from kreld.kernel import Root
@@ -87,7 +87,17 @@ def ko_table(data: bytes, build_id: str) -> bytes | None:
         sections: list[str] = []
         index: dict[str, int] = {}
         entries = []
-        for sym in symtab.iter_symbols():
+        symbols = list(symtab.iter_symbols())
+        # Exported with plain EXPORT_SYMBOL: a __ksymtab_<name> in __ksymtab
+        # (module.lds merges the ___ksymtab+<name> sections into it).
+        exported = set()
+        for sym in symbols:
+            shndx = sym["st_shndx"]
+            if sym.name.startswith("__ksymtab_") and isinstance(shndx, int) and shndx:
+                sec_name = elf.get_section(shndx).name
+                if sec_name == "__ksymtab" or sec_name.startswith("___ksymtab+"):
+                    exported.add(sym.name[len("__ksymtab_") :])
+        for sym in symbols:
             shndx = sym["st_shndx"]
             kind = sym["st_info"]["type"]
             if not isinstance(shndx, int) or shndx == 0 or not sym.name:
@@ -95,10 +105,19 @@ def ko_table(data: bytes, build_id: str) -> bytes | None:
             if kind in ("STT_SECTION", "STT_FILE"):
                 continue
             sec = elf.get_section(shndx)
+            if sec.name == ".data..percpu":
+                continue  # printed at its per-cpu offset, known only at run time
             if sec.name not in index:
                 index[sec.name] = len(sections)
                 sections.append(sec.name)
-            letter = symbol_letter(sec.name, sec["sh_flags"], sym["st_info"]["bind"])
+            letter = module_symbol_letter(
+                sec.name,
+                sec["sh_flags"],
+                sec["sh_type"],
+                sym["st_info"]["bind"],
+                kind,
+                sym.name in exported,
+            )
             entries.append((index[sec.name], int(sym["st_value"]), letter, sym.name.encode()))
         return pack(entries, sections) if entries else None
     except (ELFError, struct.error, ValueError, KeyError, UnicodeDecodeError):

@@ -34,6 +34,8 @@ MAGIC = b"KRSYMTB1"
 _HEADER = struct.Struct("<8s6I")
 _KEY_SPAN = 1 << 39
 ABSOLUTE = 1  # kernel table: section index of symbols that do not move with KASLR
+# Module tables: the pseudo-section of symbols printed at absolute values.
+MODULE_ABSOLUTE = "*absolute*"
 # A kernel symbol more than this far from _text was not relocated (per-cpu
 # symbols of x86-64 print as small absolute values).
 _RELOCATED_RANGE = 1 << 31
@@ -205,14 +207,24 @@ def module_table(
     sizes: Mapping[str, int],
 ) -> bytes | None:
     """A module's kallsyms lines relative to its sections; ``None`` if a symbol
-    lies in no section (the lines belong to another load of the module)."""
+    lies in no section (the lines belong to another load of the module).
+
+    Per-cpu variables print as type ``a`` at their offset in the per-cpu area
+    (``elf_type()`` in kernel/module/kallsyms.c), and ``.data..percpu`` is not
+    in sysfs (the kernel clears its alloc flag): those lines are kept as they
+    are, in the pseudo-section :data:`MODULE_ABSOLUTE`.
+    """
     if not sections:
         return None
     names = sorted(sections, key=lambda s: (sections[s], s))
     bases = [sections[s] for s in names]
+    absolute = len(names)
     # Empty sections share their base with the next one: the last name stands.
     entries = []
     for value, typ, sym in lines:
+        if typ in (b"a", b"A"):
+            entries.append((absolute, value, typ[0], sym))
+            continue
         i = bisect.bisect_right(bases, value) - 1
         if i < 0:
             return None
@@ -221,7 +233,7 @@ def module_table(
         if bound is not None and value - bases[i] >= bound:
             return None
         entries.append((i, value - bases[i], typ[0], sym))
-    return pack(entries, names)
+    return pack(entries, [*names, MODULE_ABSOLUTE])
 
 
 def module_symbol_key(build_id: str | None, name: str, srcversion: str | None) -> str | None:

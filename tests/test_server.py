@@ -544,3 +544,24 @@ def test_access_control_with_a_real_unprivileged_peer(
 def test_client_raises_connect_error_without_daemon(sockdir: Path) -> None:
     with pytest.raises(ConnectError):
         Client(str(sockdir / "nothing.sock"))
+
+
+def test_a_subscriber_that_hangs_up_is_forgotten_and_shutdown_is_clean(served: Any) -> None:
+    d, _, _, sock = served
+    sub = Client(str(sock), timeout=10)
+    stream = sub.stream("Subscribe")
+    assert next(stream)["event"] == "snapshot"
+    with Client(str(sock)) as c:
+        assert c.call("Status")["subscribers"] == 1
+        sub.close()
+        deadline = time.monotonic() + 10
+        while c.call("Status")["subscribers"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.call("Status")["subscribers"] == 0
+    # Another subscriber still connected when kreld stops: no traceback in its log.
+    live = Client(str(sock), timeout=10)
+    assert next(live.stream("Subscribe"))["event"] == "snapshot"
+    assert d.stop() == 0
+    live.close()
+    text = d.log_path.read_text()
+    assert all(line.startswith("{") for line in text.splitlines() if line.strip()), text[-2000:]

@@ -4,26 +4,36 @@
 # independently with cat/grep/od/cp, what the kernel itself says.  Everything is
 # written as files under $OUT for the host to compare.
 #
-#   sh guest.sh first    boot facts; kreld running while dummy, veth, rmmod dummy,
-#                        dummy again; then kreldctl snapshots with /proc/kcore
-#                        hidden (stock /boot System.map, then the real one)
-#   sh guest.sh second   boot facts; kreld running while dummy is loaded
+#   sh guest.sh first    boot facts; kreld running, a client subscribed to it
+#                        (watch.jsonl), while dummy, veth, rmmod dummy, dummy
+#                        again; /proc/kallsyms at a moment T once kreld has
+#                        captured the symbols; then kreldctl snapshots with
+#                        /proc/kcore hidden (stock /boot System.map, and the
+#                        real one over it in a mount namespace of its own)
+#   sh guest.sh second   boot facts; kreld running while dummy is loaded;
+#                        /proc/kallsyms at T as in "first"
 #
 # Environment: OUT (facts directory), STATE (kreld's state dir), KRELD_VENV,
-# KRELD_REPO, and for "first" SYSMAP (the real System.map, may be empty).
-# Times are CLOCK_MONOTONIC ns ("now at" of /proc/timer_list) and
-# CLOCK_REALTIME ns (date), one line per mark in $OUT/times.
+# KRELD_REPO, for "first" SYSMAP (the real System.map, may be empty), for
+# "second" PREV_LOG (the first boot's kreld.log: which module builds already
+# have symbol tables).  Times are CLOCK_MONOTONIC ns ("now at" of
+# /proc/timer_list) and CLOCK_REALTIME ns (date), one line per mark in
+# $OUT/times; the kallsyms moment T is in $OUT/kallsyms-T.json.
 set -u
 mode=$1
 V=$KRELD_VENV/bin
 CONFIG=$KRELD_REPO/etc/kreld/kreld.toml
 LOG=$OUT/kreld.log
+SOCK=/run/kreld/kreld.sock
+HERE=$(dirname "$0")
 KPID=
+WPID=
 mkdir -p "$OUT"
 : >"$OUT/times"
 
 fail() {
     echo "guest.sh: $*" >&2
+    [ -n "$WPID" ] && kill -TERM "$WPID" 2>/dev/null
     [ -n "$KPID" ] && kill -TERM "$KPID" 2>/dev/null && wait "$KPID"
     exit 1
 }
@@ -38,7 +48,6 @@ facts() {
     uname -r >"$OUT/release"
     od -An -v -tx1 /sys/kernel/notes >"$OUT/kernel_notes.hex"
     grep -E ' (_text|_stext|_etext|_sinittext|_einittext)$' /proc/kallsyms >"$OUT/anchors"
-    cat /proc/kallsyms >"$OUT/kallsyms"
     cat /proc/modules >"$OUT/modules.start"
     cat /proc/sys/kernel/kptr_restrict >"$OUT/kptr_restrict"
 }
@@ -73,7 +82,7 @@ wait_log() {
 }
 
 start_kreld() {
-    "$V/kreld" --config "$CONFIG" --root / --state-dir "$STATE" \
+    "$V/kreld" --config "$CONFIG" --root / --state-dir "$STATE" --socket "$SOCK" \
         --log-format json --log-level debug >>"$LOG" 2>&1 &
     KPID=$!
     wait_log 1 ready
@@ -109,6 +118,52 @@ unload() {
     sleep 0.3
 }
 
+# start_watch: a client subscribed to kreld (Subscribe, guest_subscribe.py), in
+# the background, started before kreld: its start-up overlaps kreld's.
+start_watch() {
+    PYTHONPATH=$KRELD_REPO "$V/python" -S "$HERE/guest_subscribe.py" "$SOCK" \
+        "$OUT/watch.jsonl" 2>"$OUT/watch.err" &
+    WPID=$!
+}
+
+# watch_ready: until the subscriber has written the snapshot (kreld is ready).
+watch_ready() {
+    i=0
+    until [ -s "$OUT/watch.jsonl" ]; do
+        kill -0 "$WPID" 2>/dev/null || fail "the subscriber exited: $(cat "$OUT/watch.err")"
+        [ $i -lt 600 ] || fail "the subscriber had no snapshot in 60 s"
+        sleep 0.1
+        i=$((i + 1))
+    done
+    mark watch_ready
+}
+
+# stop_watch LOADS UNLOADS: once the subscriber printed that many load and
+# unload events (or after 20 s), stop it.
+stop_watch() {
+    i=0
+    while [ $i -lt 200 ]; do
+        [ "$(grep -cF '"event": "load"' "$OUT/watch.jsonl")" -ge "$1" ] &&
+            [ "$(grep -cF '"event": "unload"' "$OUT/watch.jsonl")" -ge "$2" ] && break
+        sleep 0.1
+        i=$((i + 1))
+    done
+    kill -TERM "$WPID"
+    wait "$WPID"
+    echo $? >"$OUT/watch.rc"
+    WPID=
+    mark watch_stopped
+}
+
+# capture_kallsyms [PREV_LOG]: once kreld has captured the symbols, the kernel's
+# own /proc/kallsyms at a moment T (see guest_kallsyms.py).
+capture_kallsyms() {
+    mark kallsyms_wait
+    "$V/python" -S "$HERE/guest_kallsyms.py" "$LOG" "$OUT" ${1:+"$1"} ||
+        fail "guest_kallsyms.py failed"
+    mark kallsyms_captured
+}
+
 snapshot() { # LABEL: kreldctl snapshot into its own state dir
     "$V/kreldctl" --config "$CONFIG" --root / --state-dir "$OUT/state-$1" \
         snapshot --json >"$OUT/snapshot-$1.json" 2>"$OUT/snapshot-$1.err"
@@ -120,24 +175,36 @@ case $mode in
 first)
     facts
     mark facts_done
+    start_watch
     start_kreld
+    watch_ready
     load dummy dummy1 1
     load veth veth 1
     unload dummy dummy1 1
     load dummy dummy2 2
+    stop_watch 3 1 # dummy, veth, dummy again; dummy unloaded
+    capture_kallsyms
     stop_kreld
     # The KASLR offset from a System.map: hide VMCOREINFO (/proc/kcore) first.
     mount --bind /dev/null /proc/kcore || fail "cannot hide /proc/kcore"
     release=$(uname -r)
     cp "/boot/System.map-$release" "$OUT/stock-system-map"
-    snapshot stock-map
+    # Both snapshots at once (two vCPUs); the real map is bind-mounted over the
+    # stock one only in a mount namespace of its own.
+    snapshot stock-map &
+    spid=$!
     if [ -n "${SYSMAP:-}" ]; then
-        mount --bind "$SYSMAP" "/boot/System.map-$release" || fail "cannot mount $SYSMAP"
-        grep -E ' (_text|_stext|_etext|_sinittext|_einittext)$' "/boot/System.map-$release" \
-            >"$OUT/system-map-anchors"
-        snapshot system-map
-        umount "/boot/System.map-$release"
+        unshare -m sh -c '
+            map=/boot/System.map-$1
+            mount --bind "$SYSMAP" "$map" || exit 1
+            grep -E " (_text|_stext|_etext|_sinittext|_einittext)\$" "$map" \
+                >"$OUT/system-map-anchors"
+            "$2/kreldctl" --config "$3" --root / --state-dir "$OUT/state-system-map" \
+                snapshot --json >"$OUT/snapshot-system-map.json" 2>"$OUT/snapshot-system-map.err"
+            echo $? >"$OUT/snapshot-system-map.rc"' sh "$release" "$V" "$CONFIG" ||
+            fail "cannot mount $SYSMAP over /boot/System.map-$release"
     fi
+    wait "$spid"
     umount /proc/kcore
     mark snapshots_done
     ;;
@@ -146,6 +213,7 @@ second)
     mark facts_done
     start_kreld
     load dummy dummy 1
+    capture_kallsyms "${PREV_LOG:-}"
     stop_kreld
     ;;
 *)

@@ -4,12 +4,14 @@ modules, booted under QEMU (software emulation) with virtme-ng.
 Two boots share one state dir on a writable host directory:
 
 * boot A (``guest.sh first``): kreld runs as the real daemon on the guest's
-  ``/proc`` and ``/sys`` while ``modprobe dummy``, ``modprobe veth``,
-  ``rmmod dummy`` and ``modprobe dummy`` happen; then ``kreldctl snapshot``
-  runs with ``/proc/kcore`` hidden, once with Debian's stock
-  ``/boot/System.map`` and once with the real one bind-mounted over it;
+  ``/proc`` and ``/sys``, with a ``kreld.client`` subscriber (``Subscribe``,
+  tests/vm/guest_subscribe.py) following it, while ``modprobe dummy``, ``modprobe veth``, ``rmmod
+  dummy`` and ``modprobe dummy`` happen; once kreld has captured the symbol
+  tables the guest copies its ``/proc/kallsyms`` at a moment T; then
+  ``kreldctl snapshot`` runs with ``/proc/kcore`` hidden, once with Debian's
+  stock ``/boot/System.map`` and once with the real one bind-mounted over it;
 * boot B (``guest.sh second``): kreld again, on the same state dir, while
-  ``dummy`` is loaded.
+  ``dummy`` is loaded; ``/proc/kallsyms`` at T as in boot A.
 
 The guest script reads the kernel's own answers with cat/grep/od/cp and
 writes them as files; the host compares them with what kreld recorded, read
@@ -22,6 +24,7 @@ the kernel are missing (``scripts/setup-vm`` installs them).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import lzma
@@ -32,6 +35,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,9 +195,9 @@ def reader_root(state: Path, boot_id: str) -> Path:
 def ctl(state: Path, *args: str, as_boot: str | None = None, check: bool = True) -> Any:
     """kreldctl on the host against the guest's store (no daemon: read-only LMDB).
 
-    With *as_boot*, kreldctl runs with a --root that says that boot-id: kreldctl
-    currently needs the reading machine's own boot to be in the store even
-    when another boot is named (see test_host_reads_a_store_recorded_elsewhere).
+    With *as_boot*, kreldctl runs with a --root that says that boot-id, as if
+    on that boot (what is current); without, it reads as the host, whose own
+    boot is not in the store (test_host_reads_a_store_recorded_elsewhere).
     """
     root = ["--root", str(reader_root(state, as_boot))] if as_boot else []
     cp = subprocess.run(
@@ -339,7 +343,7 @@ def first(rw: Path, state: Path, sysmap: Path | None, request: pytest.FixtureReq
 
 @pytest.fixture(scope="module")
 def second(first: Boot, rw: Path, state: Path, request: pytest.FixtureRequest) -> Boot:
-    return boot(rw, "second", state, request, {})
+    return boot(rw, "second", state, request, {"PREV_LOG": str(first.facts.dir / "kreld.log")})
 
 
 def snapshot(first: Boot, label: str) -> dict[str, Any]:
@@ -586,13 +590,6 @@ def test_second_boot_is_a_new_record_and_the_first_is_intact(
     assert rec["anchors"]["_text"] != first.show["anchors"]["_text"]
 
 
-@pytest.mark.xfail(
-    reason="kreld bug: with --state-dir and no daemon, kreldctl's LocalBackend "
-    "(kreld/cli.py) gives Service (kreld/service.py) a current_boot() that raises NoSuchBoot "
-    "for the reading machine's own boot-id, and Service._boot() calls it before looking "
-    "up the boot that was asked for",
-    strict=False,
-)
 def test_host_reads_a_store_recorded_elsewhere(first: Boot, state: Path) -> None:
     """The point of the store: symbolize later, on another machine (here: the host,
     whose own boot is not in the guest's store)."""
@@ -604,17 +601,351 @@ def test_host_reads_a_store_recorded_elsewhere(first: Boot, state: Path) -> None
     assert got[0]["image"] == "dummy"
 
 
-@pytest.mark.skip(
-    reason="needs the symbol-cache issue: kernel symbols stored once per build-id and "
-    "`kreldctl export kallsyms` (each boot's own /proc/kallsyms is already captured "
-    "as facts-<mode>/kallsyms)"
-)
-def test_kallsyms_stored_once_and_exported_per_boot(first: Boot, second: Boot) -> None:
-    raise NotImplementedError
+# -- 3b. the symbol cache: one kernel table for the build, kallsyms per boot -----------
 
 
-@pytest.mark.skip(
-    reason="needs the varlink socket server (io.kreld Subscribe), being written in another issue"
-)
-def test_subscriber_in_the_guest_sees_dummy_load_and_unload() -> None:
-    raise NotImplementedError
+def kreld_log(facts: Facts) -> list[dict[str, Any]]:
+    out = []
+    for line in (facts.dir / "kreld.log").read_text().splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return out
+
+
+@dataclass
+class KallsymsAtT:
+    """The guest's /proc/kallsyms read at T (between ``t0`` and ``t1``, CLOCK_MONOTONIC)."""
+
+    text: str
+    t0: int
+    t1: int
+    meta: dict[str, Any]
+
+    @classmethod
+    def read(cls, facts: Facts) -> KallsymsAtT:
+        meta = json.loads((facts.dir / "kallsyms-T.json").read_text())
+        text = (facts.dir / "kallsyms-at-T").read_text()
+        return cls(text, int(meta["t0"]), int(meta["t1"]), meta)
+
+
+@dataclass
+class Split:
+    """kallsyms lines: the core kernel's (no owner) and each owner's ([module], [bpf])."""
+
+    core: list[str]
+    owners: dict[str, list[str]]
+    order: list[str]  # owners in the order their lines (first) appear
+    scattered: list[str]  # owners whose lines are not one contiguous run
+
+    @classmethod
+    def of(cls, text: str) -> Split:
+        core: list[str] = []
+        owners: dict[str, list[str]] = {}
+        order: list[str] = []
+        scattered: list[str] = []
+        last = None
+        for line in text.splitlines():
+            _, tab, owner = line.partition("\t")
+            if not tab:
+                core.append(line)
+                continue
+            name = owner.strip("[]")
+            if name not in owners:
+                owners[name] = []
+                order.append(name)
+            elif name != last and name not in scattered:
+                scattered.append(name)
+            owners[name].append(line)
+            last = name
+        return cls(core, owners, order, scattered)
+
+
+def export_kallsyms(state: Path, boot_id: str, t: int, out: Path) -> str:
+    """``kreldctl --state-dir S export kallsyms --boot B --at T --clock monotonic -o FILE``
+    on the host (no daemon, the host's own boot not in the store)."""
+    cp = subprocess.run(
+        [
+            str(CTL),
+            "--config",
+            str(harness.REPO / "etc/kreld/kreld.toml"),
+            "--state-dir",
+            str(state),
+            "export",
+            "kallsyms",
+            "--boot",
+            boot_id,
+            "--at",
+            str(t),
+            "--clock",
+            "monotonic",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cp.returncode == 0, f"kreldctl export kallsyms -> {cp.returncode}\n{cp.stderr}"
+    return out.read_text()
+
+
+def fields(line: str) -> tuple[str, str, str]:
+    addr_, typ, rest = line.split(" ", 2)
+    return addr_, typ, rest.partition("\t")[0]
+
+
+def diff_core(kernel: list[str], kreld: list[str]) -> str | None:
+    """None if equal line for line, else what differs."""
+    if kernel == kreld:
+        return None
+    first = next(
+        (i for i, (a, b) in enumerate(zip(kernel, kreld, strict=False)) if a != b),
+        min(len(kernel), len(kreld)),
+    )
+    only_k = sorted(set(kernel) - set(kreld))
+    only_x = sorted(set(kreld) - set(kernel))
+    return (
+        f"core kernel lines: kernel {len(kernel)}, export {len(kreld)}; first difference at "
+        f"line {first}: kernel {kernel[first : first + 1]} export {kreld[first : first + 1]}; "
+        f"{len(only_k)} lines only in the kernel's (e.g. {only_k[:3]}), "
+        f"{len(only_x)} only in the export (e.g. {only_x[:3]})"
+        + ("; same lines, other order" if not only_k and not only_x else "")
+    )
+
+
+def diff_owner(name: str, kernel: list[str], kreld: list[str]) -> str | None:
+    """None if *name*'s lines are equal line for line, else how they differ."""
+    if kernel == kreld:
+        return None
+    if sorted(kernel) == sorted(kreld):
+        return f"[{name}]: the same {len(kernel)} lines in another order"
+    kf = [fields(x) for x in kernel]
+    xf = [fields(x) for x in kreld]
+    parts = [f"[{name}]: kernel {len(kernel)} lines, export {len(kreld)}"]
+    kn: dict[str, set[tuple[str, str]]] = {}
+    for a, t, n in kf:
+        kn.setdefault(n, set()).add((a, t))
+    xn: dict[str, set[tuple[str, str]]] = {}
+    for a, t, n in xf:
+        xn.setdefault(n, set()).add((a, t))
+    missing = [n for n in kn if n not in xn]
+    extra = [n for n in xn if n not in kn]
+    if missing:
+        types = sorted({t for a, t, n in kf if n in set(missing)})
+        examples = [x for x in kernel if fields(x)[2] in set(missing[:4])][:4]
+        parts.append(f"{len(missing)} names missing from the export (types {types}): {examples}")
+    if extra:
+        types = sorted({t for a, t, n in xf if n in set(extra)})
+        examples = [x for x in kreld if fields(x)[2] in set(extra[:4])][:4]
+        parts.append(f"{len(extra)} names only in the export (types {types}): {examples}")
+    both = [n for n in kn if n in xn]
+    types_differ = [n for n in both if {t for _, t in kn[n]} != {t for _, t in xn[n]}]
+    addrs_differ = [n for n in both if {a for a, _ in kn[n]} != {a for a, _ in xn[n]}]
+    if types_differ:
+        pairs = Counter(
+            f"{'/'.join(sorted({t for _, t in kn[n]}))}->{'/'.join(sorted({t for _, t in xn[n]}))}"
+            for n in types_differ
+        )
+        parts.append(
+            f"{len(types_differ)} names with other types (kernel->export: "
+            + ", ".join(f"{k} x{v}" for k, v in pairs.most_common())
+            + "), e.g. "
+            + ", ".join(
+                f"{n} kernel {sorted(kn[n])} export {sorted(xn[n])}" for n in types_differ[:3]
+            )
+        )
+    if addrs_differ:
+        parts.append(
+            f"{len(addrs_differ)} names at other addresses, e.g. "
+            + ", ".join(
+                f"{n} kernel {sorted(kn[n])} export {sorted(xn[n])}" for n in addrs_differ[:3]
+            )
+        )
+    if not (missing or extra or types_differ or addrs_differ):
+        parts.append("the same names, types and addresses; other duplicates or order")
+    return "; ".join(parts)
+
+
+def diff_owners(kernel: Split, kreld: Split) -> list[str]:
+    out = []
+    missing = [m for m in kernel.order if m not in kreld.owners]
+    extra = [m for m in kreld.order if m not in kernel.owners]
+    if missing:
+        out.append(
+            "owners missing from the export: "
+            + ", ".join(f"{m} ({len(kernel.owners[m])} lines)" for m in missing)
+        )
+    if extra:
+        out.append(
+            "owners only in the export: "
+            + ", ".join(f"{m} ({len(kreld.owners[m])} lines)" for m in extra)
+        )
+    for m in kernel.order:
+        if m in kreld.owners:
+            d = diff_owner(m, kernel.owners[m], kreld.owners[m])
+            if d:
+                out.append(d)
+    return out
+
+
+def diff_owner_order(kernel: Split, kreld: Split) -> list[str]:
+    out = []
+    common_k = [m for m in kernel.order if m in kreld.owners]
+    common_x = [m for m in kreld.order if m in kernel.owners]
+    if common_k != common_x:
+        out.append(f"kernel {common_k},\nexport {common_x}")
+    if kreld.scattered:
+        out.append(f"owners whose lines the export does not keep together: {kreld.scattered}")
+    return out
+
+
+@dataclass
+class KallsymsCheck:
+    label: str
+    facts: Facts
+    kernel: Split
+    kreld: Split
+    t: int
+    meta: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def kallsyms_checks(
+    first: Boot, second: Boot, state: Path, rw: Path, request: pytest.FixtureRequest
+) -> list[KallsymsCheck]:
+    out = []
+    for label, b in (("first", first), ("second", second)):
+        at = KallsymsAtT.read(b.facts)
+        exported = export_kallsyms(state, b.facts.boot_id, at.t0, rw / f"export-{label}.kallsyms")
+        check = KallsymsCheck(label, b.facts, Split.of(at.text), Split.of(exported), at.t0, at.meta)
+        out.append(check)
+        k, x = check.kernel, check.kreld
+        say(
+            request,
+            f"[realkernel] kallsyms {label}: T {at.t0} (waited {at.meta['waited_s']}s for "
+            f"kreld's tables; not captured then: {at.meta['modules_pending'] or 'none'}); "
+            f"/proc/kallsyms {len(at.text.splitlines())} lines = {len(k.core)} core + "
+            f"{sum(map(len, k.owners.values()))} in {len(k.owners)} owners; export "
+            f"{len(exported.splitlines())} lines = {len(x.core)} core + "
+            f"{sum(map(len, x.owners.values()))} in {len(x.owners)} owners",
+        )
+    return out
+
+
+def test_kallsyms_stored_once_for_both_boots(first: Boot, second: Boot, state: Path) -> None:
+    """One kernel table for the build (values relative to _text, so both
+    KASLR slides share it): stored by boot A, shared by boot B."""
+    a, b = first.facts, second.facts
+    logged = {}
+    for label, f in (("first", a), ("second", b)):
+        recs = [r for r in kreld_log(f) if str(r.get("event", "")).startswith("kernel_symbols")]
+        assert recs, f"boot {label}: kreld never logged kernel_symbols"
+        assert [r["event"] for r in recs] == ["kernel_symbols"], (label, recs)
+        logged[label] = recs[0]
+    assert logged["first"]["action"] == "stored", logged
+    assert logged["second"]["action"] == "shared", logged
+    key = f"k:{a.build_id}"
+    assert logged["first"]["table"] == logged["second"]["table"] == key, logged
+    from kreld.store import Store  # imported late: the checkout's code as it is now
+
+    with Store(state, readonly=True) as store:
+
+        def table_keys(txn: Any) -> list[str]:
+            cur = txn.cursor(db=store.dbs[b"symtabs"])
+            return [k.decode() for k in cur.iternext(values=False)]
+
+        keys = store.read(table_keys)
+        assert [k for k in keys if not k.startswith("m:")] == [key], keys
+        for f in (a, b):
+            rec = store.boot_symbols(f.boot_id)
+            assert rec is not None and rec["kernel"] == key, (f.boot_id, rec)
+
+
+@pytest.mark.parametrize("label", ["first", "second"])
+def test_exported_kallsyms_kernel_lines_equal_the_boots_own(
+    kallsyms_checks: list[KallsymsCheck], label: str
+) -> None:
+    """``export kallsyms --boot B --at T``: the core kernel's lines, line for line
+    as the guest's /proc/kallsyms showed them at T (this boot's _text)."""
+    (c,) = (c for c in kallsyms_checks if c.label == label)
+    assert c.meta["kernel"] is not None, f"kreld never logged kernel_symbols in boot {label}"
+    assert len(c.kernel.core) > 50_000
+    text = next(x for x in c.kernel.core if x.endswith(" _text"))
+    assert int(text.split()[0], 16) == c.facts.anchors["_text"]
+    d = diff_core(c.kernel.core, c.kreld.core)
+    assert d is None, f"boot {label}: {d}"
+
+
+@pytest.mark.parametrize("label", ["first", "second"])
+def test_exported_kallsyms_module_lines_equal_the_boots_own(
+    kallsyms_checks: list[KallsymsCheck], label: str
+) -> None:
+    """Each module's lines (and any other bracketed owner's) in the export,
+    line for line as the guest's /proc/kallsyms showed them at T."""
+    (c,) = (c for c in kallsyms_checks if c.label == label)
+    assert not c.meta["modules_changed"], c.meta
+    loaded_by_the_test = {d.name.rstrip("0123456789") for d in (c.facts.dir / "mod").iterdir()}
+    assert loaded_by_the_test <= set(c.kernel.owners)
+    problems = diff_owners(c.kernel, c.kreld)
+    pending = c.meta["modules_pending"]
+    # Where kreld took each module build's table from (logged by the boot that stored it).
+    sources = {
+        str(r.get("module")): str(r.get("source"))
+        for k in kallsyms_checks
+        for r in kreld_log(k.facts)
+        if r.get("event") == "module_symbols"
+    }
+    differing = [m for m in c.kernel.order if any(x.startswith(f"[{m}]") for x in problems)]
+    assert not problems, (
+        f"boot {label}: module lines of the export differ from /proc/kallsyms at T "
+        f"(modules kreld had still not logged module_symbols for after waiting "
+        f"{c.meta['waited_s']}s: {pending or 'none'}; kreld's tables of the differing ones "
+        f"came from: {', '.join(f'{m} {sources.get(m)}' for m in differing) or '-'}):\n"
+        + "\n".join(problems)
+    )
+
+
+@pytest.mark.parametrize("label", ["first", "second"])
+def test_exported_kallsyms_lists_modules_in_the_kernels_order(
+    kallsyms_checks: list[KallsymsCheck], label: str
+) -> None:
+    """The kernel prints each module's lines together, newest load first (the
+    order of /proc/modules); the export must too."""
+    (c,) = (c for c in kallsyms_checks if c.label == label)
+    problems = diff_owner_order(c.kernel, c.kreld)
+    assert not problems, f"boot {label}: module order of the export:\n" + "\n".join(problems)
+
+
+# -- 4. a profiler's view: Subscribe -----------------------------------------------------
+
+
+def test_subscriber_in_the_guest_sees_dummy_load_and_unload(first: Boot) -> None:
+    """A client in the guest subscribed with ``Subscribe`` (guest_subscribe.py,
+    ``kreld.client``) before any test module was loaded: the snapshot of the
+    modules loaded then, then dummy's load, veth's, dummy's unload (the same
+    seq) and the second dummy's load, each as kreld recorded it."""
+    f = first.facts
+    rc = (f.dir / "watch.rc").read_text().strip()
+    err = (f.dir / "watch.err").read_text()
+    assert rc == "143" and not err, f"the subscriber exited {rc} before SIGTERM:\n{err}"
+    msgs = [json.loads(x) for x in (f.dir / "watch.jsonl").read_text().splitlines() if x.strip()]
+    assert msgs and msgs[0]["event"] == "snapshot", msgs[:1]
+    assert {m["name"] for m in msgs[0]["modules"]} == set(f.modules_at_start)
+    events = [(m["event"], m["module"]["name"], m["module"]["seq"]) for m in msgs[1:]]
+    dummy1, dummy2 = first.incs("dummy")
+    (veth,) = first.incs("veth")
+    assert [e for e in events if e[0] in ("load", "unload")] == [
+        ("load", "dummy", dummy1["seq"]),
+        ("load", "veth", veth["seq"]),
+        ("unload", "dummy", dummy1["seq"]),
+        ("load", "dummy", dummy2["seq"]),
+    ], events
+    assert all(e[0] == "update" for e in events if e[0] not in ("load", "unload")), events
+    by = {(m["event"], m["module"]["seq"]): m["module"] for m in msgs[1:]}
+    for label, inc in (("dummy1", dummy1), ("veth", veth), ("dummy2", dummy2)):
+        loaded = by[("load", inc["seq"])]
+        assert {k: addr(v) for k, v in loaded["sections"].items()} == f.module(label).sections
+        assert loaded["build_id"] == inc["build_id"] and loaded["loaded"] == inc["loaded"]
+    gone = by[("unload", dummy1["seq"])]
+    assert gone["unloaded"] == dummy1["unloaded"], (gone, dummy1)
