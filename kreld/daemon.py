@@ -329,9 +329,14 @@ class Daemon:
         )
 
     async def _status_updates(self) -> None:
+        """STATUS= when the summary changes (checked every 10 s)."""
+        last = ""
         while True:
             await asyncio.sleep(10)
-            sd.notify(f"STATUS={self.status_line()}")
+            line = self.status_line()
+            if line != last:
+                sd.notify(f"STATUS={line}")
+                last = line
 
     def reload(self) -> None:
         """SIGHUP: take the new configuration, or keep the old one and say why."""

@@ -10,6 +10,7 @@ through bounded queues: a subscriber that does not keep up is dropped with
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import grp
 import os
@@ -132,6 +133,27 @@ class _Conn:
     opened: float = field(default_factory=time.monotonic)
 
 
+QUICK_RESOLVE = 64  # addresses a Resolve of the current boot may ask on the loop
+
+
+def is_quick(call: Call) -> bool:
+    """Calls answered on the loop itself: from memory, in microseconds."""
+    name, p = call.method, call.parameters
+    if name in (f"{INTERFACE}.GetBoot", f"{INTERFACE}.Status") or call.interface == SERVICE:
+        return not p.get("boot_id")
+    if name == f"{INTERFACE}.Resolve":
+        addrs = p.get("addresses")
+        return (
+            not p.get("boot_id")
+            and p.get("at") is None
+            and isinstance(addrs, list)
+            and len(addrs) <= QUICK_RESOLVE
+        )
+    if name == f"{INTERFACE}.GetModules":
+        return not (p.get("boot_id") or p.get("all") or p.get("at") is not None)
+    return False
+
+
 class Server:
     """Accepts connections on a listening socket and speaks varlink."""
 
@@ -144,6 +166,8 @@ class Server:
         self.subscribers: set[_Conn] = set()
         self.refused = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        # One thread for the calls that may take a while (see is_quick()).
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="calls")
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -167,6 +191,7 @@ class Server:
             await asyncio.wait(tasks, timeout=5)
         if self._server is not None:
             await self._server.wait_closed()
+        self._worker.shutdown(wait=False, cancel_futures=True)
 
     def _end_subscription(self, c: _Conn) -> None:
         self.subscribers.discard(c)
@@ -298,12 +323,13 @@ class Server:
                     continue
                 await self._subscribe(conn, call, reader)
                 return
-            if call.method == f"{INTERFACE}.Snapshot":
-                # Reads all of kallsyms: off the loop, so others are served meanwhile.
-                loop = asyncio.get_running_loop()
-                data = await loop.run_in_executor(None, self._dispatch, call)
-            else:
+            if is_quick(call):
                 data = self._dispatch(call)
+            else:
+                # Work that grows with the store or the request runs on the worker
+                # thread, so the loop goes on answering everyone else meanwhile.
+                loop = asyncio.get_running_loop()
+                data = await loop.run_in_executor(self._worker, self._dispatch, call)
             if not call.oneway:
                 await self._send(conn, data)
 
@@ -316,6 +342,11 @@ class Server:
             return error_reply(VarlinkError.from_kreld(e))
         except RecursionError:
             return error_reply(VarlinkError(f"{INTERFACE}.InvalidRequest", {"reason": "too deep"}))
+        except Exception as e:  # a bug must cost one call, never the daemon
+            self.log.error("call_failed", method=call.method, error=str(e), kind=type(e).__name__)
+            return error_reply(
+                VarlinkError(f"{INTERFACE}.Error", {"message": f"{type(e).__name__}: {e}"})
+            )
 
     def _call(self, call: Call) -> bytes:
         m, p = call.method, call.parameters

@@ -546,7 +546,12 @@ class Store:
             return names
 
         boot_id = str(uuid.UUID(bytes=bytes(key[:16])))
-        return records.decode(raw, boot_id, int(_SEQ.unpack(key[16:24])[0]), layout)
+        try:
+            return records.decode(raw, boot_id, int(_SEQ.unpack(key[16:24])[0]), layout)
+        except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:
+            raise StoreCorrupt(
+                str(self.path), f"unreadable incarnation record {bytes(key).hex()}: {e}"
+            ) from e
 
     def heartbeat(self, boot_id: str, when: Timestamp) -> None:
         self.apply_module_changes(boot_id, [], [], [], when)

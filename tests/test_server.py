@@ -565,3 +565,42 @@ def test_a_subscriber_that_hangs_up_is_forgotten_and_shutdown_is_clean(served: A
     live.close()
     text = d.log_path.read_text()
     assert all(line.startswith("{") for line in text.splitlines() if line.strip()), text[-2000:]
+
+
+def test_a_damaged_record_is_a_named_error_and_kreld_goes_on(served: Any) -> None:
+    """A record that cannot be read costs that one call (io.kreld.StoreCorrupt),
+    never the daemon or anyone else's answers."""
+    import lmdb
+
+    from kreld.store import inc_key
+
+    _, tree, state, sock = served
+    env = lmdb.open(str(state), max_dbs=16, subdir=True)
+    db = env.open_db(b"incarnations")
+    with env.begin(write=True) as txn:
+        txn.put(inc_key(tree.boot_id, 0), b'{"v":2,"n":"dummy","L":"zz"}', db=db)
+    env.close()
+    with Client(str(sock)) as c:
+        c.send("GetModules", {"all": True})
+        reply = c.receive()
+        assert reply["error"] == "io.kreld.StoreCorrupt", reply
+        assert "unreadable incarnation record" in reply["parameters"]["reason"]
+        assert c.call("GetBoot")["boot"]["boot_id"] == tree.boot_id
+
+
+def test_calls_that_grow_with_the_store_leave_the_loop() -> None:
+    """Only calls answered from memory run on the event loop."""
+    from kreld.server import is_quick
+    from kreld.varlink import Call
+
+    assert is_quick(Call("io.kreld.GetBoot"))
+    assert is_quick(Call("io.kreld.Status"))
+    assert is_quick(Call("io.kreld.Resolve", {"addresses": ["0x1"] * 8}))
+    assert is_quick(Call("io.kreld.GetModules"))
+    assert not is_quick(Call("io.kreld.ListBoots"))
+    assert not is_quick(Call("io.kreld.Snapshot"))
+    assert not is_quick(Call("io.kreld.ExportKallsyms"))
+    assert not is_quick(Call("io.kreld.GetBoot", {"boot_id": "abc"}))
+    assert not is_quick(Call("io.kreld.GetModules", {"all": True}))
+    assert not is_quick(Call("io.kreld.Resolve", {"addresses": ["0x1"] * 10_000}))
+    assert not is_quick(Call("io.kreld.Resolve", {"addresses": ["0x1"], "at": 5}))
