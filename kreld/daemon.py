@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import socket
 import sys
@@ -114,8 +115,30 @@ def policy_of(cfg: Config, log: Any) -> Policy:
     return Policy(frozenset(gids), frozenset(cfg.allowed_uids))
 
 
-def limits_of(cfg: Config) -> Limits:
-    return Limits(cfg.max_message_bytes, cfg.max_connections, cfg.idle_timeout, cfg.subscribe_queue)
+# Descriptors kept for the store, the sources, sysfs reads and the log.
+RESERVED_FDS = 64
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one; returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
+def limits_of(cfg: Config, log: Any | None = None) -> Limits:
+    """The server's limits; connections capped so clients can never take the
+    descriptors module tracking needs (EMFILE there would blind it)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    conns = cfg.max_connections
+    if soft != resource.RLIM_INFINITY and conns > soft - RESERVED_FDS:
+        conns = max(1, soft - RESERVED_FDS)
+        if log is not None:
+            log.warning("max_connections_capped", configured=cfg.max_connections, to=conns)
+    return Limits(cfg.max_message_bytes, conns, cfg.idle_timeout, cfg.subscribe_queue)
 
 
 class Daemon:
@@ -276,7 +299,9 @@ class Daemon:
             snapshot=self.record_boot,
             status=self.status,
         )
-        self.server = Server(service, policy_of(self.cfg, self.log), limits_of(self.cfg), self.log)
+        self.server = Server(
+            service, policy_of(self.cfg, self.log), limits_of(self.cfg, self.log), self.log
+        )
         await self.server.start(self.listening_socket())
         self.tracker.listeners.append(self.server.publish)
         sd.notify(f"READY=1\nSTATUS={self.status_line()}")
@@ -361,7 +386,7 @@ class Daemon:
         self.log = klog.get()
         if self.server is not None:
             self.server.policy = policy_of(applied, self.log)
-            self.server.limits = limits_of(applied)
+            self.server.limits = limits_of(applied, self.log)
         if self.tracker is not None:
             self.tracker.recheck_interval = applied.poll_interval
         self.log.info("config_reloaded", changed=changed, files=list(applied.sources))
@@ -412,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     # says why below.
     with contextlib.suppress(KreldError):
         klog.journal_context["KRELD_BOOT_ID"] = read_boot_id(Root(Path(cfg.root)))
+    raise_fd_limit()
     try:
         daemon = Daemon(cfg, args, log)
     except KreldError as e:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from kreld import consts
 from kreld.elfnote import find_build_id
-from kreld.errors import NoteError
+from kreld.errors import KernelReadError, NoteError
 from kreld.kernel import Root
 from kreld.model import ModuleState
 
@@ -57,24 +57,41 @@ def read_proc_modules(root: Root) -> dict[str, ProcModule]:
 
 
 def list_modules(root: Root) -> dict[str, int]:
-    """Loadable modules present now: name -> inode of their sysfs directory."""
+    """Loadable modules present now: name -> inode of their sysfs directory.
+
+    Only "not there" means not there: any other failure (out of descriptors,
+    say) raises :class:`KernelReadError`, for a listing that came back empty
+    would close every incarnation.
+    """
     base = root / consts.SYS_MODULE
     out: dict[str, int] = {}
     try:
         entries = list(os.scandir(base))
-    except OSError:
+    except FileNotFoundError:
         return out
-    for e in entries:
+    except OSError as err:
+        raise KernelReadError(str(base), err.strerror or str(err)) from err
+    for entry in entries:
         try:
-            if not e.is_dir(follow_symlinks=False):
+            if not entry.is_dir(follow_symlinks=False):
                 continue
-            if os.path.exists(os.path.join(e.path, "initstate")) or os.path.isdir(
-                os.path.join(e.path, "sections")
+            if _exists(os.path.join(entry.path, "initstate")) or _exists(
+                os.path.join(entry.path, "sections")
             ):
-                out[e.name] = e.inode()
-        except OSError:
-            continue
+                out[entry.name] = entry.inode()
+        except FileNotFoundError:
+            continue  # unloaded while we looked
+        except OSError as err:
+            raise KernelReadError(entry.path, err.strerror or str(err)) from err
     return out
+
+
+def _exists(path: str) -> bool:
+    try:
+        os.stat(path)
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def _read_small(path: str, dir_fd: int) -> bytes | None:
@@ -114,8 +131,10 @@ def read_module(
     d = os.path.join(root / consts.SYS_MODULE, name)
     try:
         dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as e:  # not "gone": we could not look (EMFILE, ...)
+        raise KernelReadError(d, e.strerror or str(e)) from e
     try:
         return _read_module_at(dfd, root, name, proc)
     finally:

@@ -460,9 +460,12 @@ def bind_socket(path: str, group: str, log: Any) -> socket.socket:
     p = Path(path)
     try:
         p.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        lst = os.lstat(p.parent)
         dst = os.stat(p.parent)
     except OSError as e:
         raise SocketError(f"{p.parent}: cannot create: {e.strerror}") from e
+    if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in (0, os.geteuid()):
+        raise SocketError(f"{p.parent}: a symlink of uid {lst.st_uid}; refusing to follow it")
     # Whoever may write the directory can replace the socket with their own.
     if dst.st_uid not in (0, os.geteuid()):
         raise SocketError(

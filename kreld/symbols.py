@@ -258,6 +258,11 @@ class SymbolCapture:
         text = self.boot.anchors.text
         if self.store.boot_symbols(self.boot.boot_id) is not None:
             return
+        if ks is not None and not any(v for v, _t, _n in ks.core[:64]):
+            # Pointers hidden since the boot was recorded (a restart after
+            # kptr_restrict went up): zeros are no table.
+            self.log.warning("kernel_symbols_zeroed", reason="kallsyms shows zero addresses")
+            ks = None
         if ks is not None and text is not None and not self.boot.restricted:
             key = kernel_symbol_key(self.boot.build_id, self.boot.boot_id)
             packed = kernel_table(ks.core, text)

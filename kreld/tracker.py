@@ -187,7 +187,11 @@ class ModuleTracker:
             try:
                 first = self._hints.get(timeout=self.recheck_interval)
             except queue.Empty:
-                self._idle()
+                try:
+                    self._idle()
+                except Exception as e:  # a full disk now must not end tracking for good
+                    self.log.error("idle_check_failed", error=str(e), kind=type(e).__name__)
+                    stop.wait(min(self.recheck_interval, 1.0))
                 continue
             batch = [first]
             while True:
