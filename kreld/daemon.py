@@ -32,7 +32,7 @@ from kreld.errors import ExitCode, KreldError
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp
 from kreld.options import add_common, resolve_config
-from kreld.server import Limits, Policy, Server, bind_socket, group_id
+from kreld.server import ACCEPT_HEADROOM, Limits, Policy, Server, bind_socket, group_id
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
 from kreld.sources import UeventSource, WatchSource
@@ -134,8 +134,9 @@ def limits_of(cfg: Config, log: Any | None = None) -> Limits:
     descriptors module tracking needs (EMFILE there would blind it)."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     conns = cfg.max_connections
-    if soft != resource.RLIM_INFINITY and conns > soft - RESERVED_FDS:
-        conns = max(1, soft - RESERVED_FDS)
+    room = soft - RESERVED_FDS - ACCEPT_HEADROOM
+    if soft != resource.RLIM_INFINITY and conns > room:
+        conns = max(1, room)
         if log is not None:
             log.warning("max_connections_capped", configured=cfg.max_connections, to=conns)
     return Limits(cfg.max_message_bytes, conns, cfg.idle_timeout, cfg.subscribe_queue)

@@ -64,6 +64,12 @@ error ExpectedMore ()
 
 # Pending connections the kernel queues for us (capped by net.core.somaxconn).
 LISTEN_BACKLOG = 1024
+# Connections asyncio accepts in one go: each holds a descriptor until its
+# handler has run and its close has gone through (a few loop turns), so
+# the connection cap leaves ACCEPT_HEADROOM descriptors free for them
+# (kreld.daemon.limits_of()).
+ACCEPT_BATCH = 32
+ACCEPT_HEADROOM = 6 * ACCEPT_BATCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +180,22 @@ class Server:
     async def start(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
         sock.setblocking(False)
+        self._loop.set_exception_handler(self._loop_error)
         self._server = await asyncio.start_unix_server(
-            self._handle, sock=sock, limit=self.limits.max_message_bytes, backlog=LISTEN_BACKLOG
+            self._handle, sock=sock, limit=self.limits.max_message_bytes, backlog=ACCEPT_BATCH
+        )
+        # asyncio listened with its batch size; the kernel may queue many more.
+        sock.listen(LISTEN_BACKLOG)
+
+    def _loop_error(self, _loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """asyncio's own troubles (a failed accept, say) go to kreld's log, not
+        as bare tracebacks on stderr."""
+        exc = context.get("exception")
+        self.log.error(
+            "event_loop_error",
+            message=context.get("message"),
+            error=str(exc) if exc else None,
+            kind=type(exc).__name__ if exc else None,
         )
 
     async def close(self) -> None:
@@ -246,14 +266,14 @@ class Server:
         conn = _Conn(pid, uid, None, writer)
         try:
             if len(self.conns) >= self.limits.max_connections:
-                await self._send(
-                    conn,
+                # Said without waiting for the peer: the descriptor goes at once.
+                writer.write(
                     error_reply(
                         VarlinkError(
                             f"{INTERFACE}.TooManyConnections",
                             {"limit": self.limits.max_connections},
                         )
-                    ),
+                    )
                 )
                 return
             if not self.policy.allows(pid, uid, gid):

@@ -238,37 +238,36 @@ class ModuleTracker:
         closed_tracked: list[_Tracked] = []
         recheck = {h.name for h in hints if h.name}
 
-        def close(t: _Tracked, by: SeenBy) -> None:
-            after = previous if previous.monotonic > t.inc.loaded.monotonic else t.inc.loaded
-            t.inc = dataclasses.replace(
-                t.inc, unloaded=now, unloaded_after=after, unload_seen_by=by
-            )
-            closed.append(t.inc)
-            closed_tracked.append(t)
+        # Nothing in memory changes until the store has committed: a failed
+        # write (a full disk) leaves the batch to be retried whole.
+        gone: list[tuple[str, _Tracked]] = []
+        refreshed: list[tuple[_Tracked, Incarnation]] = []
+        paired: dict[int, set[SeenBy]] = {}
 
-        for name in list(self._open):
-            t = self._open[name]
+        def close(name: str, t: _Tracked, by: SeenBy) -> None:
+            after = previous if previous.monotonic > t.inc.loaded.monotonic else t.inc.loaded
+            done = dataclasses.replace(t.inc, unloaded=now, unloaded_after=after, unload_seen_by=by)
+            closed.append(done)
+            closed_tracked.append(_Tracked(done, t.hinted))
+            gone.append((name, t))
+
+        for name, t in list(self._open.items()):
             by = self._source_for(hints, name, "remove", source)
-            if name not in present:
-                close(t, by)
-                del self._open[name]
-                continue
-            if present[name] != t.inc.state.inode:
-                close(t, by)
-                del self._open[name]
+            if name not in present or present[name] != t.inc.state.inode:
+                close(name, t, by)
                 continue
             if name in recheck or not _complete(t.inc.state):
                 state = read_module(self.root, name, proc)
                 if state is None:
-                    close(t, by)
-                    del self._open[name]
+                    close(name, t, by)
                     continue
                 new = self._refresh(t.inc, state, now)
                 if new != t.inc:
-                    t.inc = new
+                    refreshed.append((t, new))
                     updated.append(new)
+        closing = {name for name, _ in gone}
         for name in sorted(present):
-            if name in self._open:
+            if name in self._open and name not in closing:
                 continue
             state = read_module(self.root, name, proc)
             if state is not None:
@@ -282,6 +281,10 @@ class ModuleTracker:
             new_by_name.setdefault(inc.name, []).append(i)
         hinted_new: dict[int, set[SeenBy]] = {i: set() for i in range(len(opened))}
         transients: list[Incarnation] = []
+
+        def free(t: _Tracked, src: SeenBy) -> bool:
+            return src not in t.hinted and src not in paired.get(id(t), set())
+
         for h in hints:
             if h.action != "add" or h.name is None:
                 continue
@@ -289,14 +292,18 @@ class ModuleTracker:
                 i = next(i for i in new_by_name[h.name] if h.source not in hinted_new[i])
                 hinted_new[i].add(h.source)
                 continue
-            candidates = [self._open[h.name]] if h.name in self._open else []
+            candidates = [
+                t
+                for t in ([self._open[h.name]] if h.name in self._open else [])
+                if h.name not in closing
+            ]
             candidates += [t for t in closed_tracked if t.inc.name == h.name]
             candidates += list(self._recent.get(h.name, ()))
-            match = next((c for c in candidates if h.source not in c.hinted), None)
+            match = next((c for c in candidates if free(c, h.source)), None)
             if match is not None:
-                match.hinted.add(h.source)
+                paired.setdefault(id(match), set()).add(h.source)
                 continue
-            gone = ModuleState(
+            gone_state = ModuleState(
                 name=h.name,
                 build_id=None,
                 sections={},
@@ -310,7 +317,7 @@ class ModuleTracker:
                 inode=None,
                 faults=("gone before it could be read",),
             )
-            transients.append(self._new(gone, now, h.source, gone=now))
+            transients.append(self._new(gone_state, now, h.source, gone=now))
 
         if not (opened or updated or closed or transients):
             self._last_scan = now
@@ -320,6 +327,16 @@ class ModuleTracker:
         all_new = transients + [inc for inc, _ in opened]
         stored = self.store.apply_module_changes(self.boot_id, all_new, updated, closed, now)
         with self.lock:
+            for name, t in gone:
+                if self._open.get(name) is t:
+                    del self._open[name]
+            for t, new in refreshed:
+                t.inc = new
+            for t in [*self._open.values(), *closed_tracked]:
+                t.hinted |= paired.get(id(t), set())
+            for deque_ in self._recent.values():
+                for t in deque_:
+                    t.hinted |= paired.get(id(t), set())
             for i, inc in enumerate(stored):
                 if i < len(transients):
                     self._remember(_Tracked(inc, {inc.seen_by}))

@@ -1,0 +1,204 @@
+"""Helpers of the fault suite (tests/faults): opt-in, store reads, history invariants,
+process figures.
+
+Not a conftest.py on purpose: tests/conftest.py is imported as ``conftest`` by the
+other test modules, and a second conftest.py would replace it in sys.modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kreld.store import Store
+
+NOBODY = 65534
+Inc = dict[str, Any]
+
+
+def require_selected(request: pytest.FixtureRequest) -> None:
+    """Opt-in like tests/vm: these run only when selected with ``-m faults``."""
+    expr = request.config.getoption("markexpr") or ""
+    if "faults" not in expr or "not faults" in expr:
+        pytest.skip("the fault suite (minutes): select with -m faults")
+
+
+def sha256_tree(d: Path) -> dict[str, str]:
+    """sha256 of every regular file under *d* (symlinks are recorded, not followed)."""
+    out: dict[str, str] = {}
+    for p in sorted(d.rglob("*")):
+        rel = str(p.relative_to(d))
+        if p.is_symlink():
+            out[rel] = "-> " + os.readlink(p)
+        elif p.is_file():
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            out[rel] = "dir"
+    return out
+
+
+def sha256(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def history(state: Path, boot_id: str) -> list[Inc]:
+    """Every incarnation of *boot_id* as the store holds it now (a read-only open)."""
+    if not (state / "data.mdb").exists():
+        return []
+    with Store(state, readonly=True) as store:
+        return [i.to_json() for i in store.incarnations(boot_id)]
+
+
+def open_incarnations(state: Path, boot_id: str) -> list[Inc]:
+    with Store(state, readonly=True) as store:
+        return [i.to_json() for i in store.open_incarnations(boot_id)]
+
+
+IDENTITY = ("seq", "name", "build_id", "sections", "inode", "loaded", "seen_by", "core_base")
+
+
+def assert_kept(before: list[Inc], after: list[Inc], what: str) -> None:
+    """Every record of *before* is in *after*: same seq, same load; closed ones unchanged."""
+    by_seq = {i["seq"]: i for i in after}
+    for old in before:
+        new = by_seq.get(old["seq"])
+        assert new is not None, f"{what}: seq {old['seq']} ({old['name']}) lost"
+        for k in IDENTITY:
+            assert new[k] == old[k], f"{what}: seq {old['seq']} {k}: {old[k]!r} -> {new[k]!r}"
+        if old["unloaded"] is not None:
+            assert new == old, f"{what}: closed seq {old['seq']} changed"
+
+
+def assert_history_sane(incs: list[Inc], *, unique_text: bool = True) -> None:
+    """What holds whatever happened: seqs strictly increasing from 0 with no gap, one open
+    incarnation per name at most, no zero address; with *unique_text* (every load at a base
+    of its own), one incarnation per load."""
+    seqs = [i["seq"] for i in incs]
+    assert seqs == list(range(len(incs))), "seqs must be 0..n-1, in order, without duplicates"
+    open_names = Counter(i["name"] for i in incs if i["unloaded"] is None)
+    dupes = {n for n, c in open_names.items() if c > 1}
+    assert not dupes, f"two open incarnations of {sorted(dupes)}"
+    if unique_text:
+        texts = Counter(i["sections"][".text"] for i in incs if ".text" in i["sections"])
+        dup = sorted(t for t, c in texts.items() if c > 1)
+        assert not dup, f"one load recorded twice: .text {dup[:5]}"
+    for i in incs:
+        assert_no_zero_address(i)
+        if i["unloaded"] is not None:
+            assert i["loaded"]["monotonic"] <= i["unloaded"]["monotonic"], i["seq"]
+
+
+def assert_no_zero_address(obj: Any, where: str = "") -> None:
+    """No address field holds zero: zero means *restricted*, never an address."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k in ("sections", "anchors") and isinstance(v, dict):
+                for s, a in v.items():
+                    assert a is None or int(a, 16) != 0, f"{where}{k}.{s} is zero"
+            elif k == "core_base":
+                assert v is None or int(v, 16) != 0, f"{where}core_base is zero"
+            else:
+                assert_no_zero_address(v, f"{where}{k}.")
+    elif isinstance(obj, list):
+        for x in obj:
+            assert_no_zero_address(x, where)
+
+
+def proc_status(pid: int, key: str) -> int:
+    """A ``kB`` figure (VmRSS, VmHWM, ...) of /proc/<pid>/status, in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def wait_until(what: str, fn: Callable[[], Any], timeout: float = 30, step: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out ({timeout}s) waiting for {what}")
+        time.sleep(step)
+
+
+@contextlib.contextmanager
+def fast_dir() -> Iterator[Path]:
+    """A directory on tmpfs when there is one: thousands of file operations and the
+    daemon's syncs stay quick, and tmpfs, like kernfs, does not reuse inode numbers."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        d = Path(tempfile.mkdtemp(prefix="kreld-faults-", dir=shm))
+    else:
+        d = Path(tempfile.mkdtemp(prefix="kreld-faults-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(size: str = "2m") -> Iterator[Path]:
+    """A tmpfs of *size* mounted on a fresh directory (needs root), unmounted after."""
+    d = Path(tempfile.mkdtemp(prefix="kreld-tmpfs-"))
+    try:
+        cp = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(d)],
+            capture_output=True,
+            text=True,
+        )
+        if cp.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs: {cp.stderr.strip()}")
+        try:
+            yield d
+        finally:
+            subprocess.run(["umount", "-l", str(d)], check=False)
+    finally:
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
+def fill(d: Path, name: str = "filler") -> Path:
+    """Write into *d* until its filesystem says ENOSPC; returns the filler file."""
+    p = d / name
+    chunk = b"\xa5" * 65536
+    with open(p, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(chunk)
+        except OSError as e:
+            assert e.errno == 28, e  # ENOSPC
+        small = b"\xa5" * 512
+        try:
+            while True:
+                f.write(small)
+        except OSError as e:
+            assert e.errno == 28, e
+    return p
+
+
+def write_config(path: Path, **sections: dict[str, Any]) -> Path:
+    lines = []
+    for sec, kv in sections.items():
+        lines.append(f"[{sec}]")
+        lines.extend(f"{k} = {json.dumps(v)}" for k, v in kv.items())
+    path.write_text("\n".join(lines) + "\n")
+    return path
