@@ -40,7 +40,6 @@ import os
 import random
 import select
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -54,6 +53,9 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from common import (
+    Kreld as BaseKreld,
+)
 from common import (
     Result,
     bench_main,
@@ -165,51 +167,8 @@ class WatchdogPoll:
 # -- the daemon as a subprocess -----------------------------------------------------------
 
 
-class Kreld:
-    """``kreld`` as a real subprocess logging JSON lines to a file."""
-
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(
-            [venv_tool("kreld"), "--log-format", "json", *args],
-            stdout=self._log,
-            stderr=self._log,
-            start_new_session=True,
-        )
-
-    def events(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(e.get("event") == "ready" for e in self.events()):
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kreld exited {self.proc.returncode}: {self.tail()}")
-            time.sleep(0.02)
-        raise RuntimeError(f"kreld not ready after {timeout}s: {self.tail()}")
-
-    def tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self._log.close()
-        return rc
+class Kreld(BaseKreld):
+    """The shared runner, plus a summary of what the daemon complained of."""
 
     def faults(self) -> str:
         """Warnings and errors the daemon logged, counted by event (the bench

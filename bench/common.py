@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -291,3 +292,58 @@ def machine_description() -> list[tuple[str, str]]:
         ("date", time.strftime("%Y-%m-%d %H:%M:%S %Z")),
         ("load average at start", " ".join(load)),
     ]
+
+
+# -- kreld as a subprocess ----------------------------------------------------------------
+
+
+class Kreld:
+    """``kreld`` as a real subprocess logging JSON lines to a file."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(
+            [venv_tool("kreld"), "--log-format", "json", *args],
+            stdout=self._log,
+            stderr=self._log,
+            start_new_session=True,
+        )
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def wait_for(
+        self, done: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = 90
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if done(self.events()):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kreld exited {self.proc.returncode}: {self.tail()}")
+            time.sleep(0.02)
+        raise RuntimeError(f"kreld: no {what} after {timeout} s: {self.tail()}")
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        self.wait_for(lambda evs: any(e.get("event") == "ready" for e in evs), "ready", timeout)
+
+    def tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._log.close()
+        return rc
