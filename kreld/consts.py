@@ -14,9 +14,6 @@ DEFAULT_STATE_DIR: Final = "/var/lib/kreld"
 DEFAULT_SOCKET: Final = "/run/kreld/kreld.sock"
 DEFAULT_ROOT: Final = "/"
 
-# The README's embedded default keeps everything under the checkout.
-EMBEDDED_STATE_SUBDIR: Final = "run/state"
-EMBEDDED_SOCKET_SUBPATH: Final = "run/kreld.sock"
 
 # 2: compact incarnation records (kreld.records); schema 1 records still read.
 STORE_SCHEMA_VERSION: Final = 2

@@ -242,8 +242,6 @@ class Daemon:
             "incarnations": counts["incarnations"],
             "loaded_modules": len(self.tracker.loaded()),
             "store_bytes": self.store.size_bytes(),
-            "connections": 0,
-            "subscribers": 0,
             "restricted": self.boot.restricted,
             "sources": [
                 {

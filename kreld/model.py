@@ -257,10 +257,6 @@ class ModuleState:
     inode: int | None
     faults: tuple[str, ...] = ()
 
-    def identity(self) -> tuple[object, ...]:
-        """What distinguishes this load from another load of the same module."""
-        return (self.name, self.inode, self.build_id, self.sections.get(".text"), self.core_base)
-
 
 @dataclass(frozen=True, slots=True)
 class Incarnation:

@@ -91,28 +91,6 @@ class Region:
     rel_base: int = 0  # what the table's values are relative to (kernel: _text)
 
 
-@dataclass(frozen=True, slots=True)
-class Resolution:
-    address: int
-    region: Region | None
-
-    def to_json(self) -> dict[str, object]:
-        r = self.region
-        if r is None:
-            return {"address": hexaddr(self.address), "image": None}
-        out: dict[str, object] = {
-            "address": hexaddr(self.address),
-            "image": r.image,
-            "section": r.section,
-            "base": hexaddr(r.base),
-            "offset": hexaddr(self.address - r.base),
-        }
-        if r.inc is not None:
-            out["seq"] = r.inc.seq
-            out["build_id"] = r.inc.state.build_id
-        return out
-
-
 def _fragment(r: Region) -> str:
     """The constant part of a resolution in *r*, as JSON members."""
     members: dict[str, object] = {"image": r.image, "section": r.section, "base": hexaddr(r.base)}
@@ -156,11 +134,12 @@ class AddressMap:
         self._fragments: list[str] | None = None
         self.kernel_table = kernel_table
 
-    def resolve(self, address: int) -> Resolution:
+    def region_of(self, address: int) -> Region | None:
+        """The region holding *address* (``resolve_json`` inlines this)."""
         i = bisect.bisect_right(self._bases, address) - 1
         if i >= 0 and address < self._limits[i]:
-            return Resolution(address, self.regions[i])
-        return Resolution(address, None)
+            return self.regions[i]
+        return None
 
     def table_keys(self) -> set[str]:
         return {r.table for r in self.regions if r.table is not None}

@@ -71,7 +71,7 @@ def incarnation(
 
 
 def where(amap: AddressMap, addr: int) -> tuple[str, str] | None:
-    r = amap.resolve(addr).region
+    r = amap.region_of(addr)
     return None if r is None else (r.image, r.section)
 
 
