@@ -28,6 +28,16 @@ def _open_elf(path: Path) -> tuple[ELFFile, object] | None:
         return None
 
 
+def gnu_build_id(elf: ELFFile) -> str | None:
+    """The GNU build-id note of an open ELF file, as lowercase hex."""
+    for section in elf.iter_sections():
+        if isinstance(section, NoteSection):
+            for note in section.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
+                    return str(note["n_desc"])
+    return None
+
+
 def elf_build_id(path: Path) -> str | None:
     """The GNU build-id of an ELF file, or ``None`` if unreadable or absent."""
     opened = _open_elf(path)
@@ -35,12 +45,7 @@ def elf_build_id(path: Path) -> str | None:
         return None
     elf, f = opened
     try:
-        for section in elf.iter_sections():
-            if isinstance(section, NoteSection):
-                for note in section.iter_notes():
-                    if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
-                        return str(note["n_desc"])
-        return None
+        return gnu_build_id(elf)
     except (ELFError, struct.error, ValueError, UnicodeDecodeError):
         return None
     finally:

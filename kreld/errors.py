@@ -161,6 +161,12 @@ class StoreFull(StoreError):
     varlink_name = "io.kreld.StoreFull"
 
 
+class SocketError(KreldError):
+    """The listening socket cannot be had safely (in use, planted, unsafe directory)."""
+
+    varlink_name = "io.kreld.SocketError"
+
+
 class ConfigError(KreldError):
     """The configuration is unusable; names the file, key or line."""
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kreld import __version__
-from kreld.errors import KreldError
+from kreld.errors import KreldError, SocketError
 from kreld.model import Incarnation
 from kreld.service import Service
 from kreld.varlink import (
@@ -450,10 +450,6 @@ class Server:
 
 
 # -- the listening socket --------------------------------------------------------
-
-
-class SocketError(KreldError):
-    varlink_name = "io.kreld.SocketError"
 
 
 def socket_answers(path: str) -> bool:

@@ -22,10 +22,10 @@ from typing import Any
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import NoteSection, SymbolTableSection
+from elftools.elf.sections import SymbolTableSection
 
 from kreld import consts
-from kreld.elf import elf_symbol_entries, elf_symbols, module_symbol_letter
+from kreld.elf import elf_symbol_entries, elf_symbols, gnu_build_id, module_symbol_letter
 from kreld.errors import KernelReadError, KreldError
 from kreld.kaslr import matching_vmlinux
 from kreld.kernel import Root
@@ -73,13 +73,7 @@ def ko_table(data: bytes, build_id: str) -> bytes | None:
     """A module table from a ``.ko``; ``None`` unless its build-id is *build_id*."""
     try:
         elf = ELFFile(io.BytesIO(data))
-        found = None
-        for sec in elf.iter_sections():
-            if isinstance(sec, NoteSection):
-                for note in sec.iter_notes():
-                    if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
-                        found = str(note["n_desc"])
-        if found != build_id:
+        if gnu_build_id(elf) != build_id:
             return None
         symtab = elf.get_section_by_name(".symtab")
         if not isinstance(symtab, SymbolTableSection):
