@@ -251,8 +251,13 @@ class ModuleTracker:
             closed_tracked.append(_Tracked(done, t.hinted))
             gone.append((name, t))
 
+        # Which source first said so, per (module, action): one pass over the batch.
+        said: dict[tuple[str | None, str], SeenBy] = {}
+        for h in hints:
+            said.setdefault((h.name, h.action), h.source)
+
         for name, t in list(self._open.items()):
-            by = self._source_for(hints, name, "remove", source)
+            by = said.get((name, "remove"), source)
             if name not in present or present[name] != t.inc.state.inode:
                 close(name, t, by)
                 continue
@@ -271,7 +276,7 @@ class ModuleTracker:
                 continue
             state = read_module(self.root, name, proc)
             if state is not None:
-                by = self._source_for(hints, name, "add", source)
+                by = said.get((name, "add"), source)
                 opened.append((self._new(state, now, by), by))
 
         # Pair add hints with incarnations; an unpaired one is a load that came
@@ -371,13 +376,6 @@ class ModuleTracker:
             + [("update", i) for i in updated]
             + [("unload", i) for i in closed]
         )
-
-    @staticmethod
-    def _source_for(hints: list[Hint], name: str, action: str, default: SeenBy) -> SeenBy:
-        for h in hints:
-            if h.name == name and h.action == action:
-                return h.source
-        return default
 
     @staticmethod
     def _refresh(inc: Incarnation, state: ModuleState, now: Timestamp) -> Incarnation:
