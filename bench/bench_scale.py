@@ -659,8 +659,8 @@ def _run(quick: bool, tmp: Path) -> list[Result]:
         "head of line: GetBoot every 5 ms on one connection, first alone, then for "
         f"{hol_s:.0f} s while another process calls ListBoots back to back on another "
         f"connection ({hol['large']['listboots']} ListBoots on the large store, "
-        f"{hol['small']['listboots']} on the small one); kreld runs every call but Snapshot "
-        "on its event loop thread, so a call waits for any call in progress"
+        f"{hol['small']['listboots']} on the small one); ListBoots runs on kreld's worker "
+        "thread, GetBoot on its event loop: what remains is the two threads sharing the GIL"
     )
     notes.append(
         f"calls: {call_rounds} of each per daemon, the three daemons in turn; ListBoots "

@@ -105,6 +105,7 @@ class Service:
         self._now_map: AddressMap | None = None
         self._history: dict[str, list[Incarnation]] = {}
         self._kernel_tables: dict[str, str] = {}
+        self._boots: tuple[int, dict[str, Any]] | None = None
         self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "GetBoot": self.get_boot,
             "ListBoots": self.list_boots,
@@ -167,8 +168,12 @@ class Service:
         return {"boot": self._boot(params)[0].to_json()}
 
     def list_boots(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Every boot; decoded again only after the store has changed."""
         check_known(params, set())
-        return {"boots": [b.to_json() for b in self.store.list_boots()]}
+        txnid = self.store.last_txnid()
+        if self._boots is None or self._boots[0] != txnid:
+            self._boots = (txnid, {"boots": [b.to_json() for b in self.store.list_boots()]})
+        return self._boots[1]
 
     def snapshot(self, params: dict[str, Any]) -> dict[str, Any]:
         check_known(params, set())

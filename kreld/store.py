@@ -327,6 +327,10 @@ class Store:
                     raise StoreError(str(self.path), str(e)) from e
             raise StoreError(str(self.path), "write kept failing after growing the map")
 
+    def last_txnid(self) -> int:
+        """The id of the last committed write, by any process: a cache key."""
+        return int(self.env.info()["last_txnid"])
+
     def size_bytes(self) -> int:
         try:
             return (self.path / "data.mdb").stat().st_size

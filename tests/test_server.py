@@ -604,3 +604,14 @@ def test_calls_that_grow_with_the_store_leave_the_loop() -> None:
     assert not is_quick(Call("io.kreld.GetModules", {"all": True}))
     assert not is_quick(Call("io.kreld.Resolve", {"addresses": ["0x1"] * 10_000}))
     assert not is_quick(Call("io.kreld.Resolve", {"addresses": ["0x1"], "at": 5}))
+
+
+def test_list_boots_sees_a_boot_another_process_recorded(served: Any) -> None:
+    """ListBoots is cached between writes, and a write by kreldctl is a write."""
+    _, tree, state, sock = served
+    with Client(str(sock)) as c:
+        assert [b["boot_id"] for b in c.call("ListBoots")["boots"]] == [tree.boot_id]
+        tree.new_boot(text=tree.text + 0x200000)
+        kreldctl("--root", str(tree.root), "--state-dir", str(state), "snapshot")
+        ids = [b["boot_id"] for b in c.call("ListBoots")["boots"]]
+    assert ids[0] == tree.boot_id and len(ids) == 2
