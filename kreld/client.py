@@ -79,35 +79,38 @@ def error_from_reply(name: str, p: dict[str, Any]) -> KreldError:
     return RemoteError(name, p)
 
 
+def connect_unix(path: str, timeout: float | None = 10.0) -> socket.socket:
+    """A stream socket connected to `path`, with `timeout` set on it.
+
+    A full listen backlog makes a connect() with a timeout fail at once with
+    EAGAIN (a blocking one would sleep in the kernel): retry until the timeout,
+    as a connect to a busy TCP server would wait."""
+    deadline = time.monotonic() + (timeout if timeout is not None else 3600)
+    delay = 0.001
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+            return sock
+        except BlockingIOError as e:
+            sock.close()
+            if time.monotonic() + delay > deadline:
+                raise ConnectError(f"{path}: {e.strerror or e}") from e
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        except OSError as e:
+            sock.close()
+            raise ConnectError(f"{path}: {e.strerror or e}") from e
+
+
 class Client:
     """One connection to kreld; not thread-safe (use one per thread)."""
 
     def __init__(self, path: str = consts.DEFAULT_SOCKET, timeout: float | None = 10.0) -> None:
         self.path = path
-        self.sock = self._connect(path, timeout)
+        self.sock = connect_unix(path, timeout)
         self._buf = bytearray()
-
-    @staticmethod
-    def _connect(path: str, timeout: float | None) -> socket.socket:
-        # A full listen backlog makes connect() fail with EAGAIN at once: retry
-        # until the timeout, as a blocking connect to a TCP server would wait.
-        deadline = time.monotonic() + (timeout if timeout is not None else 3600)
-        delay = 0.001
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(timeout)
-            try:
-                sock.connect(path)
-                return sock
-            except BlockingIOError as e:
-                sock.close()
-                if time.monotonic() + delay > deadline:
-                    raise ConnectError(f"{path}: {e.strerror or e}") from e
-                time.sleep(delay)
-                delay = min(delay * 2, 0.1)
-            except OSError as e:
-                sock.close()
-                raise ConnectError(f"{path}: {e.strerror or e}") from e
 
     def close(self) -> None:
         self.sock.close()

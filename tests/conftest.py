@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from faketree import FakeTree
 
+from kreld.client import connect_unix
+
 BIN = Path(sys.executable).parent
 
 
@@ -152,9 +154,7 @@ def start(daemon_factory: Any, tree: FakeTree, state: Path, sock: Path, *extra: 
 
 def raw_exchange(path: Path, data: bytes, timeout: float = 5) -> list[dict[str, Any]]:
     """Send raw bytes, half-close, and read every reply until kreld closes."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    s.connect(str(path))
+    s = connect_unix(str(path), timeout)
     buf = b""
     try:
         s.sendall(data)

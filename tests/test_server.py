@@ -17,7 +17,7 @@ import pytest
 from conftest import Daemon, _bin, kreldctl, raw_exchange, start
 from faketree import FakeTree
 
-from kreld.client import Client, ConnectError, RemoteError
+from kreld.client import Client, ConnectError, RemoteError, connect_unix
 from kreld.errors import AddressesRestricted, NoSuchBoot, PermissionDenied
 from kreld.store import Store
 
@@ -263,9 +263,7 @@ def test_idle_connection_is_closed_after_the_timeout(
     cfg.write_text("[limits]\nidle_timeout = 0.3\n")
     sock = sockdir / "k.sock"
     start(daemon_factory, tree, state_dir, sock, "--config", str(cfg))
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    s.connect(str(sock))
+    s = connect_unix(str(sock), 10)
     t0 = time.monotonic()
     assert s.recv(10) == b""  # closed by kreld, not by our 10 s timeout
     assert time.monotonic() - t0 < 9

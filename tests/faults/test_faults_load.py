@@ -38,7 +38,7 @@ from faultlib import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kreld.client import Client
+from kreld.client import Client, connect_unix
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -215,9 +215,7 @@ def test_1000_concurrent_clients_and_100_slow_loris(served: Served) -> None:
         kind = kinds[i % len(kinds)]
         msg, want = answers[kind]
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-                c.settimeout(60)
-                c.connect(str(s.sock))
+            with connect_unix(str(s.sock), 60) as c:
                 all_connected.wait()
                 go.wait(60)  # until kreld holds all 1,000 (and the slow ones) at once
                 t0 = time.monotonic()
@@ -385,9 +383,7 @@ def test_10000_fuzzed_messages(served: Served) -> None:
             .encode() + b"\0"
             for f, t in zip(frames, tags, strict=True)
         )  # fmt: skip
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-            c.settimeout(30)
-            c.connect(str(s.sock))
+        with connect_unix(str(s.sock), 30) as c:
             replies = exchange(c, payload)
         sent += len(frames)
         answered = []
@@ -565,9 +561,7 @@ def test_connections_are_capped_below_a_low_hard_descriptor_limit(
         ok = refused = 0
         try:
             for _ in range(1100):
-                c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                c.settimeout(20)
-                c.connect(str(sock))
+                c = connect_unix(str(sock), 20)
                 c.sendall(msg)
                 held.append(c)
             tree.add_module("during", BASE + 0x4000000)
