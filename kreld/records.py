@@ -2,36 +2,292 @@
 
 A boot records every loaded module again, so its incarnations are most of
 what a boot adds to the store.  The stored record leaves out what the key
-already says (boot-id, seq), writes timestamps as ``[monotonic, boottime,
-realtime]`` (later ones as differences from the load), and keeps section
-bases as one list of offsets from the lowest base, the section names being
-interned once per distinct set of names in the ``layouts`` table (every load
-of one module build has the same set).
+already says (boot-id, seq); section names are interned once per distinct
+set of names in the ``layouts`` table (every load of one module build has
+the same set), and the rest is packed in binary (version 3)::
+
+    u8      3 (version; a JSON record of an older store starts with "{")
+    varint  flags: which optional fields follow (the F_* bits)
+    str     module name
+    12 B    layout key
+    u64     lowest section base (b0)
+    varint  offset of each section from b0, in layout order
+    zigzag  loaded: monotonic, boottime - monotonic, realtime
+    u8      how it was seen (index in SEEN_BY)
+    ...     the optional fields, in F_* bit order
+
+A varint is LEB128; a str is a varint length and UTF-8; times after the load
+are zigzag varints of the difference from it, on each clock.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kreld.model import Incarnation, ModuleState, SeenBy, Timestamp
 
-VERSION = 2
+VERSION = 3
+_JSON_VERSION = 2  # the record of schema 2 stores, still read
+_LAYOUT_KEY_LEN = 12
+_U64 = struct.Struct("<Q")
+SEEN_BY = tuple(SeenBy)  # stored as an index: append only
+
+# Optional fields, in the order they follow the fixed part.
+F_BUILD_ID_RAW = 1 << 0  # bytes: a hex build-id, as its bytes
+F_BUILD_ID_STR = 1 << 1  # str: any other build-id
+F_CORESIZE = 1 << 2
+F_INITSIZE = 1 << 3
+F_INITSTATE = 1 << 4
+F_SRCVERSION = 1 << 5
+F_TAINT = 1 << 6
+F_CORE_BASE = 1 << 7  # zigzag, relative to b0
+F_INODE = 1 << 8
+F_FAULTS = 1 << 9  # varint count, then each str
+F_INIT_DONE = 1 << 10
+F_UNLOADED = 1 << 11
+F_UNLOADED_AFTER = 1 << 12
+F_UNLOAD_SEEN_BY = 1 << 13
+F_RESTRICTED = 1 << 14  # no payload
+F_INIT_LIVE = 1 << 15  # no payload
+_KNOWN_FLAGS = (1 << 16) - 1
 
 
 def layout_key(names: Sequence[str]) -> bytes:
-    return hashlib.sha1("\0".join(names).encode()).digest()[:12]
+    return hashlib.sha1("\0".join(names).encode()).digest()[:_LAYOUT_KEY_LEN]
 
 
-def _ts(t: Timestamp | None, rel: Timestamp | None = None) -> list[int] | None:
-    """``[monotonic, boottime, realtime]``, as differences from *rel* if given."""
-    if t is None:
+class _Writer:
+    __slots__ = ("out",)
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def varint(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"negative varint {n}")
+        out = self.out
+        while n >= 0x80:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        out.append(n)
+
+    def zigzag(self, n: int) -> None:
+        self.varint(n * 2 if n >= 0 else -n * 2 - 1)
+
+    def blob(self, b: bytes) -> None:
+        self.varint(len(b))
+        self.out += b
+
+    def str(self, s: str) -> None:
+        self.blob(s.encode())
+
+    def since(self, t: Timestamp, rel: Timestamp) -> None:
+        self.zigzag(t.monotonic - rel.monotonic)
+        self.zigzag(t.boottime - rel.boottime)
+        self.zigzag(t.realtime - rel.realtime)
+
+
+class _Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes, pos: int) -> None:
+        self.buf = buf
+        self.pos = pos
+
+    def varint(self) -> int:
+        buf, pos = self.buf, self.pos
+        n = shift = 0
+        while True:
+            b = buf[pos]  # IndexError on a truncated record
+            pos += 1
+            n |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+            if shift > 70:
+                raise ValueError("varint too long")
+        self.pos = pos
+        return n
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return n >> 1 if not n & 1 else -(n >> 1) - 1
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise ValueError("record truncated")
+        b = self.buf[self.pos : end]
+        self.pos = end
+        return b
+
+    def blob(self) -> bytes:
+        return self.take(self.varint())
+
+    def str(self) -> str:
+        return self.blob().decode()
+
+    def since(self, rel: Timestamp) -> Timestamp:
+        return Timestamp(
+            rel.monotonic + self.zigzag(),
+            rel.boottime + self.zigzag(),
+            rel.realtime + self.zigzag(),
+        )
+
+
+def _hex_bytes(s: str) -> bytes | None:
+    """*s* as bytes if it is lower-case hex that round-trips, else None."""
+    try:
+        b = bytes.fromhex(s)
+    except ValueError:
         return None
-    if rel is None:
-        return [t.monotonic, t.boottime, t.realtime]
-    return [t.monotonic - rel.monotonic, t.boottime - rel.boottime, t.realtime - rel.realtime]
+    return b if b.hex() == s else None
+
+
+def encode(inc: Incarnation) -> tuple[bytes, bytes, list[str]]:
+    """The record, and the layout key and names it refers to."""
+    s = inc.state
+    names = sorted(s.sections)
+    key = layout_key(names)
+    base0 = min(s.sections.values(), default=0)
+    raw_id = _hex_bytes(s.build_id) if s.build_id is not None else None
+    present = {
+        F_BUILD_ID_RAW: raw_id is not None,
+        F_BUILD_ID_STR: s.build_id is not None and raw_id is None,
+        F_CORESIZE: s.coresize is not None,
+        F_INITSIZE: s.initsize is not None,
+        F_INITSTATE: s.initstate is not None,
+        F_SRCVERSION: s.srcversion is not None,
+        F_TAINT: s.taint is not None,
+        F_CORE_BASE: s.core_base is not None,
+        F_INODE: s.inode is not None,
+        F_FAULTS: bool(s.faults),
+        F_INIT_DONE: inc.init_done is not None,
+        F_UNLOADED: inc.unloaded is not None,
+        F_UNLOADED_AFTER: inc.unloaded_after is not None,
+        F_UNLOAD_SEEN_BY: inc.unload_seen_by is not None,
+        F_RESTRICTED: s.restricted,
+        F_INIT_LIVE: inc.init_live,
+    }
+    flags = sum(bit for bit, on in present.items() if on)
+    w = _Writer()
+    w.out.append(VERSION)
+    w.varint(flags)
+    w.str(s.name)
+    w.out += key
+    w.out += _U64.pack(base0)
+    for n in names:
+        w.varint(s.sections[n] - base0)
+    t = inc.loaded
+    w.zigzag(t.monotonic)
+    w.zigzag(t.boottime - t.monotonic)
+    w.zigzag(t.realtime)
+    w.out.append(SEEN_BY.index(inc.seen_by))
+    if raw_id is not None:
+        w.blob(raw_id)
+    elif s.build_id is not None:
+        w.str(s.build_id)
+    if s.coresize is not None:
+        w.varint(s.coresize)
+    if s.initsize is not None:
+        w.varint(s.initsize)
+    if s.initstate is not None:
+        w.str(s.initstate)
+    if s.srcversion is not None:
+        w.str(s.srcversion)
+    if s.taint is not None:
+        w.str(s.taint)
+    if s.core_base is not None:
+        w.zigzag(s.core_base - base0)
+    if s.inode is not None:
+        w.varint(s.inode)
+    if s.faults:
+        w.varint(len(s.faults))
+        for f in s.faults:
+            w.str(f)
+    for later in (inc.init_done, inc.unloaded, inc.unloaded_after):
+        if later is not None:
+            w.since(later, t)
+    if inc.unload_seen_by is not None:
+        w.out.append(SEEN_BY.index(inc.unload_seen_by))
+    return bytes(w.out), key, names
+
+
+def decode(
+    raw: bytes | memoryview, boot_id: str, seq: int, layout: Callable[[bytes], list[str]]
+) -> Incarnation:
+    """An incarnation from its stored record: this form, or the JSON of older
+    stores (schema 2's compact one, schema 1's wire form).
+
+    A malformed record raises ValueError or IndexError."""
+    buf = bytes(raw)
+    if buf[:1] != bytes((VERSION,)):
+        return _decode_json(buf, boot_id, seq, layout)
+    r = _Reader(buf, 1)
+    flags = r.varint()
+    if flags & ~_KNOWN_FLAGS:
+        raise ValueError(f"unknown record flags {flags:#x}")
+    name = r.str()
+    names = layout(r.take(_LAYOUT_KEY_LEN))
+    (base0,) = _U64.unpack(r.take(8))
+    sections = {n: base0 + r.varint() for n in names}
+    mono = r.zigzag()
+    loaded = Timestamp(mono, mono + r.zigzag(), r.zigzag())
+    seen_by = SEEN_BY[r.take(1)[0]]
+
+    def opt(bit: int, read: Callable[[], Any]) -> Any:
+        return read() if flags & bit else None
+
+    build_id = opt(F_BUILD_ID_RAW, lambda: r.blob().hex())
+    if flags & F_BUILD_ID_STR:
+        build_id = r.str()
+    coresize = opt(F_CORESIZE, r.varint)
+    initsize = opt(F_INITSIZE, r.varint)
+    initstate = opt(F_INITSTATE, r.str)
+    srcversion = opt(F_SRCVERSION, r.str)
+    taint = opt(F_TAINT, r.str)
+    core_rel = opt(F_CORE_BASE, r.zigzag)
+    inode = opt(F_INODE, r.varint)
+    faults = tuple(r.str() for _ in range(r.varint())) if flags & F_FAULTS else ()
+    init_done = opt(F_INIT_DONE, lambda: r.since(loaded))
+    unloaded = opt(F_UNLOADED, lambda: r.since(loaded))
+    unloaded_after = opt(F_UNLOADED_AFTER, lambda: r.since(loaded))
+    unload_seen_by = opt(F_UNLOAD_SEEN_BY, lambda: SEEN_BY[r.take(1)[0]])
+    if r.pos != len(buf):
+        raise ValueError(f"{len(buf) - r.pos} bytes after the record")
+    state = ModuleState(
+        name=name,
+        build_id=build_id,
+        sections=sections,
+        coresize=coresize,
+        initsize=initsize,
+        initstate=initstate,
+        srcversion=srcversion,
+        taint=taint,
+        core_base=None if core_rel is None else base0 + core_rel,
+        restricted=bool(flags & F_RESTRICTED),
+        inode=inode,
+        faults=faults,
+    )
+    return Incarnation(
+        boot_id=boot_id,
+        seq=seq,
+        state=state,
+        loaded=loaded,
+        seen_by=seen_by,
+        init_live=bool(flags & F_INIT_LIVE),
+        init_done=init_done,
+        unloaded=unloaded,
+        unloaded_after=unloaded_after,
+        unload_seen_by=unload_seen_by,
+    )
+
+
+# -- records of older stores ------------------------------------------------------------
 
 
 def _un_ts(v: Any, rel: Timestamp | None = None) -> Timestamp | None:
@@ -45,50 +301,11 @@ def _un_ts(v: Any, rel: Timestamp | None = None) -> Timestamp | None:
     return t
 
 
-def encode(inc: Incarnation) -> tuple[bytes, bytes, list[str]]:
-    """The record, and the layout key and names it refers to."""
-    s = inc.state
-    names = sorted(s.sections)
-    base0 = min(s.sections.values(), default=0)
-    rec: dict[str, Any] = {
-        "v": VERSION,
-        "n": s.name,
-        "L": layout_key(names).hex(),
-        "b0": base0,
-        "o": [s.sections[n] - base0 for n in names],
-        "l": _ts(inc.loaded),
-        "by": inc.seen_by.value,
-    }
-    optional = {
-        "B": s.build_id,
-        "cs": s.coresize,
-        "is": s.initsize,
-        "st": s.initstate,
-        "sv": s.srcversion,
-        "t": s.taint,
-        "cb": None if s.core_base is None else s.core_base - base0,
-        "r": s.restricted or None,
-        "i": s.inode,
-        "f": list(s.faults) or None,
-        "il": inc.init_live or None,
-        # Later times as differences from the load: short numbers.
-        "id": _ts(inc.init_done, inc.loaded),
-        "u": _ts(inc.unloaded, inc.loaded),
-        "ua": _ts(inc.unloaded_after, inc.loaded),
-        "uby": inc.unload_seen_by.value if inc.unload_seen_by else None,
-    }
-    rec.update({k: v for k, v in optional.items() if v is not None})
-    raw = json.dumps(rec, separators=(",", ":")).encode()
-    return raw, layout_key(names), names
-
-
-def decode(
-    raw: bytes | memoryview, boot_id: str, seq: int, layout: Callable[[bytes], list[str]]
+def _decode_json(
+    raw: bytes, boot_id: str, seq: int, layout: Callable[[bytes], list[str]]
 ) -> Incarnation:
-    """An incarnation from its stored record (this form, or the wire JSON of
-    schema 1 stores)."""
-    d: Mapping[str, Any] = json.loads(bytes(raw))
-    if d.get("v") != VERSION:
+    d: Mapping[str, Any] = json.loads(raw)
+    if d.get("v") != _JSON_VERSION:
         return Incarnation.from_json(d)
     names = layout(bytes.fromhex(d["L"]))
     base0 = int(d["b0"])
@@ -107,7 +324,8 @@ def decode(
         faults=tuple(d.get("f", ())),
     )
     loaded = _un_ts(d["l"])
-    assert loaded is not None
+    if loaded is None:
+        raise ValueError("record without a load time")
     uby = d.get("uby")
     return Incarnation(
         boot_id=boot_id,
