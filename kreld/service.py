@@ -8,6 +8,8 @@ give the same answers.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,6 +31,9 @@ from kreld.varlink import (
 )
 
 MAX_RESOLVE_ADDRESSES = 1_000_000
+# Address maps of other times and boots kept for the next Resolve (a profiler
+# symbolizing an old recording asks about the same boot and time many times).
+MAP_CACHE = 8
 
 
 def _module_key(inc: Incarnation) -> str | None:
@@ -103,6 +108,9 @@ class Service:
         self._status = status
         self._boot_reply: bytes | None = None
         self._now_map: AddressMap | None = None
+        self._maps: OrderedDict[tuple[Any, ...], AddressMap] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._generation = 0  # of recorded events, for the caches
         self._history: dict[str, list[Incarnation]] = {}
         self._kernel_tables: dict[str, str] = {}
         self._boots: tuple[int, dict[str, Any]] | None = None
@@ -132,7 +140,10 @@ class Service:
     # Caches are dropped on every recorded event (called on the loop thread).
     def invalidate(self) -> None:
         self._now_map = None
-        self._history.clear()
+        with self._cache_lock:
+            self._generation += 1
+            self._maps.clear()
+            self._history.clear()
 
     def _boot(self, params: dict[str, Any]) -> tuple[BootSnapshot, bool]:
         """The boot asked for, and whether it is the one running here.
@@ -149,10 +160,13 @@ class Service:
     def _incarnations(self, boot_id: str) -> list[Incarnation]:
         incs = self._history.get(boot_id)
         if incs is None:
+            generation = self._generation
             incs = self.store.incarnations(boot_id)
-            if len(self._history) > 8:
-                self._history.clear()
-            self._history[boot_id] = incs
+            with self._cache_lock:
+                if generation == self._generation:  # else an event came meanwhile
+                    if len(self._history) > 8:
+                        self._history.clear()
+                    self._history[boot_id] = incs
         return incs
 
     def get_boot_reply(self, params: dict[str, Any]) -> bytes:
@@ -229,10 +243,34 @@ class Service:
             amap = self._now_map
         else:
             clock, t = self._at(params, is_current)
-            amap = AddressMap(boot, self._incarnations(boot.boot_id), clock, t, kernel_key)
+            amap = self._map_at(boot, clock, t, kernel_key)
         return self.store.with_tables(
             amap.table_keys(), lambda tables: amap.resolve_json(addrs, tables)
         )
+
+    def _map_at(
+        self, boot: BootSnapshot, clock: Clock, t: int | None, kernel_key: str | None
+    ) -> AddressMap:
+        """The address map of *boot* at *t*, from the cache when the same
+        incarnations (and init sections) were live then; the cache is dropped
+        with every recorded event, so a record updated since is never stale."""
+        generation = self._generation
+        incs = self._incarnations(boot.boot_id)
+        live = tuple((i.seq, init_live_at(i, clock, t)) for i in loaded_at(incs, clock, t))
+        key = (boot.boot_id, boot.anchors, kernel_key, live)
+        with self._cache_lock:  # Resolve runs on the loop and on the worker thread
+            amap = self._maps.get(key)
+            if amap is not None:
+                self._maps.move_to_end(key)
+                return amap
+        amap = AddressMap(boot, incs, clock, t, kernel_key)
+        with self._cache_lock:
+            if generation != self._generation:
+                return amap  # built from records an event has since changed
+            self._maps[key] = amap
+            while len(self._maps) > MAP_CACHE:
+                self._maps.popitem(last=False)
+        return amap
 
     def _kernel_table(self, boot_id: str) -> str | None:
         key = self._kernel_tables.get(boot_id)

@@ -8,8 +8,14 @@ allocation that is freed once init has run.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
 from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.queries import AddressMap
+from kreld.service import Service
+from kreld.store import Store
 
 T0 = Timestamp(1_000, 1_000, 1_000)
 T1 = Timestamp(2_000, 2_000, 2_000)
@@ -118,3 +124,36 @@ def test_unloaded_module_is_only_found_at_times_it_was_loaded() -> None:
     assert where(AddressMap(boot(), [m], Clock.MONOTONIC, T0.monotonic + 5), 0xFFFFFFFFC0000010)
     assert where(AddressMap(boot(), [m], Clock.MONOTONIC, T2.monotonic), 0xFFFFFFFFC0000010) is None
     assert where(AddressMap(boot(), [m], Clock.MONOTONIC, None), 0xFFFFFFFFC0000010) is None
+
+
+def test_resolve_on_a_recorded_boot_reuses_its_map_until_an_event(tmp_path: Path) -> None:
+    """Resolve on another boot (real store) builds that boot's map at that time once:
+    the same incarnations live -> the same map; another set -> another map; a recorded
+    event (here: dummy's unload learnt later) drops them, and the answer follows."""
+    old = boot()
+    current = dataclasses.replace(old, boot_id="00000000-0000-0000-0000-000000000002")
+    with Store(tmp_path / "st") as store:
+        store.record_boot(old)
+        store.record_boot(current)
+        dummy = incarnation("dummy", 0, 0xFFFFFFFFC0000000, 0x4000, 0xFFFFFFFFC0100000)
+        (dummy,) = store.apply_module_changes(old.boot_id, [dummy], [], [], None)
+        svc = Service(
+            store, current_boot=lambda: current, current_id=lambda: current.boot_id,
+            loaded=lambda: [],
+        )  # fmt: skip
+
+        def resolve(at: int) -> str | None:
+            params = {"addresses": ["0xffffffffc0000010"], "boot_id": old.boot_id, "at": at}
+            (r,) = json.loads(svc.resolve_results(params))
+            return r["image"]
+
+        assert resolve(T1.monotonic) == "dummy"
+        first = list(svc._maps.values())
+        assert resolve(T2.monotonic) == "dummy" and list(svc._maps.values()) == first
+        assert resolve(T0.monotonic - 1) is None and len(svc._maps) == 2
+        gone = dataclasses.replace(dummy, unloaded=T1, unload_seen_by=SeenBy.POLL)
+        store.apply_module_changes(old.boot_id, [], [], [gone], None)
+        assert resolve(T2.monotonic) == "dummy"  # no event told the service yet
+        svc.invalidate()
+        assert not svc._maps
+        assert resolve(T2.monotonic) is None and resolve(T0.monotonic + 1) == "dummy"
