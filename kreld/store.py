@@ -66,6 +66,8 @@ _DBS = (
     b"layouts",
 )
 _LMDB_MAGIC = 0xBEEFC0DE
+# Free space under which an EIO from LMDB is taken for a full disk.
+_NEARLY_FULL = 4 << 20
 _SEQ = struct.Struct(">Q")
 
 
@@ -326,8 +328,21 @@ class Store:
                 except lmdb.Error as e:
                     if "No space left" in str(e) or getattr(e, "errno", None) == errno.ENOSPC:
                         raise StoreFull(str(self.path), "no space left on device") from e
+                    if "Input/output error" in str(e) and self._nearly_full():
+                        # LMDB turns a short write of its pages into EIO.
+                        raise StoreFull(
+                            str(self.path), f"no space left on device ({e}: a short write)"
+                        ) from e
                     raise StoreError(str(self.path), str(e)) from e
             raise StoreError(str(self.path), "write kept failing after growing the map")
+
+    def _nearly_full(self) -> bool:
+        """Whether the filesystem under the store has less room than a write may need."""
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < _NEARLY_FULL
 
     def last_txnid(self) -> int:
         """The id of the last committed write, by any process: a cache key."""

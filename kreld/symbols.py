@@ -16,6 +16,7 @@ import os
 import queue
 import struct
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,10 @@ from kreld.symtab import (
 __all__ = ["ModuleFiles", "SymbolCapture", "ko_table", "parse_kallsyms"]
 
 _MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst")
+# A batch whose tables could not be stored is tried again after this many
+# seconds, doubling up to RETRY_MAX while the store keeps failing.
+RETRY_FIRST = 1.0
+RETRY_MAX = 60.0
 
 
 def _decompress(path: Path) -> bytes | None:
@@ -212,11 +217,19 @@ class SymbolCapture:
 
     def _run(self, stop: threading.Event) -> None:
         kernel_done = False
+        held: list[Incarnation | None] = []  # a batch whose capture failed, for a retry
+        backoff = RETRY_FIRST
+        retry_at = 0.0
         while not stop.is_set():
+            if held and time.monotonic() >= retry_at:
+                for inc in held:
+                    self._pending.put(inc)
+                held = []
             try:
                 first = self._pending.get(timeout=0.5)
             except queue.Empty:
-                self.idle.set()
+                if not held:
+                    self.idle.set()
                 continue
             batch = [first]
             stop.wait(0.05)  # let a burst of loads gather into one read
@@ -232,10 +245,26 @@ class SymbolCapture:
                     kernel_done = True
                 self.capture_modules([i for i in batch if i is not None], ks)
             except KreldError as e:
+                # A store error (a full disk): nothing of the batch is lost,
+                # it is tried again later, as new loads come or after a while.
                 self.healthy = False
                 self.last_error = str(e)
-                self.log.error("symbol_capture_failed", error=str(e))
-            if self._pending.empty():
+                held = [*held, *batch]
+                retry_at = time.monotonic() + backoff
+                self.log.error(
+                    "symbol_capture_failed",
+                    error=str(e),
+                    kind=type(e).__name__,
+                    held=len(held),
+                    retry_in_s=backoff,
+                )
+                backoff = min(backoff * 2, RETRY_MAX)
+                continue
+            if not self.healthy:
+                self.healthy = True
+                self.log.info("symbol_capture_recovered", last_error=self.last_error)
+            backoff = RETRY_FIRST
+            if self._pending.empty() and not held:
                 self.idle.set()
 
     def _read(self) -> Kallsyms | None:

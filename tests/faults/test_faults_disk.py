@@ -7,6 +7,7 @@ map: it is doubled and the write goes on, in the daemon and in any reader.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -215,6 +216,58 @@ def test_unloads_and_updates_seen_while_the_disk_is_full_are_written_when_space_
 # -- a full map -----------------------------------------------------------------------------
 
 
+def test_a_symbol_table_held_back_by_a_full_disk_is_stored_when_space_returns(
+    daemon_factory: Any, sockdir: Path, tmp_path: Path
+) -> None:
+    """The module's record fits in the space left, its 5,000-symbol table does not:
+    the capture fails by name, is held, and is stored by a retry once space returns,
+    with no new load to prompt it; Resolve then names the module's functions."""
+    with fast_dir() as fast, tiny_tmpfs("2m") as mnt:
+        tree = FakeTree(fast / "root")
+        state = mnt / "state"
+        sock = sockdir / "kreld.sock"
+        cfg = write_config(tmp_path / "kreld.toml", modules={"watch": "inotify"})
+        d = daemon_factory(
+            "--root", str(tree.root), "--state-dir", str(state), "--socket", str(sock),
+            "--config", str(cfg),
+        )  # fmt: skip
+        d.start()
+        d.wait_for("kernel_symbols")
+        base = BASE + 0x1000000
+        syms = [
+            f"{base + k * 0x80:016x} t late_function_with_a_rather_long_name_{k}\t[late]"
+            for k in range(5000)
+        ]
+        kallsyms = tree.root / "proc/kallsyms"
+        kallsyms.write_text(kallsyms.read_text() + "\n".join(syms) + "\n")
+        filler = fill(mnt)
+        os.truncate(filler, filler.stat().st_size - (64 << 10))  # room for a record
+        tree.add_module(
+            "late", base, coresize=0x200000,
+            sections={".text": base, ".data": base + 0x100000},
+        )  # fmt: skip
+        d.wait_for("module_loaded", module="late")
+        failed = d.wait_for("symbol_capture_failed", timeout=15)
+        assert (failed["level"], failed["kind"]) == ("error", "StoreFull"), failed
+        with Client(str(sock)) as c:
+            src = next(s for s in c.call("Status")["sources"] if s["name"] == "symbols")
+            assert not src["healthy"] and "no space left" in src["last_error"], src
+            r = c.call("Resolve", addresses=[f"{base + 0x80 * 42 + 3:#x}"])["results"][0]
+            assert (r["image"], r.get("symbol")) == ("late", None), r
+        filler.unlink()
+        d.wait_for("module_symbols", module="late", timeout=30)
+        d.wait_for("symbol_capture_recovered")
+        with Client(str(sock)) as c:
+            r = c.call("Resolve", addresses=[f"{base + 0x80 * 42 + 3:#x}"])["results"][0]
+            assert (r["symbol"], r["symbol_offset"]) == (
+                "late_function_with_a_rather_long_name_42",
+                "0x3",
+            ), r
+            src = next(s for s in c.call("Status")["sources"] if s["name"] == "symbols")
+            assert src["healthy"], src
+        assert d.stop() == 0
+
+
 def test_daemon_grows_a_full_map_and_goes_on(
     daemon_factory: Any, sockdir: Path, tmp_path: Path
 ) -> None:
@@ -355,7 +408,7 @@ def test_map_at_its_ceiling_is_a_named_error_and_nothing_partial(
         store.apply_module_changes(boot, [_inc("first", 0)], [], [], Timestamp.now())
         with pytest.raises(StoreFull) as ei:
             store.apply_module_changes(
-                boot, [_inc(f"m{i}", i) for i in range(1, 2000)], [], [], Timestamp.now()
+                boot, [_inc(f"m{i}", i) for i in range(1, 8000)], [], [], Timestamp.now()
             )
         assert "map size limit" in str(ei.value) and str(tmp_path / "st") in str(ei.value)
         assert [i.name for i in store.incarnations(boot)] == ["first"]  # all or nothing
