@@ -156,6 +156,7 @@ class Daemon:
         self.tracker: ModuleTracker | None = None
         self.tracker_thread: threading.Thread | None = None
         self.boot: BootSnapshot | None = None
+        self.reading: tuple[bool, str | None] = (False, None)
         self.server: Server | None = None
         self.bound: tuple[str, int] | None = None
         self._snapshot_lock = threading.Lock()
@@ -168,6 +169,9 @@ class Daemon:
             snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
             stored, added, changed = self.store.record_boot(snap)
             self.boot = stored
+            # What kreld can read now; the boot's record keeps what it learnt
+            # before (a restart after kptr_restrict went up still knows _text).
+            self.reading = (snap.restricted, snap.restricted_reason)
         klog.journal_context["KRELD_BOOT_ID"] = stored.boot_id
         log_boot(self.log, stored, added, changed, notes)
         return stored, added, changed
@@ -242,7 +246,8 @@ class Daemon:
             "incarnations": counts["incarnations"],
             "loaded_modules": len(self.tracker.loaded()),
             "store_bytes": self.store.size_bytes(),
-            "restricted": self.boot.restricted,
+            "restricted": self.reading[0],
+            "restricted_reason": self.reading[1],
             "sources": [
                 {
                     "name": s.name,

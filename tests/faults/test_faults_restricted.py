@@ -160,6 +160,8 @@ def test_restart_in_the_same_boot_reading_zeros_keeps_the_records(
         assert kallsyms == kallsyms_before
         res = m.call("Resolve", addresses=[f"{B + 0x20:#x}"])["results"][0]
         assert (res["image"], res["offset"]) == ("b", "0x20")
+        status = m.call("Status")  # what kreld reads now, not what the record knows
+        assert status["restricted"] is True and status["restricted_reason"], status
         assert d.stop() == 0
 
 
