@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import bisect
 import json
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr
-from kreld.symtab import SymbolTable, module_symbol_key
-
-# Symbol names that need no JSON escaping (all real ones).
-_PLAIN = re.compile(r"[A-Za-z0-9_.$@:+\-]*")
+from kreld.symtab import PAGE_SHIFT, Accel, SymbolTable, json_plain, module_symbol_key
 
 # A section's extent is not in sysfs; bound it by its module's size, or this.
 _UNKNOWN_SIZE_BOUND = 1 << 24
@@ -145,28 +141,38 @@ class AddressMap:
         return {r.table for r in self.regions if r.table is not None}
 
     def resolve_json(
-        self, addresses: Iterable[int], tables: Mapping[str, SymbolTable] | None = None
+        self,
+        addresses: Iterable[int],
+        tables: Mapping[str, SymbolTable] | None = None,
+        accel: Callable[[str, int, SymbolTable], Accel] | None = None,
     ) -> str:
         """The resolutions of *addresses* as a JSON array, built as text.
 
         The hot path of ``Resolve``: one bisect for the region, one in its
-        symbol table (straight from the store's map), one format per address;
-        the region's own members are rendered once, and an address asked
-        twice in a batch (profiles repeat hot functions) is answered once.
+        symbol table (straight from the store's map, within the address's
+        page for the kernel's, see :class:`~kreld.symtab.Accel`), one format
+        per address; the region's own members are rendered once, and an
+        address asked twice in a batch (profiles repeat hot functions) is
+        answered once.  *accel* gives the table's accelerator (a caller that
+        keeps them across calls passes its cache; built here otherwise).
         """
         if self._fragments is None:
             self._fragments = [_fragment(r) for r in self.regions]
         bases, limits, frags = self._bases, self._limits, self._fragments
-        # Per region: its table's arrays and the key of value 0 in its section.
-        syms: list[tuple[Any, Any, Any, Any, Any, int, int] | None] = []
+        get_accel = accel or (lambda _key, sec, table: Accel(table, sec))
+        # Per region: its table's arrays, the key of value 0 in its section,
+        # and the page index.
+        syms: list[tuple[Any, ...] | None] = []
         for r in self.regions:
             table = tables.get(r.table) if tables and r.table else None
             sec = None
             if table is not None:
                 sec = 0 if r.inc is None else table.section_index(r.section)
-            if table is None or sec is None:
+            if table is None or sec is None or r.table is None:
                 syms.append(None)
                 continue
+            acc = get_accel(r.table, sec, table)
+            zero = sec * (1 << 40) + (1 << 39)  # the key of value 0 in the section
             syms.append(
                 (
                     table.keys,
@@ -174,12 +180,16 @@ class AddressMap:
                     table.values,
                     table.name_end,
                     table.names,
-                    sec * (1 << 40) + (1 << 39) - r.rel_base,
-                    sec,
+                    zero - r.rel_base,
+                    zero,
+                    sec << 40,
+                    acc.first,
+                    acc.key0,
+                    acc.npages,
+                    acc.plain,
                 )
             )
         find = bisect.bisect_right
-        plain = _PLAIN.fullmatch
         done: dict[int, str] = {}
         out = []
         for a in addresses:
@@ -191,20 +201,31 @@ class AddressMap:
             if i < 0 or a >= limits[i]:
                 text = f'{{"address":"{a:#x}","image":null}}'
             else:
-                text = f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frags[i]}'
                 sym = syms[i]
+                j = -1
                 if sym is not None:
-                    keys, order, values, ends, names, bias, sec = sym
+                    keys, order, values, ends, names, bias, zero, lowest = sym[:8]
+                    first, key0, npages, plain = sym[8:]
                     key = a + bias
-                    j = find(keys, key) - 1
-                    if j >= 0 and keys[j] >> 40 == sec:
-                        e = order[j]
-                        name = bytes(names[ends[e - 1] if e else 0 : ends[e]]).decode()
-                        if not plain(name):
-                            name = json.dumps(name)[1:-1]
-                        off = key - (1 << 39) - sec * (1 << 40) - values[e]
-                        text += f',"symbol":"{name}","symbol_offset":"{off:#x}"'
-                text += "}"
+                    p = (key - key0) >> PAGE_SHIFT
+                    if first is not None and 0 <= p < npages:
+                        j = find(keys, key, first[p], first[p + 1]) - 1
+                    else:
+                        j = find(keys, key) - 1
+                    if j >= 0 and keys[j] < lowest:  # a symbol of an earlier section
+                        j = -1
+                if j < 0:
+                    text = f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frags[i]}}}'
+                else:
+                    e = order[j]
+                    name = str(names[ends[e - 1] if e else 0 : ends[e]], "utf-8", "replace")
+                    if not plain and not json_plain(name):
+                        name = json.dumps(name)[1:-1]
+                    off = key - zero - values[e]
+                    text = (
+                        f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frags[i]},'
+                        f'"symbol":"{name}","symbol_offset":"{off:#x}"}}'
+                    )
             done[a] = text
             out.append(text)
         return "[" + ",".join(out) + "]"

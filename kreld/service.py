@@ -17,7 +17,7 @@ from kreld.errors import KreldError, SymbolsUnavailable
 from kreld.model import BootSnapshot, Clock, Incarnation, clock_now, parse_addr
 from kreld.queries import AddressMap, init_live_at, is_init_section, loaded_at
 from kreld.store import Store
-from kreld.symtab import ABSOLUTE, MODULE_ABSOLUTE, SymbolTable, module_symbol_key
+from kreld.symtab import ABSOLUTE, MODULE_ABSOLUTE, Accel, SymbolTable, module_symbol_key
 from kreld.varlink import (
     INTERFACE,
     SERVICE,
@@ -34,6 +34,9 @@ MAX_RESOLVE_ADDRESSES = 1_000_000
 # Address maps of other times and boots kept for the next Resolve (a profiler
 # symbolizing an old recording asks about the same boot and time many times).
 MAP_CACHE = 8
+# Table accelerators kept (one per table and section searched: the kernel's
+# holds its page index, a few tens of KiB).
+ACCEL_CACHE = 4096
 
 
 def _module_key(inc: Incarnation) -> str | None:
@@ -111,6 +114,7 @@ class Service:
         self._maps: OrderedDict[tuple[Any, ...], AddressMap] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._generation = 0  # of recorded events, for the caches
+        self._accels: dict[tuple[str, int], Accel] = {}
         self._history: dict[str, list[Incarnation]] = {}
         self._kernel_tables: dict[str, str] = {}
         self._boots: tuple[int, dict[str, Any]] | None = None
@@ -245,8 +249,18 @@ class Service:
             clock, t = self._at(params, is_current)
             amap = self._map_at(boot, clock, t, kernel_key)
         return self.store.with_tables(
-            amap.table_keys(), lambda tables: amap.resolve_json(addrs, tables)
+            amap.table_keys(), lambda tables: amap.resolve_json(addrs, tables, self._accel)
         )
+
+    def _accel(self, key: str, section: int, table: SymbolTable) -> Accel:
+        """The accelerator of a stored table, kept across calls (a table under
+        one key does not change; its shape is checked all the same)."""
+        acc = self._accels.get((key, section))
+        if acc is None or acc.shape != table.shape():
+            if len(self._accels) >= ACCEL_CACHE:
+                self._accels.clear()
+            acc = self._accels[(key, section)] = Accel(table, section)
+        return acc
 
     def _map_at(
         self, boot: BootSnapshot, clock: Clock, t: int | None, kernel_key: str | None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import struct
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -124,6 +125,10 @@ class SymbolTable:
         if off + names_len > len(mv):
             raise ValueError("symbol table truncated")
 
+    def shape(self) -> tuple[int, int, int]:
+        """Sizes that tell tables apart, to check a cached :class:`Accel` against."""
+        return self.count, len(self.keys), len(self.names)
+
     def section_index(self, name: str) -> int | None:
         try:
             return self.sections.index(name)
@@ -149,6 +154,60 @@ class SymbolTable:
     def __iter__(self) -> Iterator[Entry]:
         for i in range(self.count):
             yield Entry(self.secs[i], self.values[i], chr(self.types[i]), self.name(i))
+
+
+# -- lookups in bulk --------------------------------------------------------------------
+
+PAGE_SHIFT = 12
+# A table with fewer searchable symbols is bisected whole (a few steps).
+_INDEXED_FROM = 4096
+
+
+def json_plain(s: str) -> bool:
+    """Whether *s* goes into a JSON string as it is (all real symbol names do)."""
+    return s.isascii() and s.isprintable() and '"' not in s and "\\" not in s
+
+
+class Accel:
+    """What a batch lookup in one table needs beyond the table: built once per
+    table and kept by the caller (it holds no view of the store's map).
+
+    ``first[p]`` is the first sorted key at or after page *p* of section
+    *section*'s key space, so an address is bisected within the few symbols
+    of its own 4 KiB page rather than over the whole kernel.
+    """
+
+    __slots__ = ("first", "hi", "key0", "lo", "npages", "plain", "section", "shape")
+
+    def __init__(self, table: SymbolTable, section: int = 0) -> None:
+        keys = table.keys
+        self.section = section
+        self.shape = table.shape()
+        self.lo = lo = bisect.bisect_left(keys, section << 40)
+        self.hi = hi = bisect.bisect_left(keys, (section + 1) << 40)
+        # Names are plain when the whole blob is: then none needs escaping.
+        self.plain = json_plain(str(table.names, "utf-8", "replace"))
+        self.first: array[int] | None = None
+        self.key0 = self.npages = 0
+        if hi - lo < _INDEXED_FROM:
+            return
+        self.key0 = key0 = keys[lo] >> PAGE_SHIFT << PAGE_SHIFT
+        self.npages = npages = ((keys[hi - 1] - key0) >> PAGE_SHIFT) + 1
+        first = array("I", [lo]) * (npages + 1)
+        j = lo
+        for p in range(1, npages + 1):
+            j = bisect.bisect_left(keys, key0 + (p << PAGE_SHIFT), j, hi)
+            first[p] = j
+        self.first = first
+
+    def find(self, table: SymbolTable, key: int) -> int:
+        """The index of the last sorted key at or below *key* (-1 if none)."""
+        first = self.first
+        if first is not None:
+            p = (key - self.key0) >> PAGE_SHIFT
+            if 0 <= p < self.npages:
+                return bisect.bisect_right(table.keys, key, first[p], first[p + 1]) - 1
+        return bisect.bisect_right(table.keys, key) - 1
 
 
 # -- building tables from kallsyms ---------------------------------------------
