@@ -301,19 +301,27 @@ class Server:
         with contextlib.suppress(
             asyncio.LimitOverrunError, asyncio.IncompleteReadError, TimeoutError
         ):
-            await asyncio.wait_for(reader.readuntil(b"\0"), timeout=2)
+            async with asyncio.timeout(2):
+                await reader.readuntil(b"\0")
         await self._send(conn, error_reply(err))
 
     async def _send(self, conn: _Conn, data: bytes) -> None:
-        conn.writer.write(data)
-        await asyncio.wait_for(conn.writer.drain(), timeout=self.limits.idle_timeout)
+        """Write a reply; wait (bounded) only while the peer leaves it unread."""
+        writer = conn.writer
+        if writer.transport.is_closing():  # the peer went away: stop serving it
+            raise ConnectionResetError("connection lost")
+        writer.write(data)
+        # Most replies go into the socket at once: no drain, no timer.
+        if writer.transport.get_write_buffer_size():
+            async with asyncio.timeout(self.limits.idle_timeout):
+                await writer.drain()
 
     async def _serve(self, reader: asyncio.StreamReader, conn: _Conn) -> None:
         while True:
             try:
-                raw = await asyncio.wait_for(
-                    reader.readuntil(b"\0"), timeout=self.limits.idle_timeout
-                )
+                # A timeout context, not wait_for(): no task per message.
+                async with asyncio.timeout(self.limits.idle_timeout):
+                    raw = await reader.readuntil(b"\0")
             except asyncio.LimitOverrunError:
                 err = VarlinkError(
                     f"{INTERFACE}.MessageTooLarge", {"limit": self.limits.max_message_bytes}
@@ -438,7 +446,8 @@ class Server:
                 conn.writer.write(reply(event, continues=True))
                 # A reader that lets its socket buffer fill stalls only this task;
                 # its bounded queue then overflows and _drop() cuts it off.
-                await asyncio.wait_for(conn.writer.drain(), timeout=self.limits.idle_timeout)
+                async with asyncio.timeout(self.limits.idle_timeout):
+                    await conn.writer.drain()
         finally:
             watcher.cancel()
         if conn.overflowed:
@@ -446,7 +455,8 @@ class Server:
                 f"{INTERFACE}.SubscriberTooSlow", {"queued": self.limits.subscribe_queue}
             )
             conn.writer.write(error_reply(too_slow))
-            await asyncio.wait_for(conn.writer.drain(), timeout=5)
+            async with asyncio.timeout(5):
+                await conn.writer.drain()
 
 
 # -- the listening socket --------------------------------------------------------
