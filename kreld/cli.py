@@ -458,6 +458,8 @@ class Ctl:
             return 0
         width = max(len(k) for k in st)
         for k, v in st.items():
+            if v is None:  # restricted_reason when not restricted
+                continue
             if k == "sources":
                 for src in v:
                     state = "ok" if src["healthy"] else f"FAILED: {src['last_error']}"

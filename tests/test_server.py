@@ -456,7 +456,11 @@ def test_kreldctl_asks_the_daemon_then_falls_back_to_the_store(served: Any) -> N
     cp = kreldctl(*common, "status", "--json")
     st = json.loads(cp.stdout)
     assert st["daemon"] is True and st["loaded_modules"] == 2
+    assert (st["restricted"], st["restricted_reason"]) == (False, None)
     assert "no kreld answers" not in cp.stderr
+    text = kreldctl(*common, "status").stdout.splitlines()
+    assert [ln.split()[1] for ln in text if ln.startswith("restricted ")] == ["False"]
+    assert not [ln for ln in text if "None" in ln], text
     assert d.stop() == 0
     cp = kreldctl(*common, "--state-dir", str(state), "modules", "--json")
     assert "no kreld answers" in cp.stderr
