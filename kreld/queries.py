@@ -204,8 +204,8 @@ class AddressMap:
                 sym = syms[i]
                 j = -1
                 if sym is not None:
-                    keys, order, values, ends, names, bias, zero, lowest = sym[:8]
-                    first, key0, npages, plain = sym[8:]
+                    (keys, order, values, ends, names, bias, zero, lowest,
+                     first, key0, npages, plain) = sym  # fmt: skip
                     key = a + bias
                     p = (key - key0) >> PAGE_SHIFT
                     if first is not None and 0 <= p < npages:
