@@ -6,6 +6,9 @@ throughput over the socket.  Baselines, measured in the same run:
 server that parses the call and answers its parameters back: the floor any
 Python varlink service has); (b) what a profiler does without kreld: parse
 /proc/kallsyms and /proc/modules and read every module's sections.
+Under concurrency, 4 client processes each pipelining 8 calls give GetBoot's
+total calls/s and the daemon's CPU time per call (utime+stime from
+/proc/<pid>/stat), both against the echo server under the same load.
 """
 
 from __future__ import annotations
@@ -51,6 +54,36 @@ async def main():
 asyncio.run(main())
 """
 
+# One load client: a raw AF_UNIX socket, DEPTH calls sent at once, then read
+# until DEPTH NUL-terminated replies arrived, again and again for DURATION
+# seconds after "go" on stdin.  Prints the calls made and the seconds taken.
+LOAD_CLIENT = r"""
+import socket, sys, time
+path, msg, depth, duration = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+batch = (msg.encode() + b"\0") * depth
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(path)
+print("ready", flush=True)
+sys.stdin.readline()
+calls, first = 0, True
+t0 = time.perf_counter()
+end = t0 + duration
+while time.perf_counter() < end:
+    s.sendall(batch)
+    got = 0
+    while got < depth:
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            sys.exit("server closed the connection")
+        if first and b'"error"' in chunk:
+            sys.exit(f"error reply: {chunk[:500]!r}")
+        got += chunk.count(b"\0")
+    first = False
+    calls += depth
+print(calls, time.perf_counter() - t0, flush=True)
+"""
+LOAD_CLIENTS, LOAD_DEPTH = 4, 8
+
 
 def profiler_scan() -> int:
     """What a profiler does without kreld: every symbol, every module section."""
@@ -71,6 +104,48 @@ def profiler_scan() -> int:
             int(s.read_text(), 16)
             n += 1
     return n
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of process *pid*, all its threads, in clock ticks."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # fields[0] is field 3 (state)
+    return int(fields[14 - 3]) + int(fields[15 - 3])
+
+
+def _load(sock: Path, msg: str, pid: int, duration: float) -> tuple[float, float]:
+    """LOAD_CLIENTS processes pipelining LOAD_DEPTH calls of *msg* on *sock*
+    for *duration* s.  Returns (total calls/s, server *pid*'s CPU us per call)."""
+    argv = [venv_python(), "-c", LOAD_CLIENT, str(sock), msg, str(LOAD_DEPTH), str(duration)]
+    clients = [
+        subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        for _ in range(LOAD_CLIENTS)
+    ]
+    try:
+        for c in clients:
+            assert c.stdout is not None
+            if c.stdout.readline() != b"ready\n":
+                raise RuntimeError(f"load client exited {c.wait()} before connecting")
+        cpu0 = _cpu_ticks(pid)
+        for c in clients:
+            assert c.stdin is not None
+            c.stdin.write(b"go\n")
+            c.stdin.flush()
+        outs = [c.communicate(timeout=duration + 60)[0] for c in clients]
+        cpu1 = _cpu_ticks(pid)
+    finally:
+        for c in clients:
+            if c.poll() is None:
+                c.kill()
+                c.wait()
+    rate, calls = 0.0, 0
+    for c, out in zip(clients, outs, strict=True):
+        if c.returncode != 0:
+            raise RuntimeError(f"load client exited {c.returncode}")
+        n, secs = out.split()
+        calls += int(n)
+        rate += int(n) / float(secs)
+    return rate, (cpu1 - cpu0) / os.sysconf("SC_CLK_TCK") * 1e6 / calls
 
 
 def _wait_socket(path: Path, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
@@ -108,7 +183,7 @@ def run(quick: bool) -> list[Result]:
         )  # fmt: skip
         _wait_socket(echo_sock, procs[0])
         _wait_socket(kreld_sock, procs[1])
-        return _run(quick, echo_sock, kreld_sock)
+        return _run(quick, echo_sock, kreld_sock, procs[0].pid, procs[1].pid)
     finally:
         for p in procs:
             p.terminate()
@@ -116,7 +191,9 @@ def run(quick: bool) -> list[Result]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _run(quick: bool, echo_sock: Path, kreld_sock: Path) -> list[Result]:
+def _run(
+    quick: bool, echo_sock: Path, kreld_sock: Path, echo_pid: int, kreld_pid: int
+) -> list[Result]:
     n_calls = 300 if quick else 3000
     n_big = 5 if quick else 30
     echo = Client(str(echo_sock))
@@ -153,6 +230,17 @@ def _run(quick: bool, echo_sock: Path, kreld_sock: Path) -> list[Result]:
         n_big,
     )
     scan = interleaved({"scan": profiler_scan}, 3 if quick else 10)["scan"]
+    # Under load: kreld and echo alternately, the order swapped every round.
+    duration, rounds = (1.5, 2) if quick else (3.0, 3)
+    loads: dict[str, list[tuple[float, float]]] = {"echo": [], "kreld": []}
+    runs = {
+        "echo": (echo_sock, '{"method":"x.Echo","parameters":{"a":"b"}}', echo_pid),
+        "kreld": (kreld_sock, '{"method":"io.kreld.GetBoot"}', kreld_pid),
+    }
+    for i in range(rounds):
+        for k in ("kreld", "echo") if i % 2 == 0 else ("echo", "kreld"):
+            sock, msg, pid = runs[k]
+            loads[k].append(_load(sock, msg, pid, duration))
     echo_tag, echo_desc = "echo", "bare varlink echo round trip (asyncio, same socket type)"
     scan_tag, scan_desc = (
         "no-kreld",
@@ -213,6 +301,37 @@ def _run(quick: bool, echo_sock: Path, kreld_sock: Path) -> list[Result]:
             1e9 / e50,
             echo_tag,
             echo_desc,
+        )
+    )
+    load_tag, load_desc = (
+        "echo-load",
+        f"the echo server under the same load ({LOAD_CLIENTS} clients x {LOAD_DEPTH} calls)",
+    )
+    res.append(
+        Result(
+            f"GetBoot calls/s, {LOAD_CLIENTS} client processes pipelining {LOAD_DEPTH} calls each",
+            median(r for r, _ in loads["kreld"]),
+            "",
+            median(r for r, _ in loads["echo"]),
+            load_tag,
+            load_desc,
+            notes=[
+                f"under load: {LOAD_CLIENTS} client processes (raw AF_UNIX socket, "
+                f"{LOAD_DEPTH} calls pipelined) for {duration:g} s, kreld and echo alternately, "
+                f"median of {rounds} runs each; daemon CPU is utime+stime of the whole "
+                "process (all threads) from /proc/<pid>/stat, in clock ticks "
+                f"({os.sysconf('SC_CLK_TCK')}/s)"
+            ],
+        )
+    )
+    res.append(
+        Result(
+            "daemon CPU per GetBoot under that load",
+            median(c for _, c in loads["kreld"]) * 1000,
+            "ns",
+            median(c for _, c in loads["echo"]) * 1000,
+            load_tag,
+            load_desc,
         )
     )
     res[0].notes = [
