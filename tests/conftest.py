@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,18 @@ BIN = Path(sys.executable).parent
 def _bin(name: str) -> str:
     p = BIN / name
     return str(p) if p.exists() else name
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The fault suite (tests/faults, marked ``faults``) is opt-in like tests/vm: its
+    tests are skipped unless selected with ``-m faults``."""
+    expr = config.getoption("markexpr") or ""
+    if "faults" in expr and "not faults" not in expr:
+        return
+    skip = pytest.mark.skip(reason="the fault suite (minutes): select with -m faults")
+    for item in items:
+        if item.get_closest_marker("faults") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture
@@ -166,3 +179,30 @@ def raw_exchange(path: Path, data: bytes, timeout: float = 5) -> list[dict[str, 
     finally:
         s.close()
     return [json.loads(part) for part in buf.split(b"\0") if part]
+
+
+def wait_until(what: str, fn: Callable[[], Any], timeout: float = 30, step: float = 0.05) -> Any:
+    """Poll *fn* every *step* seconds until it returns something true, and return that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out ({timeout}s) waiting for {what}")
+        time.sleep(step)
+
+
+@contextlib.contextmanager
+def fast_tmpdir() -> Iterator[Path]:
+    """A directory on tmpfs when there is one: bursts of thousands of file operations and
+    the daemon's syncs stay quick, and tmpfs, like kernfs, does not reuse inode numbers."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        d = Path(tempfile.mkdtemp(prefix="kreld-test-", dir=shm))
+    else:
+        d = Path(tempfile.mkdtemp(prefix="kreld-test-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

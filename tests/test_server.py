@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,23 @@ def served(
     sock = sockdir / "kreld.sock"
     d = start(daemon_factory, tree, state_dir, sock)
     return d, tree, state_dir, sock
+
+
+@contextlib.contextmanager
+def at_the_limit(sock: Path, n: int) -> Iterator[list[Client]]:
+    """Hold *n* connections open (each answered a call), check that one more is refused
+    with io.kreld.TooManyConnections, and yield the held ones; closed on exit."""
+    held = [Client(str(sock)) for _ in range(n)]
+    try:
+        for c in held:
+            c.call("GetBoot")
+        with Client(str(sock)) as extra:
+            extra.send("GetBoot", {})
+            assert extra.receive()["error"] == "io.kreld.TooManyConnections"
+        yield held
+    finally:
+        for c in held:
+            c.close()
 
 
 def test_every_method_answers_what_the_store_holds(served: Any) -> None:
@@ -277,18 +296,11 @@ def test_too_many_connections_get_a_named_error(
     cfg.write_text("[limits]\nmax_connections = 3\n")
     sock = sockdir / "k.sock"
     start(daemon_factory, tree, state_dir, sock, "--config", str(cfg))
-    held = [Client(str(sock)) for _ in range(3)]
-    for c in held:
-        c.call("GetBoot")
-    with Client(str(sock)) as extra:
-        extra.send("GetBoot", {})
-        assert extra.receive()["error"] == "io.kreld.TooManyConnections"
-    held[0].close()
-    time.sleep(0.2)
-    with Client(str(sock)) as again:
-        assert again.call("GetBoot")["boot"]["boot_id"] == tree.boot_id
-    for c in held[1:]:
-        c.close()
+    with at_the_limit(sock, 3) as held:
+        held[0].close()
+        time.sleep(0.2)
+        with Client(str(sock)) as again:
+            assert again.call("GetBoot")["boot"]["boot_id"] == tree.boot_id
 
 
 def test_socket_mode_stale_socket_and_live_socket(
@@ -423,14 +435,8 @@ def test_sighup_reloads_and_keeps_running_config_on_error(
     d.proc.send_signal(1)
     ev = d.wait_for("config_reloaded")
     assert ev["changed"] == ["max_connections"]
-    held = [Client(str(sock)) for _ in range(2)]
-    for c in held:
-        c.call("GetBoot")
-    with Client(str(sock)) as extra:
-        extra.send("GetBoot", {})
-        assert extra.receive()["error"] == "io.kreld.TooManyConnections"
-    for c in held:
-        c.close()
+    with at_the_limit(sock, 2):
+        pass  # the reloaded max_connections = 2 is in force
     # A bad drop-in: logged, and the running configuration stays.
     dropins = tmp_path / "kreld.toml.d"
     dropins.mkdir()
@@ -439,14 +445,8 @@ def test_sighup_reloads_and_keeps_running_config_on_error(
     ev = d.wait_for("config_reload_failed")
     assert "limits.max_connections" in ev["error"] and "50-bad.toml" in ev["error"]
     time.sleep(0.2)
-    held = [Client(str(sock)) for _ in range(2)]
-    for c in held:
-        c.call("GetBoot")
-    with Client(str(sock)) as extra:
-        extra.send("GetBoot", {})
-        assert extra.receive()["error"] == "io.kreld.TooManyConnections"
-    for c in held:
-        c.close()
+    with at_the_limit(sock, 2):
+        pass  # still 2: the bad drop-in changed nothing
     assert d.stop() == 0
 
 

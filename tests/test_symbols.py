@@ -20,13 +20,12 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, kreldctl, raw_exchange
+from conftest import Daemon, kreldctl, raw_exchange, wait_until
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 from faketree import FakeTree, note
@@ -166,17 +165,6 @@ def symtab_keys(state: Path) -> list[str]:
         return store.read(
             lambda txn: sorted(bytes(k).decode() for k in txn.cursor(db=db).iternext(values=False))
         )
-
-
-def wait_until(what: str, fn: Callable[[], Any], timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def ns(inc: dict[str, Any], key: str) -> int:

@@ -8,9 +8,7 @@ import io
 import itertools
 import json
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +17,7 @@ from typing import Any
 
 import pytest
 import structlog
-from conftest import kreldctl
+from conftest import fast_tmpdir, kreldctl, wait_until
 from faketree import FakeTree
 
 from kreld.kernel import Root
@@ -132,17 +130,9 @@ class Env:
 
 
 @pytest.fixture
-def fast_dir(tmp_path: Path) -> Iterator[Path]:
-    """A directory on tmpfs when there is one: bursts of thousands of file operations and
-    the daemon's syncs stay quick, and tmpfs, like kernfs, does not reuse inode numbers."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        d = Path(tempfile.mkdtemp(prefix="kreld-test-", dir=shm))
-    else:
-        d = tmp_path / "fast"
-        d.mkdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+def fast_dir() -> Iterator[Path]:
+    with fast_tmpdir() as d:
+        yield d
 
 
 def make_env(fast_dir: Path, tmp_path: Path, factory: Any, method: str) -> Env:
@@ -164,17 +154,6 @@ def ienv(fast_dir: Path, tmp_path: Path, daemon_factory: Any) -> Iterator[Env]:
     e = make_env(fast_dir, tmp_path, daemon_factory, "inotify")
     yield e
     e.close()
-
-
-def wait_until(what: str, fn: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def loads_of(events: Events, names: set[str] | None = None) -> Events:
@@ -353,10 +332,10 @@ def test_burst_of_250_modules_loaded_then_unloaded(env: Env) -> None:
         env.load(n, BASE_A + i * 0x10000)
     if env.method == "poll":
         # Polling only sees what outlives an interval: let it see the loads first.
-        wait_until("250 loads", lambda: len(loads_of(d.events(), set(names))) >= 250)
+        wait_until("250 loads", lambda: len(loads_of(d.events(), set(names))) >= 250, 60)
     for n in names:
         env.unload(n)
-    wait_until("250 unloads", lambda: len(unloads_of(d.events(), set(names))) >= 250)
+    wait_until("250 unloads", lambda: len(unloads_of(d.events(), set(names))) >= 250, 60)
     time.sleep(0.5)  # anything late (a duplicate) would show up now
     hist = env.history()
     check_history(hist)
@@ -387,7 +366,7 @@ def test_flapping_module_250_times_loses_nothing(ienv: Env) -> None:
     for k in range(250):
         env.load("flap", BASE_A + (k % 7) * 0x10000)
         env.unload("flap")
-    wait_until("250 flap unloads", lambda: len(unloads_of(d.events(), {"flap"})) >= 250)
+    wait_until("250 flap unloads", lambda: len(unloads_of(d.events(), {"flap"})) >= 250, 60)
     time.sleep(0.5)
     hist = env.history()
     check_history(hist)
@@ -438,7 +417,7 @@ def test_kill_9_mid_burst_then_restart_keeps_history_whole(ienv: Env) -> None:
     t.start()
     try:
         wait_until(
-            "part of the burst recorded", lambda: len(loads_of(d1.events(), set(burst))) >= 20
+            "part of the burst recorded", lambda: len(loads_of(d1.events(), set(burst))) >= 20, 60
         )
         assert d1.stop(signal.SIGKILL) == -signal.SIGKILL
     finally:
@@ -596,7 +575,9 @@ def test_module_first_seen_coming_has_live_init_text_until_init_done(env: Env) -
 
     # Its init returns: the kernel frees the init sections and says "live".
     env.tree.write("sys/module/slow/initstate", "live\n")
-    m = wait_until("init_done", lambda: next((x for x in env.modules() if x["init_done"]), None))
+    m = wait_until(
+        "init_done", lambda: next((x for x in env.modules() if x["init_done"]), None), 60
+    )
     assert (m["seq"], m["initstate"], m["init_live"]) == (0, "live", True)
     assert ts(m, "loaded") < ts(m, "init_done")
     env.unload("slow")
@@ -664,7 +645,9 @@ def test_periodic_full_look_finds_what_no_source_reported(
     wait_until("late found", lambda: "late" in {i.name for i in tracker.loaded()}, 15)
     tree.remove_module("early")
     wait_until(
-        "early closed", lambda: [i.name for i in store.open_incarnations(tree.boot_id)] == ["late"]
+        "early closed",
+        lambda: [i.name for i in store.open_incarnations(tree.boot_id)] == ["late"],
+        60,
     )
     early, late = store.incarnations(tree.boot_id)
     assert (early.name, early.seq, early.unload_seen_by) == ("early", 0, SeenBy.POLL)

@@ -1,5 +1,6 @@
-"""Helpers of the fault suite (tests/faults): opt-in, store reads, history invariants,
-process figures.
+"""Helpers of the fault suite (tests/faults): store reads, history invariants, process
+figures.  (The opt-in, tests skipped unless ``-m faults`` selects them, is a hook in
+tests/conftest.py keyed on the ``faults`` marker each module sets in its pytestmark.)
 
 Not a conftest.py on purpose: tests/conftest.py is imported as ``conftest`` by the
 other test modules, and a second conftest.py would replace it in sys.modules.
@@ -11,12 +12,10 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import tempfile
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,6 @@ from kreld.store import Store
 
 NOBODY = 65534
 Inc = dict[str, Any]
-
-
-def require_selected(request: pytest.FixtureRequest) -> None:
-    """Opt-in like tests/vm: these run only when selected with ``-m faults``."""
-    expr = request.config.getoption("markexpr") or ""
-    if "faults" not in expr or "not faults" in expr:
-        pytest.skip("the fault suite (minutes): select with -m faults")
 
 
 def sha256_tree(d: Path) -> dict[str, str]:
@@ -127,32 +119,6 @@ def proc_status(pid: int, key: str) -> int:
 
 def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def wait_until(what: str, fn: Callable[[], Any], timeout: float = 30, step: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out ({timeout}s) waiting for {what}")
-        time.sleep(step)
-
-
-@contextlib.contextmanager
-def fast_dir() -> Iterator[Path]:
-    """A directory on tmpfs when there is one: thousands of file operations and the
-    daemon's syncs stay quick, and tmpfs, like kernfs, does not reuse inode numbers."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        d = Path(tempfile.mkdtemp(prefix="kreld-faults-", dir=shm))
-    else:
-        d = Path(tempfile.mkdtemp(prefix="kreld-faults-"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -16,16 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import fast_tmpdir, start, wait_until
 from faketree import FakeTree
 from faultlib import (
     assert_history_sane,
     assert_kept,
-    fast_dir,
     fill,
     history,
-    require_selected,
     tiny_tmpfs,
-    wait_until,
     write_config,
 )
 
@@ -38,11 +36,6 @@ from kreld.store import Store
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
 BASE = 0xFFFFFFFFC0000000
-
-
-@pytest.fixture(autouse=True)
-def _selected(request: pytest.FixtureRequest) -> None:
-    require_selected(request)
 
 
 def loaded_events(d: Any, names: set[str]) -> set[str]:
@@ -63,18 +56,14 @@ def full_disk_errors(d: Any) -> list[dict[str, Any]]:
 def test_state_dir_on_a_full_tmpfs_errors_by_name_keeps_serving_and_recovers(
     daemon_factory: Any, sockdir: Path, tmp_path: Path
 ) -> None:
-    with fast_dir() as fast, tiny_tmpfs("2m") as mnt:
+    with fast_tmpdir() as fast, tiny_tmpfs("2m") as mnt:
         tree = FakeTree(fast / "root")
         for i in range(5):
             tree.add_module(f"early{i}", BASE + i * 0x100000)
         state = mnt / "state"
         sock = sockdir / "kreld.sock"
         cfg = write_config(tmp_path / "kreld.toml", modules={"watch": "inotify"})
-        d = daemon_factory(
-            "--root", str(tree.root), "--state-dir", str(state), "--socket", str(sock),
-            "--config", str(cfg),
-        )  # fmt: skip
-        d.start()
+        d = start(daemon_factory, tree, state, sock, "--config", str(cfg))
         wait_until(
             "kernel symbols", lambda: any(e["event"] == "kernel_symbols" for e in d.events())
         )
@@ -130,7 +119,7 @@ def test_disk_full_while_idle_does_not_stop_module_tracking(
     """A store error outside any event: the idle re-read of a module still loading fails
     to write (the path of the 30 s heartbeat too).  It is logged by name, and tracking
     goes on: the update and later loads are recorded once space returns."""
-    with fast_dir() as fast, tiny_tmpfs("2m") as mnt:
+    with fast_tmpdir() as fast, tiny_tmpfs("2m") as mnt:
         tree = FakeTree(fast / "root")
         tree.add_module("slowinit", BASE, initstate="coming", sections={})
         state = mnt / "state"
@@ -138,11 +127,7 @@ def test_disk_full_while_idle_does_not_stop_module_tracking(
         cfg = write_config(
             tmp_path / "kreld.toml", modules={"watch": "inotify", "poll_interval": 0.2}
         )
-        d = daemon_factory(
-            "--root", str(tree.root), "--state-dir", str(state), "--socket", str(sock),
-            "--config", str(cfg),
-        )  # fmt: skip
-        d.start()
+        d = start(daemon_factory, tree, state, sock, "--config", str(cfg))
         filler = fill(mnt)
         # Its init ends while the disk is full, no event says so (files inside a module
         # directory): kreld's idle re-read finds it, with sections enough to need room.
@@ -169,7 +154,7 @@ def test_disk_full_while_idle_does_not_stop_module_tracking(
 def test_unloads_and_updates_seen_while_the_disk_is_full_are_written_when_space_returns(
     daemon_factory: Any, sockdir: Path, tmp_path: Path
 ) -> None:
-    with fast_dir() as fast, tiny_tmpfs("2m") as mnt:
+    with fast_tmpdir() as fast, tiny_tmpfs("2m") as mnt:
         tree = FakeTree(fast / "root")
         tree.add_module("slowinit", BASE, initstate="coming", sections={})
         for i in range(3):
@@ -179,11 +164,7 @@ def test_unloads_and_updates_seen_while_the_disk_is_full_are_written_when_space_
         cfg = write_config(
             tmp_path / "kreld.toml", modules={"watch": "inotify", "poll_interval": 0.2}
         )
-        d = daemon_factory(
-            "--root", str(tree.root), "--state-dir", str(state), "--socket", str(sock),
-            "--config", str(cfg),
-        )  # fmt: skip
-        d.start()
+        d = start(daemon_factory, tree, state, sock, "--config", str(cfg))
         filler = fill(mnt)
         tree.remove_module("early1")  # an unload while the disk is full
         secs = tree.root / "sys/module/slowinit/sections"
@@ -222,16 +203,12 @@ def test_a_symbol_table_held_back_by_a_full_disk_is_stored_when_space_returns(
     """The module's record fits in the space left, its 5,000-symbol table does not:
     the capture fails by name, is held, and is stored by a retry once space returns,
     with no new load to prompt it; Resolve then names the module's functions."""
-    with fast_dir() as fast, tiny_tmpfs("2m") as mnt:
+    with fast_tmpdir() as fast, tiny_tmpfs("2m") as mnt:
         tree = FakeTree(fast / "root")
         state = mnt / "state"
         sock = sockdir / "kreld.sock"
         cfg = write_config(tmp_path / "kreld.toml", modules={"watch": "inotify"})
-        d = daemon_factory(
-            "--root", str(tree.root), "--state-dir", str(state), "--socket", str(sock),
-            "--config", str(cfg),
-        )  # fmt: skip
-        d.start()
+        d = start(daemon_factory, tree, state, sock, "--config", str(cfg))
         d.wait_for("kernel_symbols")
         base = BASE + 0x1000000
         syms = [
@@ -274,7 +251,7 @@ def test_daemon_grows_a_full_map_and_goes_on(
     """kreld opens its store with a 16 MiB map (consts.STORE_INITIAL_MAP_SIZE, not
     configurable); a store already filled to just under that makes the daemon's own
     writes hit MDB_MAP_FULL, during a burst, with a reader in another process."""
-    with fast_dir() as fast:
+    with fast_tmpdir() as fast:
         tree = FakeTree(fast / "root")
         state = fast / "state"
         with Store(state, map_size=64 << 20) as store:
@@ -357,7 +334,7 @@ def test_tiny_map_takes_thousands_of_incarnations_and_a_record_larger_than_it() 
     several doublings of the map."""
     boot = str(uuid.uuid4())
     n = 5000
-    with fast_dir() as fast, Store(fast / "st", map_size=64 << 10) as store:
+    with fast_tmpdir() as fast, Store(fast / "st", map_size=64 << 10) as store:
         halt = threading.Event()
         counts: list[int] = []
         errors: list[BaseException] = []

@@ -16,14 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import fast_tmpdir, wait_until
 from faketree import FakeTree
 from faultlib import (
     assert_history_sane,
     assert_kept,
-    fast_dir,
     history,
-    require_selected,
-    wait_until,
     write_config,
 )
 
@@ -34,11 +32,6 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 KILLS = 50
 POOL = [f"burst{i:02d}" for i in range(24)]
 BASE = 0xFFFFFFFFC1000000
-
-
-@pytest.fixture(autouse=True)
-def _selected(request: pytest.FixtureRequest) -> None:
-    require_selected(request)
 
 
 class Burst(threading.Thread):
@@ -75,7 +68,7 @@ def test_kill_9_at_50_random_moments_during_a_module_burst(
     seed = int(os.environ.get("KRELD_FAULTS_SEED", random.randrange(1 << 32)))
     print(f"seed {seed} (set KRELD_FAULTS_SEED to replay)")
     rng = random.Random(seed)
-    with fast_dir() as fast:
+    with fast_tmpdir() as fast:
         tree = FakeTree(fast / "root")
         state = fast / "state"
         sock = sockdir / "kreld.sock"

@@ -23,16 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _bin
+from conftest import _bin, fast_tmpdir, start, wait_until
 from faketree import FakeTree
 from faultlib import (
     assert_history_sane,
-    fast_dir,
     fd_count,
     history,
     proc_status,
-    require_selected,
-    wait_until,
     write_config,
 )
 from hypothesis import HealthCheck, given, settings
@@ -46,11 +43,6 @@ BASE = 0xFFFFFFFFC0000000
 MODULES = [f"mod{i}" for i in range(8)]
 RSS_BOUND_KIB = 64 << 10  # 64 MiB
 IDLE = 5.0  # [limits] idle_timeout: how long a message may take to arrive, whole
-
-
-@pytest.fixture(autouse=True)
-def _selected(request: pytest.FixtureRequest) -> None:
-    require_selected(request)
 
 
 class Served:
@@ -71,7 +63,7 @@ class Served:
 
 @pytest.fixture
 def served(daemon_factory: Any, tmp_path: Path, sockdir: Path) -> Any:
-    with fast_dir() as fast:
+    with fast_tmpdir() as fast:
         tree = FakeTree(fast / "root")
         for i, n in enumerate(MODULES):
             tree.add_module(n, BASE + i * 0x100000)
@@ -84,11 +76,7 @@ def served(daemon_factory: Any, tmp_path: Path, sockdir: Path) -> Any:
             modules={"watch": "inotify"},
             limits={"max_connections": 2048, "idle_timeout": IDLE, "max_message_bytes": 1 << 20},
         )
-        d = daemon_factory(
-            "--root", str(tree.root), "--state-dir", str(state), "--socket", str(sock),
-            "--config", str(cfg),
-        )  # fmt: skip
-        d.start()
+        d = start(daemon_factory, tree, state, sock, "--config", str(cfg))
         # Answers change once the symbol tables are in: wait for them.
         wait_until("symbol capture", lambda: symbols_settled(d), timeout=30)
         yield Served(d, tree, sock, state)
@@ -526,7 +514,7 @@ def test_kreld_raises_its_descriptor_limit_to_the_hard_one(
     1,024 default connections then cannot starve module tracking of descriptors."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     assert hard > SYSTEMD_DEFAULT_NOFILE + 1100, "this machine's hard limit is too low"
-    with fast_dir() as fast:
+    with fast_tmpdir() as fast:
         tree = FakeTree(fast / "root")
         cfg = write_config(tmp_path / "kreld.toml", modules={"watch": "inotify"})
         d = start_limited(
@@ -544,7 +532,7 @@ def test_connections_are_capped_below_a_low_hard_descriptor_limit(
     """With a hard limit of 1,024 (LimitNOFILE=1024), kreld caps its connections below it,
     keeping descriptors for its own reads: 1,100 clients each get the right answer or
     io.kreld.TooManyConnections, and a module loaded meanwhile is recorded in full."""
-    with fast_dir() as fast:
+    with fast_tmpdir() as fast:
         tree = FakeTree(fast / "root")
         for i, n in enumerate(MODULES):
             tree.add_module(n, BASE + i * 0x100000)
@@ -593,7 +581,7 @@ def test_connections_are_capped_below_a_low_hard_descriptor_limit(
 def test_a_burst_over_the_connection_cap_does_not_exhaust_descriptors(
     daemon_factory: Any, tmp_path: Path, sockdir: Path
 ) -> None:
-    with fast_dir() as fast:
+    with fast_tmpdir() as fast:
         tree = FakeTree(fast / "root")
         sock = sockdir / "k.sock"
         state = fast / "state"
@@ -643,18 +631,14 @@ def test_descriptor_exhaustion_does_not_invent_unloads(
     """The limit lowered under a running kreld (prlimit), below what its clients hold: its
     reads of sys/module fail with EMFILE.  That is an error, logged and retried, never
     "every module unloaded"; nothing is recorded twice once descriptors return."""
-    with fast_dir() as fast:
+    with fast_tmpdir() as fast:
         tree = FakeTree(fast / "root")
         for i, n in enumerate(MODULES):
             tree.add_module(n, BASE + i * 0x100000)
         sock = sockdir / "kreld.sock"
         state = fast / "state"
         cfg = write_config(tmp_path / "kreld.toml", modules={"watch": "inotify"})
-        d = daemon_factory(
-            "--root", str(tree.root), "--state-dir", str(state), "--socket", str(sock),
-            "--config", str(cfg),
-        )  # fmt: skip
-        d.start()
+        d = start(daemon_factory, tree, state, sock, "--config", str(cfg))
         hard = resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE)[1]
         resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE, (SYSTEMD_DEFAULT_NOFILE, hard))
         held = []

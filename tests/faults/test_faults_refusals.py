@@ -19,9 +19,9 @@ from typing import Any
 
 import lmdb
 import pytest
-from conftest import _bin
+from conftest import _bin, wait_until
 from faketree import FakeTree
-from faultlib import NOBODY, require_selected, sha256, sha256_tree, wait_until
+from faultlib import NOBODY, sha256, sha256_tree
 
 from kreld.model import Anchors, BootSnapshot, Timestamp
 from kreld.store import Store
@@ -29,11 +29,6 @@ from kreld.store import Store
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to plant another uid's files")
-
-
-@pytest.fixture(autouse=True)
-def _selected(request: pytest.FixtureRequest) -> None:
-    require_selected(request)
 
 
 def boot(i: int) -> BootSnapshot:

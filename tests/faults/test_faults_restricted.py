@@ -13,14 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import fast_tmpdir, wait_until
 from faketree import FakeTree
 from faultlib import (
     assert_history_sane,
     assert_no_zero_address,
-    fast_dir,
     history,
-    require_selected,
-    wait_until,
     write_config,
 )
 
@@ -31,11 +29,6 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
 A, B, C = 0xFFFFFFFFC0400000, 0xFFFFFFFFC0800000, 0xFFFFFFFFC0C00000
 ZERO_LINE = "0000000000000000 "
-
-
-@pytest.fixture(autouse=True)
-def _selected(request: pytest.FixtureRequest) -> None:
-    require_selected(request)
 
 
 class Machine:
@@ -83,7 +76,7 @@ def symbols_done(d: Any) -> bool:
 def test_restricted_pointers_appearing_mid_run(
     daemon_factory: Any, tmp_path: Path, sockdir: Path
 ) -> None:
-    with fast_dir() as fast:
+    with fast_tmpdir() as fast:
         m = Machine(fast, tmp_path, sockdir, daemon_factory)
         m.tree.add_module("a", A)
         m.tree.add_module("b", B)
@@ -130,7 +123,7 @@ def test_restricted_pointers_appearing_mid_run(
 def test_restart_in_the_same_boot_reading_zeros_keeps_the_records(
     daemon_factory: Any, tmp_path: Path, sockdir: Path
 ) -> None:
-    with fast_dir() as fast:
+    with fast_tmpdir() as fast:
         m = Machine(fast, tmp_path, sockdir, daemon_factory)
         m.tree.add_module("a", A)
         m.tree.add_module("b", B)
@@ -170,7 +163,7 @@ def test_kernel_symbols_never_captured_from_zeros_after_a_crash(
 ) -> None:
     """kill -9 between kreld's boot commit and its symbol-table commit (two transactions,
     tens of ms apart), then a restart in the same boot that reads kallsyms as zeros."""
-    with fast_dir() as fast:
+    with fast_tmpdir() as fast:
         m = Machine(fast, tmp_path, sockdir, daemon_factory)
         m.tree.add_module("a", A)
         for _attempt in range(10):
