@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr
-from kreld.symtab import PAGE_SHIFT, Accel, SymbolTable, json_plain, module_symbol_key
+from kreld.symtab import (
+    PAGE_SHIFT,
+    Accel,
+    SymbolTable,
+    SymbolTables,
+    json_plain,
+    module_symbol_key,
+)
 
 # A section's extent is not in sysfs; bound it by its module's size, or this.
 _UNKNOWN_SIZE_BOUND = 1 << 24
@@ -50,8 +57,9 @@ def module_regions(inc: Incarnation, live_init: bool) -> list[Region]:
     core_lo = s.core_base
     core_hi = core_lo + s.coresize if core_lo is not None and s.coresize else None
     ordered = sorted(s.sections.items(), key=lambda kv: (kv[1], kv[0]))
+    starts = [b for _, b in ordered]
     out = []
-    for n, (name, base) in enumerate(ordered):
+    for name, base in ordered:
         in_core = core_lo is not None and core_hi is not None and core_lo <= base < core_hi
         if not in_core and is_init_section(name):
             if not live_init:
@@ -61,8 +69,8 @@ def module_regions(inc: Incarnation, live_init: bool) -> list[Region]:
             bound = core_hi
         else:
             bound = base + (s.coresize or _UNKNOWN_SIZE_BOUND)
-        nxt = next((b for _, b in ordered[n + 1 :] if b > base), None)
-        limit = min(bound, nxt) if nxt is not None else bound
+        k = bisect.bisect_right(starts, base)  # the next section that starts higher
+        limit = min(bound, starts[k]) if k < len(starts) else bound
         out.append(Region(base, limit, s.name, name, inc, key, base))
     return out
 
@@ -96,6 +104,40 @@ def _fragment(r: Region) -> str:
     return json.dumps(members, separators=(",", ":"))[1:-1]
 
 
+_UNSET: Any = object()
+
+
+def _symbols_of(
+    r: Region,
+    tables: SymbolTables | None,
+    get_accel: Callable[[str, int, SymbolTable], Accel],
+) -> tuple[Any, ...] | None:
+    """What ``resolve_json`` needs to name symbols in *r*: its table's arrays,
+    the key of value 0 in its section, and the table's page index."""
+    table = tables.get(r.table) if tables is not None and r.table else None
+    if table is None or r.table is None:
+        return None
+    sec = 0 if r.inc is None else table.section_index(r.section)
+    if sec is None:
+        return None
+    acc = get_accel(r.table, sec, table)
+    zero = sec * (1 << 40) + (1 << 39)
+    return (
+        table.keys,
+        table.sorted,
+        table.values,
+        table.name_end,
+        table.names,
+        zero - r.rel_base,
+        zero,
+        sec << 40,
+        acc.first,
+        acc.key0,
+        acc.npages,
+        acc.plain,
+    )
+
+
 class AddressMap:
     """Sorted regions of one boot at one time, for bisecting addresses.
 
@@ -127,7 +169,7 @@ class AddressMap:
         self.regions = list(by_base.values())
         self._bases = [r.base for r in self.regions]
         self._limits = [r.limit for r in self.regions]
-        self._fragments: list[str] | None = None
+        self._fragments: list[str | None] = [None] * len(self.regions)
         self.kernel_table = kernel_table
 
     def region_of(self, address: int) -> Region | None:
@@ -143,7 +185,7 @@ class AddressMap:
     def resolve_json(
         self,
         addresses: Iterable[int],
-        tables: Mapping[str, SymbolTable] | None = None,
+        tables: SymbolTables | None = None,
         accel: Callable[[str, int, SymbolTable], Accel] | None = None,
     ) -> str:
         """The resolutions of *addresses* as a JSON array, built as text.
@@ -156,39 +198,12 @@ class AddressMap:
         answered once.  *accel* gives the table's accelerator (a caller that
         keeps them across calls passes its cache; built here otherwise).
         """
-        if self._fragments is None:
-            self._fragments = [_fragment(r) for r in self.regions]
-        bases, limits, frags = self._bases, self._limits, self._fragments
+        regions, bases, limits, frags = self.regions, self._bases, self._limits, self._fragments
         get_accel = accel or (lambda _key, sec, table: Accel(table, sec))
-        # Per region: its table's arrays, the key of value 0 in its section,
-        # and the page index.
-        syms: list[tuple[Any, ...] | None] = []
-        for r in self.regions:
-            table = tables.get(r.table) if tables and r.table else None
-            sec = None
-            if table is not None:
-                sec = 0 if r.inc is None else table.section_index(r.section)
-            if table is None or sec is None or r.table is None:
-                syms.append(None)
-                continue
-            acc = get_accel(r.table, sec, table)
-            zero = sec * (1 << 40) + (1 << 39)  # the key of value 0 in the section
-            syms.append(
-                (
-                    table.keys,
-                    table.sorted,
-                    table.values,
-                    table.name_end,
-                    table.names,
-                    zero - r.rel_base,
-                    zero,
-                    sec << 40,
-                    acc.first,
-                    acc.key0,
-                    acc.npages,
-                    acc.plain,
-                )
-            )
+        # A region's members and symbol data are made when an address first
+        # falls in it: a call about a few addresses costs little however many
+        # modules the boot had.
+        syms: list[Any] = [_UNSET] * len(regions)
         find = bisect.bisect_right
         done: dict[int, str] = {}
         out = []
@@ -201,7 +216,12 @@ class AddressMap:
             if i < 0 or a >= limits[i]:
                 text = f'{{"address":"{a:#x}","image":null}}'
             else:
+                frag = frags[i]
+                if frag is None:
+                    frag = frags[i] = _fragment(regions[i])
                 sym = syms[i]
+                if sym is _UNSET:
+                    sym = syms[i] = _symbols_of(regions[i], tables, get_accel)
                 j = -1
                 if sym is not None:
                     (keys, order, values, ends, names, bias, zero, lowest,
@@ -215,7 +235,7 @@ class AddressMap:
                     if j >= 0 and keys[j] < lowest:  # a symbol of an earlier section
                         j = -1
                 if j < 0:
-                    text = f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frags[i]}}}'
+                    text = f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frag}}}'
                 else:
                     e = order[j]
                     name = str(names[ends[e - 1] if e else 0 : ends[e]], "utf-8", "replace")
@@ -223,7 +243,7 @@ class AddressMap:
                         name = json.dumps(name)[1:-1]
                     off = key - zero - values[e]
                     text = (
-                        f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frags[i]},'
+                        f'{{"address":"{a:#x}","offset":"{a - bases[i]:#x}",{frag},'
                         f'"symbol":"{name}","symbol_offset":"{off:#x}"}}'
                     )
             done[a] = text

@@ -10,14 +10,21 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from kreld.errors import KreldError, SymbolsUnavailable
 from kreld.model import BootSnapshot, Clock, Incarnation, clock_now, parse_addr
 from kreld.queries import AddressMap, init_live_at, is_init_section, loaded_at
 from kreld.store import Store
-from kreld.symtab import ABSOLUTE, MODULE_ABSOLUTE, Accel, SymbolTable, module_symbol_key
+from kreld.symtab import (
+    ABSOLUTE,
+    MODULE_ABSOLUTE,
+    Accel,
+    SymbolTable,
+    SymbolTables,
+    module_symbol_key,
+)
 from kreld.varlink import (
     INTERFACE,
     SERVICE,
@@ -45,7 +52,7 @@ def _module_key(inc: Incarnation) -> str | None:
 
 def render_kallsyms(
     text: int,
-    tables: Mapping[str, SymbolTable],
+    tables: SymbolTables,
     kernel_key: str,
     incs: list[Incarnation],
     extras: list[str],

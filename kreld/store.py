@@ -182,6 +182,35 @@ class _ResizeGate:
                 self._cond.notify_all()
 
 
+class TableViews:
+    """The symbol tables of one read transaction, each opened when first asked for."""
+
+    def __init__(self, txn: Any, db: Any, keys: set[str]) -> None:
+        self._txn = txn
+        self._db = db
+        self._keys = keys
+        self._open: dict[str, SymbolTable | None] = {}
+
+    def get(self, key: str) -> SymbolTable | None:
+        try:
+            return self._open[key]
+        except KeyError:
+            pass
+        table = None
+        if key in self._keys and self._db is not None:
+            buf = self._txn.get(key.encode(), db=self._db)
+            if buf is not None:
+                table = SymbolTable(buf)
+        self._open[key] = table
+        return table
+
+    def __getitem__(self, key: str) -> SymbolTable:
+        table = self.get(key)
+        if table is None:
+            raise KeyError(key)
+        return table
+
+
 class Store:
     """A kreld store opened for writing (the daemon) or reading (kreldctl)."""
 
@@ -678,26 +707,16 @@ class Store:
         db = self.dbs[b"symtabs"]
         return bool(self.write(lambda txn: txn.put(key.encode(), packed, db=db, overwrite=False)))
 
-    def with_tables(self, keys: Iterable[str], fn: Callable[[dict[str, Any]], T]) -> T:
+    def with_tables(self, keys: Iterable[str], fn: Callable[[TableViews], T]) -> T:
         """Run *fn* with :class:`~kreld.symtab.SymbolTable` views of the named
-        tables (absent ones left out), straight from the map; the views are
-        valid only inside *fn*."""
-        wanted = list(keys)
-
-        def txn_fn(txn: Any) -> T:
-            db = self.dbs[b"symtabs"]
-            tables: dict[str, Any] = {}
-            if db is not None:
-                for k in wanted:
-                    buf = txn.get(k.encode(), db=db)
-                    if buf is not None:
-                        tables[k] = SymbolTable(buf)
-            return fn(tables)
+        tables (absent ones left out), straight from the map and opened as
+        *fn* asks for them; the views are valid only inside *fn*."""
+        wanted = set(keys)
 
         while True:
             try:
                 with self._gate.shared(), self.env.begin(buffers=True) as txn:
-                    return txn_fn(txn)
+                    return fn(TableViews(txn, self.dbs[b"symtabs"], wanted))
             except lmdb.MapResizedError:
                 self._adopt_size()
 

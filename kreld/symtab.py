@@ -29,7 +29,7 @@ import struct
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 MAGIC = b"KRSYMTB1"
 _HEADER = struct.Struct("<8s6I")
@@ -88,6 +88,12 @@ def pack(entries: Sequence[tuple[int, int, int, bytes]], sections: Sequence[str]
 
 def digest(packed: bytes) -> str:
     return hashlib.sha256(packed).hexdigest()
+
+
+class SymbolTables(Protocol):
+    """Tables by key, as a read of the store gives them (absent: None)."""
+
+    def get(self, key: str) -> SymbolTable | None: ...
 
 
 class SymbolTable:
