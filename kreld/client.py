@@ -79,6 +79,9 @@ def error_from_reply(name: str, p: dict[str, Any]) -> KreldError:
     return RemoteError(name, p)
 
 
+_CHUNK = 256 << 10  # bytes read at a time
+
+
 def connect_unix(path: str, timeout: float | None = 10.0) -> socket.socket:
     """A stream socket connected to `path`, with `timeout` set on it.
 
@@ -111,6 +114,7 @@ class Client:
         self.path = path
         self.sock = connect_unix(path, timeout)
         self._buf = bytearray()
+        self._chunk = bytearray(_CHUNK)
 
     def close(self) -> None:
         self.sock.close()
@@ -137,22 +141,27 @@ class Client:
 
     def receive(self) -> dict[str, Any]:
         """The next reply object (raw: with ``parameters``, ``continues`` or ``error``)."""
+        buf = self._buf
+        scanned = 0  # of buf, known to hold no NUL
         while True:
-            end = self._buf.find(b"\0")
+            end = buf.find(b"\0", scanned)
             if end >= 0:
-                raw = bytes(self._buf[:end])
-                del self._buf[: end + 1]
+                raw = bytes(buf[:end])
+                del buf[: end + 1]
                 obj = json.loads(raw)
                 if not isinstance(obj, dict):
                     raise RemoteError("io.kreld.Protocol", {"reason": "reply is not an object"})
                 return obj
+            scanned = len(buf)
             try:
-                chunk = self.sock.recv(1 << 20)
+                # Into one buffer kept for the connection: a fresh large
+                # allocation per read costs more than a small reply's trip.
+                n = self.sock.recv_into(self._chunk)
             except ConnectionError as e:
                 raise ConnectError(f"{self.path}: {e.strerror or e}") from e
-            if not chunk:
+            if not n:
                 raise ConnectError(f"{self.path}: connection closed by kreld")
-            self._buf += chunk
+            buf += memoryview(self._chunk)[:n]
 
     @staticmethod
     def _unwrap(obj: dict[str, Any]) -> dict[str, Any]:
