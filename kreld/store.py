@@ -606,6 +606,16 @@ class Store:
     def heartbeat(self, boot_id: str, when: Timestamp) -> None:
         self.apply_module_changes(boot_id, [], [], [], when)
 
+    def clear_stale_readers(self) -> int:
+        """Free the reader slots of processes that died inside a read (a
+        kreldctl killed mid-read): while held, they keep the pages of old
+        snapshots from being reused and the file grows.  Returns how many."""
+        try:
+            with self._gate.shared():
+                return int(self.env.reader_check())
+        except lmdb.Error as e:
+            raise StoreError(str(self.path), f"reader check: {e}") from e
+
     def last_watched(self, boot_id: str) -> Timestamp | None:
         def fn(txn: Any) -> bytes | None:
             db = self.dbs[b"watch"]

@@ -224,6 +224,9 @@ class ModuleTracker:
             self.reconcile([])
             self.store.heartbeat(self.boot_id, self._last_scan or now)
             self._last_heartbeat = now.monotonic
+            stale = self.store.clear_stale_readers()
+            if stale:
+                self.log.warning("stale_readers_cleared", readers=stale)
 
     def reconcile(self, hints: list[Hint]) -> None:
         """One pass: compare the directory with what is open, pair the hints."""

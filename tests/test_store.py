@@ -402,6 +402,49 @@ def test_reader_in_another_process_sees_commits_while_writer_stays_open(tmp_path
     assert reader.returncode == 0
 
 
+HOLD_READ = """
+import sys, time
+from kreld.store import Store
+Store(sys.argv[1], readonly=True).read(lambda txn: (print("reading", flush=True), time.sleep(60)))
+"""
+
+
+def test_a_reader_killed_mid_read_is_cleared_and_its_pages_reused(tmp_path: Path) -> None:
+    """kreldctl killed with SIGKILL inside a read leaves its reader slot behind, pinning
+    that snapshot: the writer's check frees the slot, after which rewriting the same
+    record reuses freed pages instead of growing the file."""
+    state = tmp_path / "st"
+    with Store(state) as writer:
+        for i in range(50):
+            writer.record_boot(snap(n=i))
+        reader = subprocess.Popen(
+            [sys.executable, "-c", HOLD_READ, str(state)], stdout=subprocess.PIPE, text=True
+        )
+        assert reader.stdout is not None and reader.stdout.readline() == "reading\n"
+        reader.kill()
+        reader.wait(timeout=10)
+        assert reader.pid in {r for r in _reader_pids(writer)}
+
+        def churn() -> int:
+            for k in range(300):  # each commit frees the pages of the one before
+                writer.heartbeat(snap(n=0).boot_id, Timestamp(k, k, k))
+            return int(writer.env.info()["last_pgno"])
+
+        start = int(writer.env.info()["last_pgno"])
+        pinned = churn()
+        assert writer.clear_stale_readers() == 1
+        assert reader.pid not in _reader_pids(writer)
+        assert writer.clear_stale_readers() == 0
+        after = churn()
+        assert after - pinned < (pinned - start) // 4, (start, pinned, after)
+
+
+def _reader_pids(store: Store) -> set[int]:
+    """Pids in LMDB's reader table (``mdb_reader_list``: "pid thread txnid" rows)."""
+    rows = store.env.readers().splitlines()[1:]
+    return {int(r.split()[0]) for r in rows if r.split() and r.split()[0].isdigit()}
+
+
 def test_readonly_store_refuses_writes_and_missing_store(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="no kreld store here"):
         Store(tmp_path / "nothing", readonly=True)
