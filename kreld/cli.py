@@ -20,7 +20,7 @@ from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr, parse_addr
 from kreld.options import add_common, resolve_config
 from kreld.queries import loaded_at
-from kreld.service import Service
+from kreld.service import MAX_RESOLVE_ADDRESSES, Service
 from kreld.store import Store
 from kreld.varlink import VarlinkError
 
@@ -405,8 +405,9 @@ class Ctl:
             addrs.extend(addresses_in(line))
         at = self._at()
         results: list[dict[str, Any]] = []
-        for i in range(0, len(addrs), 100_000):
-            results += self.call("Resolve", addresses=addrs[i : i + 100_000], **at)["results"]
+        step = MAX_RESOLVE_ADDRESSES
+        for i in range(0, len(addrs), step):
+            results += self.call("Resolve", addresses=addrs[i : i + step], **at)["results"]
         if self.args.json:
             self.emit_json(results)
             return 0

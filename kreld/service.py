@@ -37,7 +37,9 @@ from kreld.varlink import (
     reply,
 )
 
-MAX_RESOLVE_ADDRESSES = 1_000_000
+# Addresses one Resolve may ask about: its reply (some 200 bytes an address)
+# is built in memory, so this bounds what one call can make the daemon hold.
+MAX_RESOLVE_ADDRESSES = 100_000
 # Address maps of other times and boots kept for the next Resolve (a profiler
 # symbolizing an old recording asks about the same boot and time many times).
 MAP_CACHE = 8

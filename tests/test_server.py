@@ -130,6 +130,13 @@ def test_named_errors_for_bad_calls(served: Any) -> None:
             assert reply.get("error") == name, (method, params, reply)
         # The connection is still good after all of them.
         assert c.call("GetBoot")["boot"]["boot_id"]
+        # A batch at the limit is answered, one past it refused by name.
+        at_limit = [hex(0xFFFFFFFFC0000000 + k) for k in range(100_000)]
+        assert len(c.call("Resolve", addresses=at_limit)["results"]) == 100_000
+        c.send("Resolve", {"addresses": [*at_limit, "0x1"]})
+        reply = c.receive()
+        assert reply["error"] == "org.varlink.service.InvalidParameter", reply
+        assert reply["parameters"] == {"parameter": "addresses"}
 
 
 def test_malformed_messages_get_named_errors_and_the_connection_survives(served: Any) -> None:
