@@ -205,7 +205,9 @@ def test_man_page_has_the_standard_sections(name: str) -> None:
     assert wanted <= sections(text).keys()
 
 
-@pytest.mark.skipif(shutil.which("groff") is None, reason="groff is not installed")
+@pytest.mark.skipif(
+    shutil.which("groff") is None, reason="groff is not installed (scripts/setup installs it)"
+)
 @pytest.mark.parametrize("name", ["kreld.8", "kreldctl.1", "kreld.toml.5"])
 def test_groff_reports_no_warning(name: str) -> None:
     cp = subprocess.run(
@@ -214,7 +216,9 @@ def test_groff_reports_no_warning(name: str) -> None:
     assert (cp.returncode, cp.stderr) == (0, "")
 
 
-@pytest.mark.skipif(shutil.which("mandoc") is None, reason="mandoc is not installed (optional)")
+@pytest.mark.skipif(
+    shutil.which("mandoc") is None, reason="mandoc is not installed (scripts/setup installs it)"
+)
 @pytest.mark.parametrize("name", ["kreld.8", "kreldctl.1", "kreld.toml.5"])
 def test_mandoc_lint_reports_no_warning(name: str) -> None:
     cp = subprocess.run(
