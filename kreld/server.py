@@ -406,6 +406,8 @@ class Server:
             return s.get_boot_reply(p)
         if name == "Status":
             return reply(self._status(p))
+        if name == "ListBoots":
+            return s.list_boots_reply(p)
         if name == "Resolve":
             try:
                 text = s.resolve_results(p)

@@ -126,7 +126,7 @@ class Service:
         self._accels: dict[tuple[str, int], Accel] = {}
         self._history: dict[str, list[Incarnation]] = {}
         self._kernel_tables: dict[str, str] = {}
-        self._boots: tuple[int, dict[str, Any]] | None = None
+        self._boots: tuple[int, dict[str, Any], bytes | None] | None = None
         self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "GetBoot": self.get_boot,
             "ListBoots": self.list_boots,
@@ -196,11 +196,25 @@ class Service:
 
     def list_boots(self, params: dict[str, Any]) -> dict[str, Any]:
         """Every boot; decoded again only after the store has changed."""
+        return self._list_boots(params)[1]
+
+    def list_boots_reply(self, params: dict[str, Any]) -> bytes:
+        """ListBoots as wire bytes, encoded again only after the store has
+        changed (a fleet of profilers polling it costs a txn-id read a call)."""
+        cached = self._list_boots(params)
+        if cached[2] is None:
+            cached = self._boots = (cached[0], cached[1], reply(cached[1]))
+        assert cached[2] is not None
+        return cached[2]
+
+    def _list_boots(self, params: dict[str, Any]) -> tuple[int, dict[str, Any], bytes | None]:
         check_known(params, set())
         txnid = self.store.last_txnid()
-        if self._boots is None or self._boots[0] != txnid:
-            self._boots = (txnid, {"boots": [b.to_json() for b in self.store.list_boots()]})
-        return self._boots[1]
+        cached = self._boots
+        if cached is None or cached[0] != txnid:
+            boots = [b.to_json() for b in self.store.list_boots()]
+            cached = self._boots = (txnid, {"boots": boots}, None)
+        return cached
 
     def snapshot(self, params: dict[str, Any]) -> dict[str, Any]:
         check_known(params, set())
