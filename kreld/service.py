@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kreld.errors import KreldError, SymbolsUnavailable
@@ -60,9 +60,12 @@ def render_kallsyms(
     extras: list[str],
     clock: Clock,
     t: int | None,
+    absolutes: Mapping[int, Sequence[int]] | None = None,
 ) -> str:
     """A kallsyms file: kernel lines in the kernel's order at this boot's
-    addresses, then each module's at its incarnation's section bases."""
+    addresses, then each module's at its incarnation's section bases, its
+    per-cpu (absolute) entries at what that load printed (*absolutes*, by
+    seq, where it differed from the load the table came from)."""
     out: list[str] = []
     kernel = tables.get(kernel_key)
     if kernel is not None:
@@ -80,11 +83,19 @@ def render_kallsyms(
             for name in table.sections
         ]
         skip = [is_init_section(name) and not live_init for name in table.sections]
+        absolute = table.section_index(MODULE_ABSOLUTE)
+        own = list((absolutes or {}).get(inc.seq, ()))
+        k = 0  # absolute entries seen
         for e in table:
             base = bases[e.section]
             if base is None or skip[e.section]:
                 continue
-            out.append(f"{base + e.value:016x} {e.type} {e.name}\t[{inc.name}]\n")
+            value = base + e.value
+            if e.section == absolute:
+                if k < len(own):
+                    value = own[k]
+                k += 1
+            out.append(f"{value & 0xFFFFFFFFFFFFFFFF:016x} {e.type} {e.name}\t[{inc.name}]\n")
     out.extend(line + "\n" for line in extras)
     return "".join(out)
 
@@ -334,10 +345,18 @@ class Service:
         incs.sort(key=lambda i: (i.loaded.monotonic, i.seq), reverse=True)
         keys = {str(rec["kernel"])}
         keys |= {k for i in incs if (k := _module_key(i)) is not None}
+        absolutes = self.store.absolutes(boot.boot_id)
         text = self.store.with_tables(
             keys,
             lambda tables: render_kallsyms(
-                boot.anchors.text or 0, tables, str(rec["kernel"]), incs, rec["extras"], clock, t
+                boot.anchors.text or 0,
+                tables,
+                str(rec["kernel"]),
+                incs,
+                rec["extras"],
+                clock,
+                t,
+                absolutes,
             ),
         )
         return {"kallsyms": text}

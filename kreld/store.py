@@ -64,6 +64,7 @@ _DBS = (
     b"symtabs",
     b"boot_symbols",
     b"layouts",
+    b"absolutes",
 )
 _LMDB_MAGIC = 0xBEEFC0DE
 # Free space under which an EIO from LMDB is taken for a full disk.
@@ -673,6 +674,37 @@ class Store:
         raw = self.read(fn)
         return None if raw is None else dict(json.loads(raw))
 
+    def put_absolutes(self, boot_id: str, seq: int, values: list[int]) -> None:
+        """The values one incarnation printed for its table's absolute entries
+        (per-cpu variables), where they differ from the load the table came from."""
+        packed = struct.pack(f"<{len(values)}q", *values)
+
+        def fn(txn: Any) -> None:
+            txn.put(inc_key(boot_id, seq), packed, db=self.dbs[b"absolutes"])
+
+        self.write(fn)
+
+    def absolutes(self, boot_id: str) -> dict[int, list[int]]:
+        """:meth:`put_absolutes` of every incarnation of *boot_id*, by seq."""
+        prefix = boot_key(boot_id)
+
+        def fn(txn: Any) -> dict[int, list[int]]:
+            db = self.dbs[b"absolutes"]
+            out: dict[int, list[int]] = {}
+            if db is None:
+                return out
+            cur = txn.cursor(db=db)
+            if cur.set_range(prefix):
+                for k, v in cur:
+                    if k[:16] != prefix:
+                        break
+                    if len(v) % 8:
+                        raise StoreCorrupt(str(self.path), f"absolutes {bytes(k).hex()}")
+                    out[int(_SEQ.unpack(k[16:24])[0])] = list(struct.unpack(f"<{len(v) // 8}q", v))
+            return out
+
+        return self.read(fn)
+
     def has_table(self, key: str) -> bool:
         def fn(txn: Any) -> bool:
             db = self.dbs[b"symtabs"]
@@ -754,7 +786,7 @@ class Store:
             removed_incs = 0
             for k, boot_id in doomed:
                 prefix = boot_key(boot_id)
-                for name in (b"incarnations", b"open"):
+                for name in (b"incarnations", b"open", b"absolutes"):
                     cur = txn.cursor(db=self.dbs[name])
                     if cur.set_range(prefix):
                         while cur.key()[:16] == prefix:

@@ -34,7 +34,9 @@ from kreld.model import BootSnapshot, Incarnation
 from kreld.modules import list_modules
 from kreld.store import Store
 from kreld.symtab import (
+    MODULE_ABSOLUTE,
     Kallsyms,
+    SymbolTable,
     kernel_symbol_key,
     kernel_table,
     module_symbol_key,
@@ -318,17 +320,16 @@ class SymbolCapture:
         for inc in incs:
             s = inc.state
             key = module_symbol_key(s.build_id, s.name, s.srcversion)
-            if key is None or self.store.has_table(key):
+            if key is None:
+                continue
+            if self.store.has_table(key):
+                self._capture_absolutes(inc, key, ks)
                 continue
             packed = None
             source = "kallsyms"
             lines = ks.modules.get(s.name) if ks is not None else None
             if lines and not s.restricted:
-                sizes = {
-                    sec: (s.initsize if sec.startswith(".init") else s.coresize) or 0
-                    for sec in s.sections
-                }
-                packed = module_table(lines, s.sections, {k: v for k, v in sizes.items() if v})
+                packed = module_table(lines, s.sections, _section_sizes(inc))
             if packed is None:
                 packed = self.files.table(s.name, s.build_id)
                 source = "ko"
@@ -338,3 +339,41 @@ class SymbolCapture:
             if self.store.put_table(key, packed):
                 self.captured += 1
                 self.log.info("module_symbols", module=s.name, build_id=s.build_id, source=source)
+
+    def _capture_absolutes(self, inc: Incarnation, key: str, ks: Kallsyms | None) -> None:
+        """A load of a build whose table is stored: its per-cpu variables print
+        at this load's per-cpu offsets (type ``a``), which the table holds for
+        the load it was captured on; keep this load's where they differ."""
+        s = inc.state
+        lines = ks.modules.get(s.name) if ks is not None else None
+        if not lines or s.restricted:
+            return
+        printed = [(v, name.decode("utf-8", "replace")) for v, t, name in lines if t in b"aA"]
+        if not printed or module_table(lines, s.sections, _section_sizes(inc)) is None:
+            return  # nothing absolute, or the lines are another load's
+        stored = self.store.with_tables([key], lambda tables: absolute_entries(tables.get(key)))
+        if [n for _, n in printed] != [n for _, n in stored]:
+            # A table read from the .ko keeps no per-cpu entries of its own.
+            self.log.debug("module_absolutes_not_kept", module=s.name, build_id=s.build_id)
+            return
+        values = [v for v, _ in printed]
+        if values != [v for v, _ in stored]:
+            self.store.put_absolutes(inc.boot_id, inc.seq, values)
+            self.log.info("module_absolute_values", module=s.name, seq=inc.seq, count=len(values))
+
+
+def _section_sizes(inc: Incarnation) -> dict[str, int]:
+    """How far each section of *inc* may reach: its allocation's size."""
+    s = inc.state
+    sizes = {
+        sec: (s.initsize if sec.startswith(".init") else s.coresize) or 0 for sec in s.sections
+    }
+    return {k: v for k, v in sizes.items() if v}
+
+
+def absolute_entries(table: SymbolTable | None) -> list[tuple[int, str]]:
+    """(value, name) of a module table's absolute entries, in the kernel's order."""
+    if table is None:
+        return []
+    idx = table.section_index(MODULE_ABSOLUTE)
+    return [] if idx is None else [(e.value, e.name) for e in table if e.section == idx]

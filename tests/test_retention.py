@@ -36,3 +36,21 @@ def test_daemon_applies_retention_at_start(
         assert [b.boot_id for b in store.list_boots()] == [tree.boot_id]
         assert store.incarnations(boots[0]) == []
     assert d.stop() == 0
+
+
+def test_gc_forgets_a_boots_per_cpu_values_with_its_incarnations(tmp_path: Path) -> None:
+    """What one load printed for its per-cpu variables goes with the boot it belongs to."""
+    from test_records import incarnation
+    from test_store import snap
+
+    with Store(tmp_path / "st") as store:
+        old, new = snap(n=1), snap(n=2)
+        for b in (old, new):
+            store.record_boot(b)
+            (inc,) = store.apply_module_changes(b.boot_id, [incarnation()], [], [], None)
+            store.put_absolutes(b.boot_id, inc.seq, [0x34000, -8, 2**63 - 1])
+        assert store.absolutes(old.boot_id) == {0: [0x34000, -8, 2**63 - 1]}
+        removed = store.gc(keep_boots=1, keep_days=0, protect=new.boot_id, now_realtime=0)
+        assert (removed["boots"], removed["incarnations"]) == (1, 1)
+        assert store.absolutes(old.boot_id) == {}
+        assert store.absolutes(new.boot_id) == {0: [0x34000, -8, 2**63 - 1]}

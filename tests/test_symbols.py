@@ -216,6 +216,7 @@ class Machine:
         self.loaded: dict[str, int] = {}  # module -> .text base, in load order
         self.in_init: set[str] = set()  # modules whose init has not returned
         self.extras: list[str] = []  # lines of owners that are not modules ([bpf])
+        self.percpu: dict[str, int] = {}  # module -> its per-cpu area, for its "a" lines
         self.write_kallsyms()
 
     @property
@@ -234,6 +235,9 @@ class Machine:
         lines = list(self.core)
         for name in reversed(self.loaded):
             lines += mod_lines(name, self.loaded[name], init=name in self.in_init)
+            if name in self.percpu:  # per-cpu variables print at their per-cpu offset
+                area = self.percpu[name]
+                lines += [f"{area + 8 * k:016x} a {name}_pcpu{k}\t[{name}]" for k in range(3)]
         return "".join(line + "\n" for line in [*lines, *self.extras])
 
     def write_kallsyms(self, content: str | None = None) -> None:
@@ -680,6 +684,34 @@ def test_two_incarnations_of_a_module_symbolize_at_their_times(hist: History) ->
     )
     captured = [e for e in hist.daemon.events() if e.get("event") == "module_symbols"]
     assert [e["module"] for e in captured].count("alpha") == 1
+
+
+def test_a_reloaded_module_exports_the_per_cpu_offsets_of_each_load(
+    tmp_path: Path, sock_dir: Path, daemons: list[Daemon]
+) -> None:
+    """The table of a module build is stored once, from its first load; a later load
+    prints its per-cpu variables at that load's per-cpu offsets, and the export for a
+    time of either load shows that load's, as its kallsyms did."""
+    m = Machine(tmp_path / "pcpu", sock_dir / "pcpu.sock", daemons)
+    d = m.start()
+    d.wait_for("kernel_symbols", action="stored")
+    m.percpu["pcpu"] = 0x34000
+    m.load("pcpu", BASE_A)
+    d.wait_for("module_symbols", module="pcpu", source="kallsyms")
+    first = m.kallsyms()
+    m.unload("pcpu")
+    d.wait_for("module_unloaded", module="pcpu")
+    m.percpu["pcpu"] = 0x3C040
+    m.load("pcpu", BASE_B)
+    kept = d.wait_for("module_absolute_values", module="pcpu")
+    assert (kept["seq"], kept["count"]) == (1, 3)
+    second = m.kallsyms()
+    a0, a1 = m.history()
+    for inc, want in ((a0, first), (a1, second)):
+        at = str(ns(inc, "loaded") + 1)
+        assert_same_lines(m.export("--at", at), want)
+        assert f"{m.percpu['pcpu'] if inc is a1 else 0x34000:016x} a pcpu_pcpu0" in want
+    assert d.stop() == 0
 
 
 def test_status_reports_the_store_size(hist: History) -> None:
