@@ -206,3 +206,22 @@ def fast_tmpdir() -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def notify_socket(path: Path) -> socket.socket:
+    """A datagram socket at *path* to pass as NOTIFY_SOCKET, as systemd listens."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(str(path))
+    s.settimeout(20)
+    return s
+
+
+def notify_messages(s: socket.socket, until: str, limit: float = 20) -> list[str]:
+    """sd_notify lines read from *s* until one starts with *until*."""
+    got: list[str] = []
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        got.extend(s.recv(4096).decode().split("\n"))
+        if any(m.startswith(until) for m in got):
+            return got
+    raise AssertionError(f"no {until} in {got}")

@@ -24,6 +24,39 @@ def note(name: bytes, ntype: int, desc: bytes) -> bytes:
     return struct.pack("=III", len(name) + 1, len(desc), ntype) + pad(name + b"\0") + pad(desc)
 
 
+def kcore(vmcoreinfo: bytes, load_at: int = 0xFFFFFFFF81000000) -> bytes:
+    """An ELF64 core like /proc/kcore: a PT_LOAD (at *load_at*, where x86-64 links
+    _text), then a PT_NOTE with CORE + VMCOREINFO."""
+    notes = note(b"CORE", 1, b"\0" * 336) + note(b"VMCOREINFO", 0, vmcoreinfo)
+    ehdr = struct.pack(
+        "<4sBBBBB7sHHIQQQIHHHHHH",
+        b"\x7fELF",
+        2,  # ELFCLASS64
+        1,  # ELFDATA2LSB
+        1,  # EV_CURRENT
+        0,
+        0,
+        b"\0" * 7,
+        4,  # ET_CORE
+        62,  # EM_X86_64
+        1,
+        0,
+        64,  # e_phoff
+        0,
+        0,
+        64,
+        56,  # e_phentsize
+        2,  # e_phnum
+        0,
+        0,
+        0,
+    )
+    notes_at = 64 + 2 * 56
+    load = struct.pack("<IIQQQQQQ", 1, 7, notes_at + len(notes), load_at, 0, 0, 0x1000, 0x1000)
+    pnote = struct.pack("<IIQQQQQQ", 4, 0, notes_at, 0, 0, len(notes), 0, 4)
+    return ehdr + load + pnote + notes
+
+
 def build_id_note(build_id: str) -> bytes:
     return note(b"GNU", 3, bytes.fromhex(build_id))
 

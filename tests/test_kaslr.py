@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import struct
 import subprocess
 import uuid
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import ctl_json, kreldctl
-from faketree import FakeTree, note
+from faketree import FakeTree, kcore
 
 from kreld.elf import elf_build_id, elf_symbols
 from kreld.kernel import Root
@@ -92,38 +91,6 @@ def place(src: Path, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dest)
     return dest
-
-
-def kcore(vmcoreinfo: bytes) -> bytes:
-    """An ELF64 core like /proc/kcore: a PT_LOAD, then a PT_NOTE with CORE + VMCOREINFO."""
-    notes = note(b"CORE", 1, b"\0" * 336) + note(b"VMCOREINFO", 0, vmcoreinfo)
-    ehdr = struct.pack(
-        "<4sBBBBB7sHHIQQQIHHHHHH",
-        b"\x7fELF",
-        2,  # ELFCLASS64
-        1,  # ELFDATA2LSB
-        1,  # EV_CURRENT
-        0,
-        0,
-        b"\0" * 7,
-        4,  # ET_CORE
-        62,  # EM_X86_64
-        1,
-        0,
-        64,  # e_phoff
-        0,
-        0,
-        64,
-        56,  # e_phentsize
-        2,  # e_phnum
-        0,
-        0,
-        0,
-    )
-    notes_at = 64 + 2 * 56
-    load = struct.pack("<IIQQQQQQ", 1, 7, notes_at + len(notes), LINK, 0, 0, 0x1000, 0x1000)
-    pnote = struct.pack("<IIQQQQQQ", 4, 0, notes_at, 0, 0, len(notes), 0, 4)
-    return ehdr + load + pnote + notes
 
 
 def fake(tmp_path: Path, offset: int = OFFSET, **kw: Any) -> FakeTree:

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import structlog
+from conftest import notify_messages, notify_socket
 from faketree import FakeTree
 
 from kreld import log as klog
@@ -222,21 +223,6 @@ def test_journal_renderer_sends_fields_a_journal_indexes(journal: Journal) -> No
 # --- the daemon as systemd starts it ------------------------------------------------
 
 
-def _notify_socket(path: Path) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    s.bind(str(path))
-    s.settimeout(20)
-    return s
-
-
-def _wait_notify(s: socket.socket, what: str) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if what in s.recv(4096).decode().split("\n"):
-            return
-    raise AssertionError(f"no {what}")
-
-
 class Drain:
     """Read a stream to its end in the background, so the writer never blocks."""
 
@@ -271,7 +257,7 @@ def test_daemon_started_as_systemd_would_logs_structured_journal_entries(
     cfg = tmp_path / "kreld.toml"
     cfg.write_text('[access]\nallowed_groups = ["kreld-test-no-such-group"]\n')
     sock = sockdir / "kreld.sock"
-    notify = _notify_socket(sockdir / "notify")
+    notify = notify_socket(sockdir / "notify")
     # journald hands a service a stream socket as stdout and stderr.
     stream, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     st = os.fstat(theirs.fileno())
@@ -290,7 +276,7 @@ def test_daemon_started_as_systemd_would_logs_structured_journal_entries(
             time.sleep(0.02)
         with Client(str(sock), timeout=30) as c:  # the first connection starts kreld
             assert c.call("GetBoot")["boot"]["boot_id"] == tree.boot_id
-        _wait_notify(notify, "READY=1")
+        notify_messages(notify, "READY=1")
         build_id = "5e" * 20
         tree.add_module("dummy", 0xFFFFFFFFC0200000, build_id=build_id)
         loaded = journal.wait_for(proc.pid, KRELD_EVENT="module_loaded", MODULE="dummy")
@@ -336,7 +322,7 @@ def run_kreld(
     env: dict[str, str] | None = None,
 ) -> int:
     """Start kreld, wait for READY=1, stop it with SIGTERM; its exit status."""
-    notify = _notify_socket(sockdir / "notify")
+    notify = notify_socket(sockdir / "notify")
     base = {k: v for k, v in os.environ.items() if k not in ("JOURNAL_STREAM", "NOTIFY_SOCKET")}
     proc = subprocess.Popen(
         [KRELD, "--root", str(tree.root), "--state-dir", str(state_dir),
@@ -345,7 +331,7 @@ def run_kreld(
         env={**base, "NOTIFY_SOCKET": str(sockdir / "notify"), **(env or {})},
     )  # fmt: skip
     try:
-        _wait_notify(notify, "READY=1")
+        notify_messages(notify, "READY=1")
         proc.send_signal(signal.SIGTERM)
         return proc.wait(timeout=20)
     finally:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import fast_tmpdir
 from faketree import FakeTree, build_id_note, note
 
 from kreld.kernel import Root
@@ -376,16 +375,10 @@ LAYOUT = {
 
 
 @pytest.fixture
-def fast_tree(tmp_path: Path) -> Iterator[FakeTree]:
+def fast_tree() -> Iterator[FakeTree]:
     """A fake tree on tmpfs when there is one (thousands of file operations stay quick)."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        d = Path(tempfile.mkdtemp(prefix="kreld-test-", dir=shm))
-    else:
-        d = tmp_path / "fast"
-        d.mkdir()
-    yield FakeTree(d / "root")
-    shutil.rmtree(d, ignore_errors=True)
+    with fast_tmpdir() as d:
+        yield FakeTree(d / "root")
 
 
 def test_a_read_never_mixes_two_loads(fast_tree: FakeTree) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, _bin, kreldctl, raw_exchange, start
+from conftest import Daemon, _bin, kreldctl, notify_messages, notify_socket, raw_exchange, start
 from faketree import FakeTree
 
 from kreld.client import Client, ConnectError, RemoteError, connect_unix
@@ -350,28 +350,10 @@ def test_refuses_a_path_that_is_not_a_socket(
     assert target.read_text() == "precious\n" and sock.is_symlink()
 
 
-def _notify_socket(path: Path) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    s.bind(str(path))
-    s.settimeout(20)
-    return s
-
-
-def _messages(s: socket.socket, until: str, limit: float = 20) -> list[str]:
-    got: list[str] = []
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        msg = s.recv(4096).decode()
-        got.extend(msg.split("\n"))
-        if any(m.startswith(until) for m in got):
-            return got
-    raise AssertionError(f"no {until} in {got}")
-
-
 def test_sd_notify_ready_watchdog_status_and_stopping(
     tree: FakeTree, state_dir: Path, sockdir: Path, tmp_path: Path
 ) -> None:
-    notify = _notify_socket(sockdir / "notify")
+    notify = notify_socket(sockdir / "notify")
     sock = sockdir / "k.sock"
     env = dict(os.environ, NOTIFY_SOCKET=str(sockdir / "notify"), WATCHDOG_USEC="200000")
     log = open(tmp_path / "kreld.log", "wb")  # noqa: SIM115 - outlives the Popen call
@@ -381,15 +363,15 @@ def test_sd_notify_ready_watchdog_status_and_stopping(
         env=env, stdout=log, stderr=log,
     )  # fmt: skip
     try:
-        msgs = _messages(notify, "READY=1")
+        msgs = notify_messages(notify, "READY=1")
         # READY only once the socket answers and the boot is recorded.
         with Client(str(sock)) as c:
             assert c.call("GetBoot")["boot"]["boot_id"] == tree.boot_id
         assert any(m.startswith("STATUS=boot ") for m in msgs)
-        assert "WATCHDOG=1" in _messages(notify, "WATCHDOG=1")
-        assert "WATCHDOG=1" in _messages(notify, "WATCHDOG=1")  # and again
+        assert "WATCHDOG=1" in notify_messages(notify, "WATCHDOG=1")
+        assert "WATCHDOG=1" in notify_messages(notify, "WATCHDOG=1")  # and again
         proc.terminate()
-        assert "STOPPING=1" in _messages(notify, "STOPPING=1")
+        assert "STOPPING=1" in notify_messages(notify, "STOPPING=1")
         assert proc.wait(timeout=20) == 0
         assert not sock.exists()
     finally:

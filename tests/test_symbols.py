@@ -16,7 +16,6 @@ import os
 import random
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import pytest
 from conftest import Daemon, kreldctl, raw_exchange, wait_until
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
-from faketree import FakeTree, note
+from faketree import FakeTree, kcore
 
 from kreld.kernel import Root
 from kreld.snapshot import take_snapshot
@@ -1032,38 +1031,6 @@ def build_vmlinux(work: Path, build_id: str) -> Path:
         capture_output=True,
     )
     return out
-
-
-def kcore(vmcoreinfo: bytes) -> bytes:
-    """An ELF64 core like /proc/kcore: a PT_LOAD, then a PT_NOTE with CORE + VMCOREINFO."""
-    notes = note(b"CORE", 1, b"\0" * 336) + note(b"VMCOREINFO", 0, vmcoreinfo)
-    ehdr = struct.pack(
-        "<4sBBBBB7sHHIQQQIHHHHHH",
-        b"\x7fELF",
-        2,
-        1,
-        1,
-        0,
-        0,
-        b"\0" * 7,
-        4,  # ET_CORE
-        62,  # EM_X86_64
-        1,
-        0,
-        64,
-        0,
-        0,
-        64,
-        56,
-        2,
-        0,
-        0,
-        0,
-    )
-    notes_at = 64 + 2 * 56
-    load = struct.pack("<IIQQQQQQ", 1, 7, notes_at + len(notes), LINK, 0, 0, 0x1000, 0x1000)
-    pnote = struct.pack("<IIQQQQQQ", 4, 0, notes_at, 0, 0, len(notes), 0, 4)
-    return ehdr + load + pnote + notes
 
 
 def nm_symbols(path: Path) -> dict[str, int]:
