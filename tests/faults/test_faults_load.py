@@ -61,12 +61,18 @@ class Served:
         return proc_status(self.pid, "VmRSS")
 
 
+def tree_with_modules(fast: Path) -> FakeTree:
+    """A fake tree with MODULES loaded, 1 MiB apart from BASE."""
+    tree = FakeTree(fast / "root")
+    for i, n in enumerate(MODULES):
+        tree.add_module(n, BASE + i * 0x100000)
+    return tree
+
+
 @pytest.fixture
 def served(daemon_factory: Any, tmp_path: Path, sockdir: Path) -> Any:
     with fast_tmpdir() as fast:
-        tree = FakeTree(fast / "root")
-        for i, n in enumerate(MODULES):
-            tree.add_module(n, BASE + i * 0x100000)
+        tree = tree_with_modules(fast)
         sock = sockdir / "kreld.sock"
         state = fast / "state"
         # 1,100 connections at once are wanted here: above the default 1,024 limit
@@ -533,9 +539,7 @@ def test_connections_are_capped_below_a_low_hard_descriptor_limit(
     keeping descriptors for its own reads: 1,100 clients each get the right answer or
     io.kreld.TooManyConnections, and a module loaded meanwhile is recorded in full."""
     with fast_tmpdir() as fast:
-        tree = FakeTree(fast / "root")
-        for i, n in enumerate(MODULES):
-            tree.add_module(n, BASE + i * 0x100000)
+        tree = tree_with_modules(fast)
         sock = sockdir / "k.sock"
         state = fast / "state"
         cfg = write_config(tmp_path / "kreld.toml", modules={"watch": "inotify"})
@@ -632,9 +636,7 @@ def test_descriptor_exhaustion_does_not_invent_unloads(
     reads of sys/module fail with EMFILE.  That is an error, logged and retried, never
     "every module unloaded"; nothing is recorded twice once descriptors return."""
     with fast_tmpdir() as fast:
-        tree = FakeTree(fast / "root")
-        for i, n in enumerate(MODULES):
-            tree.add_module(n, BASE + i * 0x100000)
+        tree = tree_with_modules(fast)
         sock = sockdir / "kreld.sock"
         state = fast / "state"
         cfg = write_config(tmp_path / "kreld.toml", modules={"watch": "inotify"})

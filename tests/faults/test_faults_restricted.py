@@ -51,6 +51,16 @@ class Machine:
         )  # fmt: skip
         return d.start()
 
+    def start_with_a_and_b(self) -> tuple[Any, list[dict[str, Any]], dict[str, Any], str]:
+        """Modules a and b loaded, kreld started and its symbols captured: the daemon,
+        the history, GetBoot and the exported kallsyms, before anything goes wrong."""
+        self.tree.add_module("a", A)
+        self.tree.add_module("b", B)
+        d = self.start()
+        wait_until("kernel symbols", lambda: symbols_done(d))
+        before = history(self.state, self.tree.boot_id)
+        return d, before, self.call("GetBoot"), self.call("ExportKallsyms")["kallsyms"]
+
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         with Client(str(self.sock)) as c:
             return c.call(method, **params)
@@ -78,13 +88,7 @@ def test_restricted_pointers_appearing_mid_run(
 ) -> None:
     with fast_tmpdir() as fast:
         m = Machine(fast, tmp_path, sockdir, daemon_factory)
-        m.tree.add_module("a", A)
-        m.tree.add_module("b", B)
-        d = m.start()
-        wait_until("kernel symbols", lambda: symbols_done(d))
-        before = history(m.state, m.tree.boot_id)
-        boot_before = m.call("GetBoot")
-        kallsyms_before = m.call("ExportKallsyms")["kallsyms"]
+        d, before, boot_before, kallsyms_before = m.start_with_a_and_b()
 
         m.restrict()
         m.tree.remove_module("b")
@@ -125,13 +129,7 @@ def test_restart_in_the_same_boot_reading_zeros_keeps_the_records(
 ) -> None:
     with fast_tmpdir() as fast:
         m = Machine(fast, tmp_path, sockdir, daemon_factory)
-        m.tree.add_module("a", A)
-        m.tree.add_module("b", B)
-        d = m.start()
-        wait_until("kernel symbols", lambda: symbols_done(d))
-        before = history(m.state, m.tree.boot_id)
-        boot_before = m.call("GetBoot")
-        kallsyms_before = m.call("ExportKallsyms")["kallsyms"]
+        d, before, boot_before, kallsyms_before = m.start_with_a_and_b()
         assert d.stop() == 0
 
         m.restrict()
