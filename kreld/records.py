@@ -82,8 +82,16 @@ class _Writer:
         self.varint(len(b))
         self.out += b
 
-    def str(self, s: str) -> None:
+    def text(self, s: str) -> None:
         self.blob(s.encode())
+
+    def texts(self, items: Sequence[str]) -> None:
+        self.varint(len(items))
+        for s in items:
+            self.text(s)
+
+    def seen_by(self, how: SeenBy) -> None:
+        self.out.append(SEEN_BY.index(how))
 
     def since(self, t: Timestamp, rel: Timestamp) -> None:
         self.zigzag(t.monotonic - rel.monotonic)
@@ -128,8 +136,14 @@ class _Reader:
     def blob(self) -> bytes:
         return self.take(self.varint())
 
-    def str(self) -> str:
+    def text(self) -> str:
         return self.blob().decode()
+
+    def texts(self) -> tuple[str, ...]:
+        return tuple(self.text() for _ in range(self.varint()))
+
+    def seen_by(self) -> SeenBy:
+        return SEEN_BY[self.take(1)[0]]
 
     def since(self, rel: Timestamp) -> Timestamp:
         return Timestamp(
@@ -154,67 +168,46 @@ def encode(inc: Incarnation) -> tuple[bytes, bytes, list[str]]:
     names = sorted(s.sections)
     key = layout_key(names)
     base0 = min(s.sections.values(), default=0)
+    t = inc.loaded
+    # The optional fields, written in F_* order; each one present sets its bit.
+    opt = _Writer()
+    flags = (F_RESTRICTED if s.restricted else 0) | (F_INIT_LIVE if inc.init_live else 0)
+
+    def put(bit: int, value: Any, write: Callable[[Any], None]) -> None:
+        nonlocal flags
+        if value is not None:
+            flags |= bit
+            write(value)
+
     raw_id = _hex_bytes(s.build_id) if s.build_id is not None else None
-    present = {
-        F_BUILD_ID_RAW: raw_id is not None,
-        F_BUILD_ID_STR: s.build_id is not None and raw_id is None,
-        F_CORESIZE: s.coresize is not None,
-        F_INITSIZE: s.initsize is not None,
-        F_INITSTATE: s.initstate is not None,
-        F_SRCVERSION: s.srcversion is not None,
-        F_TAINT: s.taint is not None,
-        F_CORE_BASE: s.core_base is not None,
-        F_INODE: s.inode is not None,
-        F_FAULTS: bool(s.faults),
-        F_INIT_DONE: inc.init_done is not None,
-        F_UNLOADED: inc.unloaded is not None,
-        F_UNLOADED_AFTER: inc.unloaded_after is not None,
-        F_UNLOAD_SEEN_BY: inc.unload_seen_by is not None,
-        F_RESTRICTED: s.restricted,
-        F_INIT_LIVE: inc.init_live,
-    }
-    flags = sum(bit for bit, on in present.items() if on)
+    put(F_BUILD_ID_RAW, raw_id, opt.blob)
+    put(F_BUILD_ID_STR, s.build_id if raw_id is None else None, opt.text)
+    put(F_CORESIZE, s.coresize, opt.varint)
+    put(F_INITSIZE, s.initsize, opt.varint)
+    put(F_INITSTATE, s.initstate, opt.text)
+    put(F_SRCVERSION, s.srcversion, opt.text)
+    put(F_TAINT, s.taint, opt.text)
+    put(F_CORE_BASE, None if s.core_base is None else s.core_base - base0, opt.zigzag)
+    put(F_INODE, s.inode, opt.varint)
+    put(F_FAULTS, s.faults or None, opt.texts)
+    put(F_INIT_DONE, inc.init_done, lambda v: opt.since(v, t))
+    put(F_UNLOADED, inc.unloaded, lambda v: opt.since(v, t))
+    put(F_UNLOADED_AFTER, inc.unloaded_after, lambda v: opt.since(v, t))
+    put(F_UNLOAD_SEEN_BY, inc.unload_seen_by, opt.seen_by)
+
     w = _Writer()
     w.out.append(VERSION)
     w.varint(flags)
-    w.str(s.name)
+    w.text(s.name)
     w.out += key
     w.out += _U64.pack(base0)
     for n in names:
         w.varint(s.sections[n] - base0)
-    t = inc.loaded
     w.zigzag(t.monotonic)
     w.zigzag(t.boottime - t.monotonic)
     w.zigzag(t.realtime)
-    w.out.append(SEEN_BY.index(inc.seen_by))
-    if raw_id is not None:
-        w.blob(raw_id)
-    elif s.build_id is not None:
-        w.str(s.build_id)
-    if s.coresize is not None:
-        w.varint(s.coresize)
-    if s.initsize is not None:
-        w.varint(s.initsize)
-    if s.initstate is not None:
-        w.str(s.initstate)
-    if s.srcversion is not None:
-        w.str(s.srcversion)
-    if s.taint is not None:
-        w.str(s.taint)
-    if s.core_base is not None:
-        w.zigzag(s.core_base - base0)
-    if s.inode is not None:
-        w.varint(s.inode)
-    if s.faults:
-        w.varint(len(s.faults))
-        for f in s.faults:
-            w.str(f)
-    for later in (inc.init_done, inc.unloaded, inc.unloaded_after):
-        if later is not None:
-            w.since(later, t)
-    if inc.unload_seen_by is not None:
-        w.out.append(SEEN_BY.index(inc.unload_seen_by))
-    return bytes(w.out), key, names
+    w.seen_by(inc.seen_by)
+    return bytes(w.out + opt.out), key, names
 
 
 def decode(
@@ -231,32 +224,32 @@ def decode(
     flags = r.varint()
     if flags & ~_KNOWN_FLAGS:
         raise ValueError(f"unknown record flags {flags:#x}")
-    name = r.str()
+    name = r.text()
     names = layout(r.take(_LAYOUT_KEY_LEN))
     (base0,) = _U64.unpack(r.take(8))
     sections = {n: base0 + r.varint() for n in names}
     mono = r.zigzag()
     loaded = Timestamp(mono, mono + r.zigzag(), r.zigzag())
-    seen_by = SEEN_BY[r.take(1)[0]]
+    seen_by = r.seen_by()
 
     def opt(bit: int, read: Callable[[], Any]) -> Any:
         return read() if flags & bit else None
 
     build_id = opt(F_BUILD_ID_RAW, lambda: r.blob().hex())
     if flags & F_BUILD_ID_STR:
-        build_id = r.str()
+        build_id = r.text()
     coresize = opt(F_CORESIZE, r.varint)
     initsize = opt(F_INITSIZE, r.varint)
-    initstate = opt(F_INITSTATE, r.str)
-    srcversion = opt(F_SRCVERSION, r.str)
-    taint = opt(F_TAINT, r.str)
+    initstate = opt(F_INITSTATE, r.text)
+    srcversion = opt(F_SRCVERSION, r.text)
+    taint = opt(F_TAINT, r.text)
     core_rel = opt(F_CORE_BASE, r.zigzag)
     inode = opt(F_INODE, r.varint)
-    faults = tuple(r.str() for _ in range(r.varint())) if flags & F_FAULTS else ()
+    faults = opt(F_FAULTS, r.texts) or ()
     init_done = opt(F_INIT_DONE, lambda: r.since(loaded))
     unloaded = opt(F_UNLOADED, lambda: r.since(loaded))
     unloaded_after = opt(F_UNLOADED_AFTER, lambda: r.since(loaded))
-    unload_seen_by = opt(F_UNLOAD_SEEN_BY, lambda: SEEN_BY[r.take(1)[0]])
+    unload_seen_by = opt(F_UNLOAD_SEEN_BY, r.seen_by)
     if r.pos != len(buf):
         raise ValueError(f"{len(buf) - r.pos} bytes after the record")
     state = ModuleState(
