@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import subprocess
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +23,22 @@ def note(name: bytes, ntype: int, desc: bytes) -> bytes:
         return b + b"\0" * (-len(b) % 4)
 
     return struct.pack("=III", len(name) + 1, len(desc), ntype) + pad(name + b"\0") + pad(desc)
+
+
+def link_vmlinux(gcc: str, asm: str, out: Path, link: int, build_id: str) -> Path:
+    """Assemble *asm* into a static ELF like a vmlinux: .text linked at *link*,
+    a GNU build-id note of *build_id*, entry startup_64."""
+    src = out.with_suffix(".S")
+    src.write_text(asm)
+    subprocess.run(
+        [
+            gcc, "-nostdlib", "-static", "-no-pie", f"-Wl,-Ttext={link:#x}",
+            f"-Wl,--build-id=0x{build_id}", "-Wl,-e,startup_64", "-o", str(out), str(src),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return out
 
 
 def kcore(vmcoreinfo: bytes, load_at: int = 0xFFFFFFFF81000000) -> bytes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import ctl_json, kreldctl
-from faketree import FakeTree, kcore
+from faketree import FakeTree, kcore, link_vmlinux
 
 from kreld.elf import elf_build_id, elf_symbols
 from kreld.kernel import Root
@@ -62,25 +61,7 @@ def make_vmlinux(tmp_path_factory: pytest.TempPathFactory) -> VmlinuxFactory:
         key = (build_id, link, tuple(sorted(lay.items())))
         if key not in built:
             n = len(built)
-            src = work / f"v{n}.S"
-            src.write_text(VMLINUX_ASM.format(**lay))
-            out = work / f"vmlinux{n}"
-            subprocess.run(
-                [
-                    gcc,
-                    "-nostdlib",
-                    "-static",
-                    "-no-pie",
-                    f"-Wl,-Ttext={link:#x}",
-                    f"-Wl,--build-id=0x{build_id}",
-                    "-Wl,-e,startup_64",
-                    "-o",
-                    str(out),
-                    str(src),
-                ],
-                check=True,
-                capture_output=True,
-            )
+            out = link_vmlinux(gcc, VMLINUX_ASM.format(**lay), work / f"vmlinux{n}", link, build_id)
             built[key] = out
         return built[key]
 

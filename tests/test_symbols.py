@@ -27,7 +27,7 @@ import pytest
 from conftest import Daemon, kreldctl, raw_exchange, wait_until
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
-from faketree import FakeTree, kcore
+from faketree import FakeTree, kcore, link_vmlinux
 
 from kreld.kernel import Root
 from kreld.snapshot import take_snapshot
@@ -1011,26 +1011,7 @@ def build_vmlinux(work: Path, build_id: str) -> Path:
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("gcc is not installed: cannot build a vmlinux")
-    src = work / "vmlinux.S"
-    src.write_text(VMLINUX_ASM)
-    out = work / f"vmlinux-{build_id[:8]}"
-    subprocess.run(
-        [
-            gcc,
-            "-nostdlib",
-            "-static",
-            "-no-pie",
-            f"-Wl,-Ttext={LINK:#x}",
-            f"-Wl,--build-id=0x{build_id}",
-            "-Wl,-e,startup_64",
-            "-o",
-            str(out),
-            str(src),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return out
+    return link_vmlinux(gcc, VMLINUX_ASM, work / f"vmlinux-{build_id[:8]}", LINK, build_id)
 
 
 def nm_symbols(path: Path) -> dict[str, int]:

@@ -46,6 +46,15 @@ def loaded_events(d: Any, names: set[str]) -> set[str]:
     }
 
 
+def end_init_with_1000_sections(tree: FakeTree) -> None:
+    """slowinit's init returns: 1,000 sections appear (a record that needs room) and
+    initstate says live; files inside a module directory, so no event says so."""
+    secs = tree.root / "sys/module/slowinit/sections"
+    for k in range(1000):
+        (secs / f".text.part{k}").write_text(f"{BASE + k * 0x100:#018x}\n")
+    tree.write("sys/module/slowinit/initstate", "live\n")
+
+
 def full_disk_errors(d: Any) -> list[dict[str, Any]]:
     return [e for e in d.events() if e.get("event") == "reconcile_failed"]
 
@@ -131,10 +140,7 @@ def test_disk_full_while_idle_does_not_stop_module_tracking(
         filler = fill(mnt)
         # Its init ends while the disk is full, no event says so (files inside a module
         # directory): kreld's idle re-read finds it, with sections enough to need room.
-        secs = tree.root / "sys/module/slowinit/sections"
-        for k in range(1000):
-            (secs / f".text.part{k}").write_text(f"{BASE + k * 0x100:#018x}\n")
-        tree.write("sys/module/slowinit/initstate", "live\n")
+        end_init_with_1000_sections(tree)
         err = d.wait_for("idle_check_failed", timeout=10)
         assert (err["level"], err["kind"]) == ("error", "StoreFull"), err
         assert "no space left on device" in err["error"], err
@@ -167,10 +173,7 @@ def test_unloads_and_updates_seen_while_the_disk_is_full_are_written_when_space_
         d = start(daemon_factory, tree, state, sock, "--config", str(cfg))
         filler = fill(mnt)
         tree.remove_module("early1")  # an unload while the disk is full
-        secs = tree.root / "sys/module/slowinit/sections"
-        for k in range(1000):  # an update (init done) while the disk is full
-            (secs / f".text.part{k}").write_text(f"{BASE + k * 0x100:#018x}\n")
-        tree.write("sys/module/slowinit/initstate", "live\n")
+        end_init_with_1000_sections(tree)  # an update while the disk is full
         d.wait_for("reconcile_failed", kind="StoreFull", timeout=10)
         time.sleep(1.5)
         filler.unlink()

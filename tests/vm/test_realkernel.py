@@ -192,6 +192,14 @@ def reader_root(state: Path, boot_id: str) -> Path:
     return root
 
 
+def host_ctl(state: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``kreldctl --config <checkout's> --state-dir STATE ARGS`` run on the host."""
+    argv = [str(CTL), "--config", str(harness.REPO / "etc/kreld/kreld.toml")]
+    return subprocess.run(
+        [*argv, "--state-dir", str(state), *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
 def ctl(state: Path, *args: str, as_boot: str | None = None, check: bool = True) -> Any:
     """kreldctl on the host against the guest's store (no daemon: read-only LMDB).
 
@@ -200,21 +208,7 @@ def ctl(state: Path, *args: str, as_boot: str | None = None, check: bool = True)
     boot is not in the store (test_host_reads_a_store_recorded_elsewhere).
     """
     root = ["--root", str(reader_root(state, as_boot))] if as_boot else []
-    cp = subprocess.run(
-        [
-            str(CTL),
-            "--config",
-            str(harness.REPO / "etc/kreld/kreld.toml"),
-            "--state-dir",
-            str(state),
-            *root,
-            *args,
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cp = host_ctl(state, *root, *args, "--json", timeout=60)
     if check and cp.returncode != 0:
         raise AssertionError(f"kreldctl {' '.join(args)} -> {cp.returncode}\n{cp.stderr}")
     return json.loads(cp.stdout)
@@ -664,28 +658,10 @@ class Split:
 def export_kallsyms(state: Path, boot_id: str, t: int, out: Path) -> str:
     """``kreldctl --state-dir S export kallsyms --boot B --at T --clock monotonic -o FILE``
     on the host (no daemon, the host's own boot not in the store)."""
-    cp = subprocess.run(
-        [
-            str(CTL),
-            "--config",
-            str(harness.REPO / "etc/kreld/kreld.toml"),
-            "--state-dir",
-            str(state),
-            "export",
-            "kallsyms",
-            "--boot",
-            boot_id,
-            "--at",
-            str(t),
-            "--clock",
-            "monotonic",
-            "-o",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    cp = host_ctl(
+        state, "export", "kallsyms", "--boot", boot_id, "--at", str(t), "--clock", "monotonic",
+        "-o", str(out), timeout=120,
+    )  # fmt: skip
     assert cp.returncode == 0, f"kreldctl export kallsyms -> {cp.returncode}\n{cp.stderr}"
     return out.read_text()
 
