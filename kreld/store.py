@@ -705,16 +705,6 @@ class Store:
 
         return self.read(fn)
 
-    def has_table(self, key: str) -> bool:
-        def fn(txn: Any) -> bool:
-            db = self.dbs[b"symtabs"]
-            if db is None:
-                return False
-            with txn.cursor(db=db) as cur:
-                return bool(cur.set_key(key.encode()))
-
-        return self.read(fn)
-
     def record_kernel_table(
         self, boot_id: str, key: str, packed: bytes, extras: list[str]
     ) -> tuple[str, str]:
@@ -744,10 +734,23 @@ class Store:
 
         return self.write(fn)
 
-    def put_table(self, key: str, packed: bytes) -> bool:
-        """Store a table under *key* unless one is there; True if stored."""
+    def put_table(self, key: str, packed: bytes, replace: bool = False) -> bool:
+        """Store a table under *key* unless one is there (or *replace*); True if stored."""
         db = self.dbs[b"symtabs"]
-        return bool(self.write(lambda txn: txn.put(key.encode(), packed, db=db, overwrite=False)))
+        return bool(self.write(lambda txn: txn.put(key.encode(), packed, db=db, overwrite=replace)))
+
+    def table_source(self, key: str) -> int | None:
+        """Where the table under *key* came from (``symtab.FROM_*``); None if absent."""
+
+        def fn(txn: Any) -> int | None:
+            db = self.dbs[b"symtabs"]
+            buf = None if db is None else txn.get(key.encode(), db=db)
+            return None if buf is None else SymbolTable(buf).source
+
+        try:
+            return self.read(fn)
+        except ValueError as e:
+            raise StoreCorrupt(str(self.path), f"symbol table {key}: {e}") from e
 
     def with_tables(self, keys: Iterable[str], fn: Callable[[TableViews], T]) -> T:
         """Run *fn* with :class:`~kreld.symtab.SymbolTable` views of the named

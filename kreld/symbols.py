@@ -34,6 +34,7 @@ from kreld.model import BootSnapshot, Incarnation
 from kreld.modules import list_modules
 from kreld.store import Store
 from kreld.symtab import (
+    FROM_ELF,
     MODULE_ABSOLUTE,
     Kallsyms,
     SymbolTable,
@@ -120,7 +121,7 @@ def ko_table(data: bytes, build_id: str) -> bytes | None:
                 sym.name in exported,
             )
             entries.append((index[sec.name], int(sym["st_value"]), letter, sym.name.encode()))
-        return pack(entries, sections) if entries else None
+        return pack(entries, sections, FROM_ELF) if entries else None
     except (ELFError, struct.error, ValueError, KeyError, UnicodeDecodeError):
         return None
 
@@ -302,7 +303,7 @@ class SymbolCapture:
             entries = elf_symbol_entries(vmlinux)
             key, packed, extras, n = (
                 f"v:{self.boot.build_id}",
-                kernel_table(entries, link),
+                kernel_table(entries, link, FROM_ELF),
                 [],
                 len(entries),
             )
@@ -317,12 +318,18 @@ class SymbolCapture:
             self.log.info("kernel_symbols", table=used, action=action, symbols=n, bytes=len(packed))
 
     def capture_modules(self, incs: list[Incarnation], ks: Kallsyms | None) -> None:
+        """Each load's build gets a table: from kallsyms, else from its ``.ko``.
+
+        A table read from a ``.ko`` (the module gone from kallsyms before it
+        was read, or its lines not matching) lacks what the kernel adds, so a
+        later load that kallsyms shows replaces it."""
         for inc in incs:
             s = inc.state
             key = module_symbol_key(s.build_id, s.name, s.srcversion)
             if key is None:
                 continue
-            if self.store.has_table(key):
+            stored = self.store.table_source(key)
+            if stored is not None and stored != FROM_ELF:
                 self._capture_absolutes(inc, key, ks)
                 continue
             packed = None
@@ -330,6 +337,16 @@ class SymbolCapture:
             lines = ks.modules.get(s.name) if ks is not None else None
             if lines and not s.restricted:
                 packed = module_table(lines, s.sections, _section_sizes(inc))
+            if packed is not None and stored is not None:
+                self.store.put_table(key, packed, replace=True)
+                self.captured += 1
+                self.log.info(
+                    "module_symbols", module=s.name, build_id=s.build_id, source=source,
+                    replaced="ko",
+                )  # fmt: skip
+                continue
+            if stored is not None:
+                continue  # the .ko's table stays until kallsyms shows the module
             if packed is None:
                 packed = self.files.table(s.name, s.build_id)
                 source = "ko"

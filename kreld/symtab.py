@@ -9,7 +9,7 @@ them in, so an exported kallsyms is line for line what the kernel showed.
 Layout (little-endian; every array starts 8-byte aligned)::
 
     header   magic "KRSYMTB1", count, nsorted, nsections, names_len,
-             sections_len (u32 each), reserved (u32)
+             sections_len (u32 each), source (u32: FROM_KALLSYMS, FROM_ELF)
     sections section names joined by NUL (module tables)
     values   i64[count]   value relative to its section (kernel: to _text)
     keys     i64[nsorted] sort keys: section << 40 | (value + 2**39), ascending,
@@ -34,6 +34,11 @@ from typing import Literal, Protocol
 MAGIC = b"KRSYMTB1"
 _HEADER = struct.Struct("<8s6I")
 _KEY_SPAN = 1 << 39
+# Where a table's symbols came from (its header says): the kernel's own
+# kallsyms lines, or an ELF file's symtab (a vmlinux or .ko), which lacks the
+# symbols the kernel adds and is replaced once kallsyms shows the module.
+FROM_KALLSYMS = 0
+FROM_ELF = 1
 ABSOLUTE = 1  # kernel table: section index of symbols that do not move with KASLR
 # Module tables: the pseudo-section of symbols printed at absolute values.
 MODULE_ABSOLUTE = "*absolute*"
@@ -54,7 +59,11 @@ class Entry:
     name: str
 
 
-def pack(entries: Sequence[tuple[int, int, int, bytes]], sections: Sequence[str]) -> bytes:
+def pack(
+    entries: Sequence[tuple[int, int, int, bytes]],
+    sections: Sequence[str],
+    source: int = FROM_KALLSYMS,
+) -> bytes:
     """Pack ``(section, value, type byte, name)`` entries, in their given order."""
     n = len(entries)
     names = b"".join(e[3] for e in entries)
@@ -68,7 +77,7 @@ def pack(entries: Sequence[tuple[int, int, int, bytes]], sections: Sequence[str]
     # Of symbols sharing an address only the first in file order is found.
     searchable = [s for j, s in enumerate(searchable) if j == 0 or s[0] != searchable[j - 1][0]]
     out = bytearray(
-        _HEADER.pack(MAGIC, n, len(searchable), len(sections), len(names), len(secblob), 0)
+        _HEADER.pack(MAGIC, n, len(searchable), len(sections), len(names), len(secblob), source)
     )
     out += secblob + b"\0" * _pad8(len(secblob))
     out += struct.pack(f"<{n}q", *(e[1] for e in entries))
@@ -103,7 +112,7 @@ class SymbolTable:
         mv = memoryview(buf)
         if len(mv) < _HEADER.size:
             raise ValueError("symbol table too short")
-        magic, n, ns, nsec, names_len, sec_len, _ = _HEADER.unpack_from(mv, 0)
+        magic, n, ns, nsec, names_len, sec_len, source = _HEADER.unpack_from(mv, 0)
         if magic != MAGIC:
             raise ValueError("not a kreld symbol table")
         off = _HEADER.size
@@ -119,6 +128,7 @@ class SymbolTable:
             return view
 
         self.count = n
+        self.source = source
         self.values = take("q", n, 8)
         self.keys = take("q", ns, 8)
         self.sorted = take("I", ns, 4)
@@ -131,9 +141,10 @@ class SymbolTable:
         if off + names_len > len(mv):
             raise ValueError("symbol table truncated")
 
-    def shape(self) -> tuple[int, int, int]:
-        """Sizes that tell tables apart, to check a cached :class:`Accel` against."""
-        return self.count, len(self.keys), len(self.names)
+    def shape(self) -> tuple[int, int, int, int]:
+        """What tells tables apart, to check a cached :class:`Accel` against
+        (a table is only ever replaced by one of another source)."""
+        return self.count, len(self.keys), len(self.names), self.source
 
     def section_index(self, name: str) -> int | None:
         try:
@@ -255,7 +266,9 @@ def parse_kallsyms(data: bytes) -> Kallsyms:
     return Kallsyms(core, modules, order)
 
 
-def kernel_table(core: Sequence[tuple[int, bytes, bytes]], text: int) -> bytes:
+def kernel_table(
+    core: Sequence[tuple[int, bytes, bytes]], text: int, source: int = FROM_KALLSYMS
+) -> bytes:
     entries = []
     for value, typ, name in core:
         rel = value - text
@@ -263,7 +276,7 @@ def kernel_table(core: Sequence[tuple[int, bytes, bytes]], text: int) -> bytes:
             entries.append((0, rel, typ[0], name))
         else:
             entries.append((ABSOLUTE, value, typ[0], name))
-    return pack(entries, [])
+    return pack(entries, [], source)
 
 
 def module_table(

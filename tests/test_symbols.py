@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -869,6 +870,7 @@ class Kos:
 
 
 KO_CASES = {"plain": ".ko", "xz": ".ko.xz", "zst": ".ko.zst"}
+UPGRADE_BASE = BASE_A + 0x2000000
 SECTION_OFFSETS = {".text": 0, ".data": 0x2000, ".rodata": 0x3000, ".init.text": INIT}
 
 
@@ -913,6 +915,8 @@ def kos(tmp_path_factory: pytest.TempPathFactory, sock_dir: Path, daemons: list[
         (misc / f"ko-{case}{suffix}").write_bytes(data)
     # Right name, right place, another build: never used.
     (misc / "ko-wrong.ko").write_bytes(link(OTHER_ID))
+    # Its table from the .ko first, then from kallsyms (test_a_table_from_a_ko_...).
+    (misc / "ko-upgrade.ko").write_bytes(link(mod_build_id("ko_upgrade")))
     symbols = ko_symbols(base / f"{OTHER_ID}.ko")
 
     # The modules are loaded with no lines in kallsyms: the .ko is the only source.
@@ -924,6 +928,8 @@ def kos(tmp_path_factory: pytest.TempPathFactory, sock_dir: Path, daemons: list[
         if case not in missing:
             d.wait_for("module_symbols", module=f"ko_{case}")
     d.wait_for("module_symbols_unavailable", module="ko_wrong")
+    m.tree.add_module("ko_upgrade", UPGRADE_BASE, build_id=mod_build_id("ko_upgrade"))
+    d.wait_for("module_symbols", module="ko_upgrade", source="ko")
     kos = Kos(m, d, symbols)
     kos.missing = missing
     return kos
@@ -972,6 +978,33 @@ def test_ko_with_another_build_id_is_refused(kos: Kos) -> None:
     # Still placed in its section, but with no symbol.
     assert (r["image"], r["section"], r["offset"]) == ("ko_wrong", ".text", f"{value + 3:#x}")
     assert "symbol" not in r
+
+
+def test_a_table_from_a_ko_is_replaced_once_kallsyms_shows_the_module(kos: Kos) -> None:
+    """ko_upgrade's table came from its .ko (kallsyms did not show it): the kernel
+    prints symbols a .ko lacks, so its next load that kallsyms shows replaces the
+    table, once, and Resolve (past its cached accelerator) names the kernel's."""
+    m, d, name = kos.m, kos.daemon, "ko_upgrade"
+    section, value = kos.symbols["kofake_func_b"]
+    before = f"{UPGRADE_BASE + SECTION_OFFSETS[section] + value + 3:#x}"
+    [r] = ok(call(m.sock, "Resolve", addresses=[before]))["results"]
+    assert sym(r) == (name, "kofake_func_b", "0x3")
+    m.tree.remove_module(name)
+    d.wait_for("module_unloaded", module=name)
+    m.load(name, BASE_B)  # now with its lines in kallsyms
+    ev = d.wait_for("module_symbols", module=name, source="kallsyms")
+    assert ev["replaced"] == "ko"
+    [r] = ok(call(m.sock, "Resolve", addresses=[f"{BASE_B + 0x85:#x}"]))["results"]
+    assert sym(r) == (name, f"{name}_read", "0x5")
+    lines = [ln for ln in m.export().splitlines() if ln.endswith(f"\t[{name}]")]
+    assert lines == mod_lines(name, BASE_B)
+    m.unload(name)
+    d.wait_for("module_unloaded", module=name, count=2)
+    m.load(name, BASE_B + 0x100000)  # a later load changes nothing more
+    d.wait_for("module_loaded", module=name, count=3)
+    time.sleep(1)  # the symbol worker sees the load 50 ms after it is recorded
+    replaced = [e for e in d.events() if e.get("event") == "module_symbols" and e["module"] == name]
+    assert [e["source"] for e in replaced] == ["ko", "kallsyms"]
 
 
 VMLINUX_ASM = """\
