@@ -505,7 +505,7 @@ def _run(quick: bool, tmp: Path) -> list[Result]:
             mem[name] = {"ready": d.status()}
             clients[name] = Client(str(d.sock), timeout=120)
         current = clients["large"].call("GetBoot")["boot"]
-        text = int(current["anchors"]["_text"], 16)
+        text = int(current["anchors"]["text"], 16)
         rng = random.Random(8)
         addrs = [hex(text + rng.randrange(0x1000000)) for _ in range(8)]
         addrs += [hex(0xFFFFFFFFC1000000 + rng.randrange(FAKE_MODULES * 0x40000)) for _ in range(8)]

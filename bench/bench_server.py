@@ -199,9 +199,9 @@ def _run(
     echo = Client(str(echo_sock))
     kreld = Client(str(kreld_sock), timeout=120)
     boot = kreld.call("GetBoot")["boot"]
-    restricted = boot["anchors"]["_text"] is None
-    text = int(boot["anchors"]["_text"] or "0", 16)
-    etext = int(boot["anchors"]["_etext"] or "0", 16)
+    restricted = boot["anchors"]["text"] is None
+    text = int(boot["anchors"]["text"] or "0", 16)
+    etext = int(boot["anchors"]["etext"] or "0", 16)
     # Wait until the symbol table is captured, so Resolve includes symbols.
     deadline = time.monotonic() + 60
     while not restricted and time.monotonic() < deadline:

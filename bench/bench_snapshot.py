@@ -88,7 +88,7 @@ def _run(tmp: Path, n: int) -> list[Result]:
     run_quiet([kreldctl, *common, "snapshot", "--json"])
     shown = json.loads(run_quiet([kreldctl, *common, "show", "--json"]).stdout)
     parsed_text = _text_of(syms)
-    shown_text = shown["anchors"]["_text"]
+    shown_text = shown["anchors"]["text"]
     if parsed_text and shown_text != f"{parsed_text:#x}":
         out_notes.append(
             f"MISMATCH: kreldctl show says _text={shown_text}, the plain parse {parsed_text:#x}"

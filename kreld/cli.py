@@ -163,8 +163,9 @@ def render_boot(snap: BootSnapshot, out: TextIO) -> None:
         ("Version", snap.version),
         ("Build-id", snap.build_id or "unknown"),
     ]
-    for name, value in snap.anchors.to_json().items():
-        rows.append((name, value or ("restricted" if snap.restricted else "unknown")))
+    # Labelled with the kernel's symbol names; --json has the wire names (text, ...).
+    for name, value in snap.anchors.to_ints().items():
+        rows.append((name, hexaddr(value) or ("restricted" if snap.restricted else "unknown")))
     if snap.kaslr is not None:
         rows.append(("KASLR offset", f"{snap.kaslr.value:#x} (from {snap.kaslr.source.value})"))
         rows.append(("  source", snap.kaslr.path))

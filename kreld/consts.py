@@ -14,6 +14,10 @@ DEFAULT_STATE_DIR: Final = "/var/lib/kreld"
 DEFAULT_SOCKET: Final = "/run/kreld/kreld.sock"
 DEFAULT_ROOT: Final = "/"
 
+# The project's public address, as org.varlink.service.GetInfo gives it: empty
+# while pyproject.toml names none (tests/test_packaging.py holds the two equal).
+PROJECT_URL: Final = ""
+
 
 # 2: compact incarnation records (kreld.records); schema 1 records still read.
 # 3: binary incarnation records; records of schemas 1 and 2 still read.

@@ -30,7 +30,7 @@ from kreld import log as klog
 from kreld.config import Config
 from kreld.errors import ExitCode, KreldError
 from kreld.kernel import Root, read_boot_id
-from kreld.model import BootSnapshot, Timestamp
+from kreld.model import BootSnapshot, Timestamp, hexaddr
 from kreld.options import add_common, resolve_config
 from kreld.server import ACCEPT_HEADROOM, Limits, Policy, Server, bind_socket, group_id
 from kreld.service import Service
@@ -85,8 +85,8 @@ def log_boot(log: Any, snap: BootSnapshot, added: bool, changed: bool, notes: li
     log.info("boot", boot_id=snap.boot_id, new=added, updated=changed)
     log.info("kernel_release", release=snap.release, version=snap.version)
     log.info("kernel_build_id", build_id=snap.build_id)
-    for name, value in snap.anchors.to_json().items():
-        log.info("kernel_symbol", symbol=name, address=value)
+    for name, value in snap.anchors.to_ints().items():
+        log.info("kernel_symbol", symbol=name, address=hexaddr(value))
     if snap.kaslr is not None:
         log.info(
             "kaslr_offset",

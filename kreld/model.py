@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from kreld.consts import ANCHOR_SYMBOLS
+
 JSON = dict[str, Any]
 
 
@@ -94,9 +96,19 @@ class KaslrOffset:
         return cls(parse_addr(d["value"]), OffsetSource(d["source"]), str(d["path"]))
 
 
+# The anchors' names on the wire, in ANCHOR_SYMBOLS order (Anchors' attributes).
+WIRE_ANCHORS = tuple(sym.removeprefix("_") for sym in ANCHOR_SYMBOLS)
+
+
 @dataclass(frozen=True, slots=True)
 class Anchors:
-    """Runtime addresses of the symbols that mark out the kernel image."""
+    """Runtime addresses of the symbols that mark out the kernel image.
+
+    On the wire each is named as its attribute here: the kernel symbol
+    without its leading underscore (``text`` for ``_text``), since a varlink
+    field name may not start with one.  :meth:`to_ints` and
+    :meth:`from_symbols` speak the kernel's own names.
+    """
 
     text: int | None = None
     stext: int | None = None
@@ -105,43 +117,25 @@ class Anchors:
     einittext: int | None = None
 
     def to_json(self) -> JSON:
-        return {
-            "_text": hexaddr(self.text),
-            "_stext": hexaddr(self.stext),
-            "_etext": hexaddr(self.etext),
-            "_sinittext": hexaddr(self.sinittext),
-            "_einittext": hexaddr(self.einittext),
-        }
+        return {wire: hexaddr(v) for wire, v in zip(WIRE_ANCHORS, self._values(), strict=True)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Anchors:
-        def get(k: str) -> int | None:
-            v = d.get(k)
-            return None if v is None else parse_addr(v)
-
-        return cls(get("_text"), get("_stext"), get("_etext"), get("_sinittext"), get("_einittext"))
+        return cls(*(None if d.get(k) is None else parse_addr(d[k]) for k in WIRE_ANCHORS))
 
     @classmethod
     def from_symbols(cls, syms: Mapping[str, int]) -> Anchors:
-        return cls(
-            syms.get("_text"),
-            syms.get("_stext"),
-            syms.get("_etext"),
-            syms.get("_sinittext"),
-            syms.get("_einittext"),
-        )
+        return cls(*(syms.get(k) for k in ANCHOR_SYMBOLS))
 
     def known(self) -> dict[str, int]:
         return {k: v for k, v in self.to_ints().items() if v is not None}
 
     def to_ints(self) -> dict[str, int | None]:
-        return {
-            "_text": self.text,
-            "_stext": self.stext,
-            "_etext": self.etext,
-            "_sinittext": self.sinittext,
-            "_einittext": self.einittext,
-        }
+        """By kernel symbol name: ``{"_text": ..., "_stext": ...}``."""
+        return dict(zip(ANCHOR_SYMBOLS, self._values(), strict=True))
+
+    def _values(self) -> tuple[int | None, ...]:
+        return (self.text, self.stext, self.etext, self.sinittext, self.einittext)
 
 
 @dataclass(frozen=True, slots=True)

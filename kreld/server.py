@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kreld import __version__
+from kreld import __version__, consts
 from kreld.errors import KreldError, SocketError
 from kreld.model import Incarnation
 from kreld.service import Service
@@ -343,9 +343,12 @@ class Server:
             try:
                 call = parse_call(raw[:-1])
             except VarlinkError as bad:
-                await self._send(conn, error_reply(bad))
+                if not bad.oneway:
+                    await self._send(conn, error_reply(bad))
                 continue
             if call.method == f"{INTERFACE}.Subscribe":
+                if call.oneway:  # it could stream nothing: no subscription, no reply
+                    continue
                 if not call.more:
                     await self._send(conn, error_reply(VarlinkError(f"{SERVICE}.ExpectedMore")))
                     continue
@@ -358,7 +361,7 @@ class Server:
                 # thread, so the loop goes on answering everyone else meanwhile.
                 loop = asyncio.get_running_loop()
                 data = await loop.run_in_executor(self._worker, self._dispatch, call)
-            if not call.oneway:
+            if not call.oneway:  # a oneway call is carried out, its reply dropped
                 await self._send(conn, data)
 
     def _dispatch(self, call: Call) -> bytes:
@@ -386,7 +389,7 @@ class Server:
                         "vendor": "kreld",
                         "product": "kreld",
                         "version": __version__,
-                        "url": "https://github.com/kreld/kreld",
+                        "url": consts.PROJECT_URL,
                         "interfaces": [SERVICE, INTERFACE],
                     }
                 )

@@ -48,7 +48,7 @@ from kreld.errors import (
     StoreFull,
     StoreTooNew,
 )
-from kreld.model import BootSnapshot, Incarnation, Timestamp, merge_boot
+from kreld.model import BootSnapshot, Incarnation, Timestamp, hexaddr, merge_boot
 from kreld.symtab import SymbolTable, module_symbol_key
 
 T = TypeVar("T")
@@ -74,6 +74,20 @@ _SEQ = struct.Struct(">Q")
 
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def boot_record(snap: BootSnapshot) -> bytes:
+    """A boot as stored: its wire form, but with the anchors keyed by the kernel's
+    symbol names (``_text``), as every store has kept them since schema 1."""
+    d = snap.to_json()
+    d["anchors"] = {k: hexaddr(v) for k, v in snap.anchors.to_ints().items()}
+    return _dumps(d)
+
+
+def boot_from_record(raw: bytes) -> BootSnapshot:
+    d = json.loads(raw)
+    d["anchors"] = {k.removeprefix("_"): v for k, v in d["anchors"].items()}
+    return BootSnapshot.from_json(d)
 
 
 def boot_key(boot_id: str) -> bytes:
@@ -394,14 +408,14 @@ class Store:
         def txn_fn(txn: Any) -> tuple[BootSnapshot, bool, bool]:
             raw = txn.get(key, db=self.dbs[b"boots"])
             if raw is not None:
-                old = BootSnapshot.from_json(json.loads(raw))
+                old = boot_from_record(raw)
                 merged = merge_boot(old, snap)
                 if merged == old:
                     return old, False, False
-                txn.put(key, _dumps(merged.to_json()), db=self.dbs[b"boots"])
+                txn.put(key, boot_record(merged), db=self.dbs[b"boots"])
                 self._put_build(txn, merged)
                 return merged, False, True
-            txn.put(key, _dumps(snap.to_json()), db=self.dbs[b"boots"])
+            txn.put(key, boot_record(snap), db=self.dbs[b"boots"])
             order = _SEQ.pack(snap.first_seen.realtime) + key
             txn.put(order, b"", db=self.dbs[b"boot_order"])
             self._put_build(txn, snap)
@@ -438,7 +452,7 @@ class Store:
         raw = self.read(fn)
         if raw is None:
             raise NoSuchBoot(boot_id)
-        return BootSnapshot.from_json(json.loads(raw))
+        return boot_from_record(raw)
 
     def resolve_boot(self, prefix: str) -> str:
         """The full boot-id for a unique prefix (as ``git`` does with hashes)."""
@@ -480,7 +494,7 @@ class Store:
             for k in txn.cursor(db=order).iterprev(values=False):
                 raw = txn.get(k[8:], db=boots)
                 if raw is not None:
-                    out.append(BootSnapshot.from_json(json.loads(raw)))
+                    out.append(boot_from_record(raw))
             return out
 
         return self.read(fn)

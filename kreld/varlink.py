@@ -20,6 +20,10 @@ SERVICE = "org.varlink.service"
 class VarlinkError(Exception):
     """An error reply: a qualified name and its parameters."""
 
+    # Raised for a call that said "oneway": the varlink spec has the service send
+    # it no reply at all, not even an error.
+    oneway: bool = False
+
     def __init__(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         super().__init__(name)
         self.name = name
@@ -70,6 +74,17 @@ def parse_call(raw: bytes) -> Call:
         raise invalid_request(f"not JSON: {str(e)[:120]}") from e
     if not isinstance(obj, dict):
         raise invalid_request("a call must be a JSON object")
+    oneway = obj.get("oneway", False)
+    if not isinstance(oneway, bool):
+        raise invalid_request("'more' and 'oneway' must be booleans")
+    try:
+        return _checked_call(obj, oneway)
+    except VarlinkError as e:
+        e.oneway = oneway
+        raise
+
+
+def _checked_call(obj: dict[str, Any], oneway: bool) -> Call:
     method = obj.get("method")
     if not isinstance(method, str) or "." not in method or len(method) > 256:
         raise invalid_request("missing or malformed 'method'")
@@ -78,8 +93,8 @@ def parse_call(raw: bytes) -> Call:
         params = {}
     if not isinstance(params, dict):
         raise invalid_parameter("parameters")
-    more, oneway = obj.get("more", False), obj.get("oneway", False)
-    if not isinstance(more, bool) or not isinstance(oneway, bool):
+    more = obj.get("more", False)
+    if not isinstance(more, bool):
         raise invalid_request("'more' and 'oneway' must be booleans")
     if obj.get("upgrade"):
         raise VarlinkError(f"{SERVICE}.MethodNotImplemented", {"method": method})

@@ -22,11 +22,11 @@ def common(tree: FakeTree, state: Path) -> list[str]:
 def check_addresses(boot: dict[str, Any], text: int) -> None:
     """Addresses travel as lowercase "0x..." strings, never JSON numbers."""
     anchors = boot["anchors"]
-    assert set(anchors) == {"_text", "_stext", "_etext", "_sinittext", "_einittext"}
+    assert set(anchors) == {"text", "stext", "etext", "sinittext", "einittext"}
     for value in anchors.values():
         assert isinstance(value, str) and HEX.match(value), value
-    assert int(anchors["_text"], 16) == text
-    assert int(anchors["_etext"], 16) == text + 0x1000000
+    assert int(anchors["text"], 16) == text
+    assert int(anchors["etext"], 16) == text + 0x1000000
     assert boot["kaslr_offset"] is None or HEX.match(boot["kaslr_offset"])
 
 

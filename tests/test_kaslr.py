@@ -119,7 +119,7 @@ def test_offset_from_matching_vmlinux_in_boot_is_exact(
     assert boot["kaslr_offset"] == f"{OFFSET:#x}"
     assert boot["kaslr_source"] == "vmlinux"
     assert boot["kaslr_path"] == str(v)
-    assert boot["anchors"]["_text"] == f"{LINK + OFFSET:#x}"
+    assert boot["anchors"]["text"] == f"{LINK + OFFSET:#x}"
     # The build record keeps the link-time _text for later symbolization.
     with Store(tmp_path / "st", readonly=True) as store:
         build = store.get_build(BUILD_ID)
@@ -173,7 +173,7 @@ def test_vmlinux_with_another_build_id_is_ignored(
     boot = snapshot(tree, tmp_path)
     assert boot["kaslr_offset"] is None
     assert boot["kaslr_source"] is None
-    assert boot["anchors"]["_text"] == f"{LINK + OFFSET:#x}"  # still recorded
+    assert boot["anchors"]["text"] == f"{LINK + OFFSET:#x}"  # still recorded
 
 
 def test_matching_vmlinux_is_used_after_a_mismatching_one(
@@ -335,7 +335,7 @@ def test_unrestricted_snapshot_after_restricted_one_fills_in(
     boot = out["boot"]
     assert boot["restricted"] is False and boot["restricted_reason"] is None
     assert boot["kaslr_offset"] == f"{OFFSET:#x}"
-    assert boot["anchors"]["_text"] == f"{LINK + OFFSET:#x}"
+    assert boot["anchors"]["text"] == f"{LINK + OFFSET:#x}"
 
 
 def test_random_fake_build_id_never_matches(tmp_path: Path, make_vmlinux: VmlinuxFactory) -> None:

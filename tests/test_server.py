@@ -188,7 +188,7 @@ def test_restricted_boot_refuses_to_resolve(
     start(daemon_factory, tree, state_dir, sock)
     with Client(str(sock)) as c:
         boot = c.call("GetBoot")["boot"]
-        assert boot["restricted"] is True and boot["anchors"]["_text"] is None
+        assert boot["restricted"] is True and boot["anchors"]["text"] is None
         with pytest.raises(AddressesRestricted):
             c.call("Resolve", addresses=["0xffffffff81000000"])
 

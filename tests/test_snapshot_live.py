@@ -108,7 +108,7 @@ def test_kreldctl_snapshot_json_agrees(tmp_path: Path) -> None:
     if os.geteuid() == 0 and KALLSYMS.exists():
         text = kallsyms_core_symbols().get("_text")
         if text:
-            assert boot["anchors"]["_text"] == f"{text:#x}"
+            assert boot["anchors"]["text"] == f"{text:#x}"
             assert boot["restricted"] is False
     again = ctl_json("snapshot", "--state-dir", state)
     assert (again["new"], again["updated"]) == (False, False)

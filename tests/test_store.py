@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -109,6 +110,49 @@ def test_partial_anchor_knowledge_is_completed_field_by_field(tmp_path: Path) ->
         stored, _, changed = store.record_boot(b)
     assert changed is True
     assert stored.anchors == Anchors(TEXT, TEXT, TEXT + 0x1000000)
+
+
+# A boot record as stores have held it since schema 1 (anchors under the kernel's symbol
+# names), written out by hand so that a change to the writer cannot move it too.
+OLD_BOOT_RECORD = (
+    '{"boot_id":"%s","release":"6.1.0-fake","version":"#1 SMP","build_id":null,'
+    '"anchors":{"_text":"0xffffffff9d000000","_stext":"0xffffffff9d000000",'
+    '"_etext":"0xffffffff9e000000","_sinittext":null,"_einittext":null},'
+    '"kaslr_offset":null,"kaslr_source":null,"kaslr_path":null,"restricted":false,'
+    '"restricted_reason":null,"kptr_restrict":0,'
+    '"first_seen":{"monotonic":1,"boottime":2,"realtime":3},"faults":[]}'
+)
+
+
+def test_stored_anchors_keep_the_kernel_symbol_names_the_wire_drops(tmp_path: Path) -> None:
+    """The varlink fields are text, stext, ... (no leading underscore); the store keeps
+    _text, ... as before, so an older store reads and an older kreld reads a newer one."""
+    old_id, new_id = str(uuid.uuid4()), str(uuid.uuid4())
+    with Store(tmp_path / "st") as store:
+        store.record_boot(snap(new_id))
+    env = lmdb.open(str(tmp_path / "st"), max_dbs=16)
+    boots = env.open_db(b"boots", create=False)
+    with env.begin(write=True) as txn:
+        written = json.loads(txn.get(new_id.encode(), db=boots))
+        txn.put(old_id.encode(), (OLD_BOOT_RECORD % old_id).encode(), db=boots)
+    env.close()
+    assert written["anchors"] == {
+        "_text": f"{TEXT:#x}",
+        "_stext": f"{TEXT:#x}",
+        "_etext": f"{TEXT + 0x1000000:#x}",
+        "_sinittext": None,
+        "_einittext": None,
+    }
+    with Store(tmp_path / "st", readonly=True) as store:
+        old, new = store.get_boot(old_id), store.get_boot(new_id)
+    assert old.anchors == new.anchors == Anchors(TEXT, TEXT, TEXT + 0x1000000)
+    assert old.to_json()["anchors"] == {
+        "text": f"{TEXT:#x}",
+        "stext": f"{TEXT:#x}",
+        "etext": f"{TEXT + 0x1000000:#x}",
+        "sinittext": None,
+        "einittext": None,
+    }
 
 
 def test_restriction_learnt_later_keeps_its_reason(tmp_path: Path) -> None:

@@ -1076,8 +1076,8 @@ def test_matching_vmlinux_gives_symbols_when_kallsyms_is_restricted(
     assert boot["restricted"] is True
     assert (boot["kaslr_offset"], boot["kaslr_source"]) == (f"{SLIDES[0]:#x}", "vmcoreinfo")
     text = LINK + SLIDES[0]
-    assert boot["anchors"]["_text"] == f"{text:#x}"
-    assert boot["anchors"]["_etext"] == f"{text + 0x1000000:#x}"
+    assert boot["anchors"]["text"] == f"{text:#x}"
+    assert boot["anchors"]["etext"] == f"{text + 0x1000000:#x}"
 
     nm = nm_symbols(build_vmlinux(tmp_path, BUILD_ID))
     addrs, want = [], []
@@ -1103,7 +1103,7 @@ def test_vmlinux_with_another_build_id_gives_no_symbols(
     boot = ok(call(m.sock, "GetBoot"))["boot"]
     # The slide is known from VMCOREINFO, but without the image no address is.
     assert boot["kaslr_offset"] == f"{SLIDES[0]:#x}"
-    assert boot["anchors"]["_text"] is None
+    assert boot["anchors"]["text"] is None
     assert symtab_keys(m.state) == []
     text = LINK + SLIDES[0]
     for method, params in (

@@ -184,7 +184,7 @@ def test_kernel_symbols_never_captured_from_zeros_after_a_crash(
         d = m.start()
         wait_until("kernel symbols", lambda: symbols_done(d))
         boot = m.call("GetBoot")["boot"]
-        assert boot["anchors"]["_text"] == f"{m.tree.text:#x}"  # kept from the first run
+        assert boot["anchors"]["text"] == f"{m.tree.text:#x}"  # kept from the first run
         r = m.call("Resolve", addresses=[f"{m.tree.text + 0x1008:#x}"])["results"][0]
         print("Resolve _text+0x1008:", r)
         assert r["image"] == "kernel" and r["offset"] == "0x1008"
