@@ -15,7 +15,7 @@ DEFAULT_SOCKET: Final = "/run/kreld/kreld.sock"
 DEFAULT_ROOT: Final = "/"
 
 # The project's public address, as org.varlink.service.GetInfo gives it: empty
-# while pyproject.toml names none (tests/test_packaging.py holds the two equal).
+# while pyproject.toml names none (tests/test_varlink_reference.py holds the two equal).
 PROJECT_URL: Final = ""
 
 
