@@ -410,9 +410,8 @@ class Ctl:
 
     def symbolize(self) -> int:
         if self.args.for_perf:
-            return perfctl.symbolize_for(
-                self.perf_store(), self.perf_header(), sys.stdin, self.out, self.err
-            )
+            header = self.perf_header()  # a bad file is told first
+            return perfctl.symbolize_for(self.perf_store(), header, sys.stdin, self.out, self.err)
         addrs: list[str] = []
         for line in sys.stdin:
             addrs.extend(addresses_in(line))
@@ -438,7 +437,8 @@ class Ctl:
 
     def export(self) -> int:
         if self.args.for_perf:
-            text = perfctl.export_for(self.perf_store(), self.perf_header(), self.err)
+            header = self.perf_header()  # a bad file is told first
+            text = perfctl.export_for(self.perf_store(), header, self.err)
         else:
             text = self.call("ExportKallsyms", **self._at())["kallsyms"]
         if self.args.json:
