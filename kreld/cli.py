@@ -429,6 +429,10 @@ class Ctl:
         return 0
 
     def perf_header(self) -> PerfHeader:
+        if self.args.boot is not None or self.args.at is not None:
+            raise InvalidArgument(
+                "--for", "the recording names its boot and times: no --boot, --at"
+            )
         return read_perf_header(self.args.for_perf)
 
     def perf_store(self) -> Store:

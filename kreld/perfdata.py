@@ -343,17 +343,20 @@ class _Reader:
         read in chunks so a stop early costs little."""
         self.f.seek(start)
         buf = b""
-        pos = start  # file offset of buf[0]
+        at = 0  # the next record's index in buf
+        pos = start  # its file offset
         while True:
-            while len(buf) >= 8:
-                rtype, misc, size = struct.unpack_from(endian + "IHH", buf, 0)
+            while len(buf) - at >= 8:
+                rtype, misc, size = struct.unpack_from(endian + "IHH", buf, at)
                 if size < 8:
                     raise PerfDataError(self.path, f"record of size {size}", pos)
-                if len(buf) < size:
+                if len(buf) - at < size:
                     break
-                yield pos, rtype, misc, buf[:size]
-                buf = buf[size:]
+                yield pos, rtype, misc, buf[at : at + size]
+                at += size
                 pos += size
+            buf = buf[at:]
+            at = 0
             limit = _READ_CHUNK if end is None else min(_READ_CHUNK, end - pos - len(buf))
             chunk = self.f.read(limit) if limit > 0 else b""
             self.bytes_read += len(chunk)
@@ -386,7 +389,6 @@ class _Scan:
         self.pending = b""  # a record split between two compressed records
         self.done = False
         self.scanned = 0
-        self._dctx: object | None = None
 
     def record(self, rtype: int, misc: int, rec: bytes, offset: int) -> None:
         c = self.c

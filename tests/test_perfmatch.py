@@ -157,6 +157,13 @@ def test_no_matching_text_exits_3_listing_the_boots_of_the_build(world: World) -
     assert f"_text {LINK + SLIDES[1]:#x}" in cp.stderr
 
 
+def test_for_with_boot_or_at_is_a_usage_error(world: World) -> None:
+    data = world.perf("b.data", SLIDES[1], [])
+    for extra in (["--boot", world.ids["A"]], ["--at", "5s"]):
+        cp = world.ctl("export", "kallsyms", "--for", str(data), *extra, check=False)
+        assert cp.returncode == 2 and "--for" in cp.stderr, cp.stderr
+
+
 def test_another_kernel_build_exits_3(world: World, tmp_path: Path) -> None:
     f = PerfFile(text=LINK + SLIDES[0], kernel_build_id="77" * 20, osrelease=RELEASE)
     cp = world.ctl("export", "kallsyms", "--for", str(f.write(tmp_path / "x.data")), check=False)
