@@ -24,7 +24,9 @@ after :data:`PREFIX_LIMIT` bytes, whichever comes first; a file of gigabytes
 costs what its first kilobytes cost.  Records compressed with ``perf record
 -z`` (``PERF_RECORD_COMPRESSED``, and ``COMPRESSED2`` of perf 6.16) are
 decompressed as they come; pipe-mode files (``perf record -o -``), whose
-features travel as ``PERF_RECORD_HEADER_FEATURE`` records, are read too.
+features travel as ``PERF_RECORD_HEADER_FEATURE`` records, are read too, and
+so are the directories ``perf record --threads`` writes (their ``data`` file
+holds the header and the synthesized records).
 """
 
 from __future__ import annotations
@@ -455,6 +457,8 @@ def read_perf_header(path: str | os.PathLike[str]) -> PerfHeader:
     """Read what *path* says about its kernel; :class:`PerfDataError` if it is
     not a perf.data file or is damaged."""
     p = str(path)
+    if Path(p, "data").is_file():  # perf record --threads: a directory, header in "data"
+        p = str(Path(p, "data"))
     try:
         f = open(p, "rb")  # noqa: SIM115 - closed below; the reader keeps it
     except OSError as e:
