@@ -159,6 +159,9 @@ class PerfHeader:
     clock_data: ClockData | None
     bytes_read: int  # of the file, to show the scan stayed in its prefix
     file_size: int | None = field(default=None)
+    # The symbol the kernel map is relative to: "_text", or "_stext" where the
+    # kernel has no _text (perf's ref_reloc_sym_names); ``text`` is its address.
+    ref_symbol: str = "_text"
 
     def module_build_id(self, name: str) -> str | None:
         for m in self.modules:
@@ -205,6 +208,7 @@ class _Collector:
         self.text: int | None = None
         self.kernel_build_id: str | None = None
         self.kernel_map_seen = False
+        self.ref_symbol = "_text"
         self.hostname: str | None = None
         self.osrelease: str | None = None
         self.sample_time: tuple[int, int] | None = None
@@ -298,6 +302,7 @@ class _Collector:
                 self.kernel_map_seen = True
                 # pgoff 0: kallsyms was restricted when perf read it
                 self.text = pgoff or None
+                self.ref_symbol = name[len(KERNEL_MAP_PREFIX) :] or "_text"
                 if build_id and self.kernel_build_id is None:
                     self.kernel_build_id = build_id
         elif _is_module_map(name):
@@ -319,6 +324,7 @@ class _Collector:
             clock_data=self.clock_data,
             bytes_read=bytes_read,
             file_size=size,
+            ref_symbol=self.ref_symbol,
         )
 
 

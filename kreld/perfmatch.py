@@ -170,12 +170,12 @@ def match_boot(
             "(kallsyms was restricted when perf recorded, or the kernel was not recorded)",
             [_describe(b) for b in same_build[:NEAREST_SHOWN]],
         )
-    found = [b for b in same_build if b.anchors.text == h.text]
+    found = [b for b in same_build if _ref_address(b, h.ref_symbol) == h.text]
     if not found:
         build = h.kernel_build_id or f"release {h.osrelease or 'unknown'}"
         raise NoBootForRecording(
             h.path,
-            f"none has kernel build {build} with _text at {h.text:#x}",
+            f"none has kernel build {build} with {h.ref_symbol} at {h.text:#x}",
             [_describe(b) for b in same_build[:NEAREST_SHOWN]],
         )
     clock = sample_clock(h)
@@ -187,6 +187,11 @@ def match_boot(
         score = (-matched, _clock_gap(h, b), -b.first_seen.realtime)
         scored.append((score, BootMatch(b, mods, incs, clock)))
     return min(scored, key=lambda s: s[0])[1]
+
+
+def _ref_address(b: BootSnapshot, symbol: str) -> int | None:
+    """The boot's address of the symbol perf's kernel map is relative to."""
+    return b.anchors.stext if symbol == "_stext" else b.anchors.text
 
 
 def _describe(b: BootSnapshot) -> str:

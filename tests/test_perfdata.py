@@ -195,6 +195,21 @@ def test_mmap2_records_with_build_ids_give_kernel_and_module_build_ids(tmp_path:
     assert h.module_build_id("brd") == "12" * 20
 
 
+def test_a_kernel_map_relative_to_stext_says_so(tmp_path: Path) -> None:
+    """Where the kernel has no _text perf names its map [kernel.kallsyms]_stext."""
+    from perffile import mmap
+
+    f = PerfFile()
+    raw = f.write(tmp_path / "p.data").read_bytes()
+    text = mmap("[kernel.kallsyms]_text", f.text or 0, 0x1269A88, f.text or 0)
+    stext = mmap("[kernel.kallsyms]_stext", f.text or 0, 0x1269A88, f.text or 0)
+    assert len(text) == len(stext)
+    (tmp_path / "s.data").write_bytes(raw.replace(text, stext))
+    h = read_perf_header(tmp_path / "s.data")
+    assert (h.ref_symbol, h.text) == ("_stext", f.text)
+    assert read_perf_header(tmp_path / "p.data").ref_symbol == "_text"
+
+
 def test_features_are_found_by_the_table_whatever_order_their_sections_lie_in(
     tmp_path: Path,
 ) -> None:
