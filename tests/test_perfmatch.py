@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Daemon, _bin, kreldctl
@@ -26,6 +27,10 @@ from perffile import PerfFile
 from test_symbols import BASE_A, BASE_B, BASE_C, BUILD_ID, LINK, RELEASE, SLIDES, Machine
 from test_symbols import daemons as daemons
 from test_symbols import sock_dir as sock_dir
+
+from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.perfdata import ClockData, ModuleMap, PerfHeader
+from kreld.perfmatch import SampleClock, match_boot
 
 SIZE = 0x4000  # FakeTree's coresize
 OTHER_SLIDE = 0x1E000000
@@ -218,3 +223,69 @@ def test_symbolize_for_without_a_kreld_clock_says_times_are_approximate(world: W
     assert cp.returncode == 0, cp.stderr
     assert "approximate" in cp.stderr
     assert f"\t{ip:16x} late2_read+0x0 ([late2])" in cp.stdout.splitlines()
+
+
+# -- the pure matching, on model objects ---------------------------------------------------
+
+
+def snap(boot_id: str, text: int, booted_at: int, seen_after: int = 60 * 10**9) -> BootSnapshot:
+    """A boot that started at realtime *booted_at* and was first seen *seen_after* later."""
+    return BootSnapshot(
+        boot_id=boot_id,
+        release=RELEASE,
+        version="#1",
+        build_id=BUILD_ID,
+        anchors=Anchors(text=text, etext=text + 0x1000000),
+        kaslr=None,
+        restricted=False,
+        restricted_reason=None,
+        kptr_restrict=0,
+        first_seen=Timestamp(seen_after, seen_after, booted_at + seen_after),
+    )
+
+
+def inc(
+    boot_id: str, seq: int, name: str, base: int, loaded: int, unloaded: int | None
+) -> Incarnation:
+    state = ModuleState(name, None, {".text": base}, SIZE, 0, "live", None, None, base, False, None)
+    return Incarnation(
+        boot_id, seq, state, Timestamp(loaded, loaded, loaded), SeenBy.UEVENT, False,
+        unloaded=None if unloaded is None else Timestamp(unloaded, unloaded, unloaded),
+    )  # fmt: skip
+
+
+def header(**kw: Any) -> PerfHeader:
+    base: dict[str, Any] = dict(
+        path="p.data", pipe=False, compressed=False, kernel_build_id=BUILD_ID, text=LINK,
+        modules=(), build_ids=(), hostname=None, osrelease=RELEASE, sample_time=None,
+        clockid=None, clock_data=None, bytes_read=0,
+    )  # fmt: skip
+    base.update(kw)
+    return PerfHeader(**base)
+
+
+def test_a_tie_without_module_maps_is_broken_by_the_clock_data() -> None:
+    """Two boots at one _text, no module maps: CLOCK_DATA's (realtime, monotonic)
+    pair puts the recording's boot instant at the second boot's; without clock
+    data the newest boot wins."""
+    day = 86_400 * 10**9
+    older, newer = snap("old", LINK, 1000 * day), snap("new", LINK, 1001 * day)
+    boots = [newer, older]
+    cd = ClockData(1, 1000 * day + 500 * 10**9, 500 * 10**9)  # 500 s after the older boot
+    m = match_boot(header(clockid=1, clock_data=cd), boots, lambda _b: [])
+    assert m.boot.boot_id == "old" and m.clock == SampleClock(Clock.MONOTONIC, True, 500 * 10**9)
+    assert match_boot(header(), boots, lambda _b: []).boot.boot_id == "new"
+
+
+def test_two_loads_at_one_base_are_told_apart_by_the_record_start() -> None:
+    """brd loaded, unloaded and loaded again at the same base: the load live
+    when recording started (its clock data) is chosen; with no clock, the newest."""
+    b = snap("b", LINK, 0)
+    loads = [inc("b", 1, "brd", BASE_A, 10, 20), inc("b", 2, "brd", BASE_A, 30, None)]
+    brd = ModuleMap("brd", "[brd]", BASE_A, SIZE)
+    for start, seq in ((15, 1), (35, 2)):
+        h = header(modules=(brd,), clockid=1, clock_data=ClockData(1, 10**18, start))
+        (choice,) = match_boot(h, [b], lambda _b: loads).modules
+        assert choice.inc is not None and choice.inc.seq == seq
+    (choice,) = match_boot(header(modules=(brd,)), [b], lambda _b: loads).modules
+    assert choice.inc is not None and choice.inc.seq == 2
