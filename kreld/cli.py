@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from kreld import perfctl
 from kreld.client import Client, ConnectError, error_from_reply
 from kreld.config import Config
 from kreld.consts import KALLSYMS
@@ -19,6 +20,7 @@ from kreld.errors import ExitCode, InvalidArgument, KreldError
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr, parse_addr
 from kreld.options import add_common, resolve_config
+from kreld.perfdata import PerfHeader, read_perf_header
 from kreld.queries import loaded_at
 from kreld.service import MAX_RESOLVE_ADDRESSES, Service
 from kreld.store import Store
@@ -69,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--clock",
             choices=[c.value for c in Clock],
             default=Clock.MONOTONIC.value,
-            help="the clock --at is on (default monotonic, as perf uses)",
+            help="the clock --at is on (default monotonic; perf samples on it only "
+            "with perf record -k monotonic, its default clock is local_clock())",
         )
 
     sp = cmd("modules", "list module incarnations loaded at a time")
@@ -79,9 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
         "symbolize", "symbolize addresses read from stdin (one per line, or perf script output)"
     )
     at_options(sp)
+    for_option(sp, "name the [unknown] kernel frames of its perf script output on stdin")
     sp = cmd("export", "export a recorded boot's symbols for other tools")
     sp.add_argument("what", choices=["kallsyms"], help="kallsyms: a file as /proc/kallsyms")
     at_options(sp)
+    for_option(sp, "the boot and module loads it was recorded on (no --boot needed)")
     sp.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
     sp = cmd("gc", "remove boots beyond the retention policy and unused symbol tables")
     sp.add_argument("--keep-boots", type=int, metavar="N", help="keep the N newest boots")
@@ -92,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("addresses", nargs="+", metavar="ADDR", help="hex address (0x optional)")
     at_options(sp)
     return p
+
+
+def for_option(sp: argparse.ArgumentParser, what: str) -> None:
+    sp.add_argument("--for", dest="for_perf", metavar="PERF.DATA", help=f"a perf.data: {what}")
 
 
 def parse_time(text: str, clock: Clock) -> int:
@@ -401,6 +410,9 @@ class Ctl:
         return 0 if all(r.get("image") for r in results) else 1
 
     def symbolize(self) -> int:
+        if self.args.for_perf:
+            header = self.perf_header()  # a bad file is told first
+            return perfctl.symbolize_for(self.perf_store(), header, sys.stdin, self.out, self.err)
         addrs: list[str] = []
         for line in sys.stdin:
             addrs.extend(addresses_in(line))
@@ -417,8 +429,23 @@ class Ctl:
             print(f"{r['address']} {symbol_of(r) or '?'}{where}", file=self.out)
         return 0
 
+    def perf_header(self) -> PerfHeader:
+        if self.args.boot is not None or self.args.at is not None:
+            raise InvalidArgument(
+                "--for", "the recording names its boot and times: no --boot, --at"
+            )
+        return read_perf_header(self.args.for_perf)
+
+    def perf_store(self) -> Store:
+        """--for reads the store directly: it needs the symbol tables."""
+        return Store(self.cfg.state_dir, readonly=True)
+
     def export(self) -> int:
-        text = self.call("ExportKallsyms", **self._at())["kallsyms"]
+        if self.args.for_perf:
+            header = self.perf_header()  # a bad file is told first
+            text = perfctl.export_for(self.perf_store(), header, self.err)
+        else:
+            text = self.call("ExportKallsyms", **self._at())["kallsyms"]
         if self.args.json:
             text = json.dumps({"kallsyms": text}) + "\n"
         if self.args.output:

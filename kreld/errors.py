@@ -181,6 +181,39 @@ class ConfigError(KreldError):
         self.reason = reason
 
 
+class PerfDataError(KreldError):
+    """A perf.data file cannot be read: not one, truncated, or a size that overruns it."""
+
+    varlink_name = "io.kreld.PerfDataError"
+    exit_code = ExitCode.ERROR
+
+    def __init__(self, path: str, reason: str, offset: int | None = None) -> None:
+        where = f"{path}" if offset is None else f"{path} (byte {offset})"
+        super().__init__(f"{where}: {reason}")
+        self.path = path
+        self.reason = reason
+        self.offset = offset
+
+
+class NoBootForRecording(NoSuchBoot):
+    """No recorded boot has the kernel build and ``_text`` a perf.data was recorded on."""
+
+    def __init__(self, path: str, reason: str, nearest: list[str]) -> None:
+        KreldError.__init__(self, _no_boot_message(path, reason, nearest))
+        self.boot_id = ""
+        self.path = path
+        self.reason = reason
+        self.nearest = nearest
+
+
+def _no_boot_message(path: str, reason: str, nearest: list[str]) -> str:
+    lines = [f"no recorded boot matches {path}: {reason}"]
+    if nearest:
+        lines.append("nearest recorded boots (same kernel build, another _text):")
+        lines += [f"  {n}" for n in nearest]
+    return "\n".join(lines)
+
+
 class InvalidArgument(KreldError):
     """A user-supplied value (address, time, boot-id) is malformed."""
 

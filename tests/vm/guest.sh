@@ -13,6 +13,13 @@
 #   sh guest.sh second   boot facts; kreld running while dummy is loaded;
 #                        /proc/kallsyms at T as in "first"
 #
+# In both boots, kreld still running, perf records the whole system while
+# brd is kept busy (perf-brd.data) and reports it live (perf-brd.report: this
+# boot's own /proc/kallsyms, no .ko files); brd is loaded after dummy and veth
+# in the first boot, after dummy alone in the second, so it lies elsewhere.
+# In the second, brd is loaded by the workload of a perf record -k monotonic
+# that started before it (perf-late.data, and its perf script output).
+#
 # Environment: OUT (facts directory), STATE (kreld's state dir), KRELD_VENV,
 # KRELD_REPO, for "first" SYSMAP (the real System.map, may be empty), for
 # "second" PREV_LOG (the first boot's kreld.log: which module builds already
@@ -164,6 +171,38 @@ capture_kallsyms() {
     mark kallsyms_captured
 }
 
+# load_brd LABEL COUNT: brd with a RAM disk big enough for guest_busy.sh.
+load_brd() {
+    modprobe brd rd_nr=1 rd_size=32768 || fail "modprobe brd"
+    wait_log "$2" module_loaded brd
+    copy_module brd "$1"
+}
+
+# perf_brd: perf records the system while brd is busy; the live report.
+perf_brd() {
+    mkdir -p "$OUT/empty" "$OUT/perf-home"
+    HOME=$OUT/perf-home perf record -N -q -e cpu-clock -F 997 -a -o "$OUT/perf-brd.data" \
+        -- sh "$HERE/guest_busy.sh" 3 2>"$OUT/perf-brd.err" || fail "perf record: $(cat "$OUT/perf-brd.err")"
+    HOME=$OUT/perf-home perf report -i "$OUT/perf-brd.data" --kallsyms=/proc/kallsyms \
+        --symfs="$OUT/empty" --stdio --sort sym >"$OUT/perf-brd.report" 2>>"$OUT/perf-brd.err" ||
+        fail "perf report: $(cat "$OUT/perf-brd.err")"
+    mark perf_brd_done
+}
+
+# perf_late: brd loaded while perf record -k monotonic runs; perf script of it.
+perf_late() {
+    mkdir -p "$OUT/empty" "$OUT/perf-home"
+    HOME=$OUT/perf-home perf record -N -q -k monotonic -e cpu-clock -F 997 -a \
+        -o "$OUT/perf-late.data" -- sh "$HERE/guest_busy.sh" 3 load 2>"$OUT/perf-late.err" ||
+        fail "perf record -k monotonic: $(cat "$OUT/perf-late.err")"
+    wait_log 1 module_loaded brd
+    copy_module brd brd
+    HOME=$OUT/perf-home perf script -i "$OUT/perf-late.data" --kallsyms=/proc/kallsyms \
+        --symfs="$OUT/empty" >"$OUT/perf-late.script" 2>>"$OUT/perf-late.err" ||
+        fail "perf script: $(cat "$OUT/perf-late.err")"
+    mark perf_late_done
+}
+
 snapshot() { # LABEL: kreldctl snapshot into its own state dir
     "$V/kreldctl" --config "$CONFIG" --root / --state-dir "$OUT/state-$1" \
         snapshot --json >"$OUT/snapshot-$1.json" 2>"$OUT/snapshot-$1.err"
@@ -184,6 +223,9 @@ first)
     load dummy dummy2 2
     stop_watch 3 1 # dummy, veth, dummy again; dummy unloaded
     capture_kallsyms
+    load_brd brd 1
+    wait_log 1 module_symbols brd
+    perf_brd
     stop_kreld
     # The KASLR offset from a System.map: hide VMCOREINFO (/proc/kcore) first.
     mount --bind /dev/null /proc/kcore || fail "cannot hide /proc/kcore"
@@ -214,6 +256,8 @@ second)
     start_kreld
     load dummy dummy 1
     capture_kallsyms "${PREV_LOG:-}"
+    perf_late
+    perf_brd
     stop_kreld
     ;;
 *)

@@ -1,0 +1,353 @@
+"""The perf.data reader, on files the real ``perf record`` of this machine wrote
+(a normal recording, ``-k monotonic``, ``-z`` and pipe mode), on files written
+byte by byte (tests/perffile.py: module maps, MMAP2 build-ids, both compressed
+record types), and on damaged files, which give :class:`PerfDataError`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import kreldctl
+from perffile import FINISHED_INIT, PerfFile, record, sample
+
+from kreld import perfdata
+from kreld.errors import ExitCode, PerfDataError
+from kreld.kernel import Root, read_kernel_build_id, scan_kallsyms_anchors
+from kreld.perfdata import read_perf_header
+
+# -- real recordings ---------------------------------------------------------------------
+
+
+class Recordings:
+    """perf record runs on this machine, made once for the module."""
+
+    def __init__(self, perf: str, d: Path) -> None:
+        self.perf = perf
+        self.d = d
+        self.env = {**os.environ, "HOME": str(d / "home")}
+        (d / "home").mkdir(exist_ok=True)
+
+    def record(self, name: str, *opts: str, pipe: bool = False) -> subprocess.CompletedProcess[str]:
+        out = self.d / name
+        argv = [self.perf, "record", "-N", "-q", "-e", "cpu-clock", "-a", *opts]
+        argv += ["-o", "-" if pipe else str(out), "--", "sleep", "0.2"]
+        if not pipe:
+            return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=120)
+        with open(out, "wb") as f:
+            cp = subprocess.run(argv, stdout=f, stderr=subprocess.PIPE, env=self.env, timeout=120)
+        return subprocess.CompletedProcess(argv, cp.returncode, "", cp.stderr.decode())
+
+
+@pytest.fixture(scope="module")
+def rec(tmp_path_factory: pytest.TempPathFactory) -> Recordings:
+    """The machine's perf, if it records system-wide here; else skip saying why."""
+    perf = shutil.which("perf")
+    if perf is None:
+        pytest.skip("perf is not installed (Debian package linux-perf)")
+    if os.geteuid() != 0:
+        pytest.skip("not root: perf record -a needs privilege, kallsyms shows zeros")
+    r = Recordings(perf, tmp_path_factory.mktemp("perf"))
+    cp = r.record("probe.data")
+    if cp.returncode != 0:
+        pytest.skip(f"perf record -e cpu-clock -a fails here: {cp.stderr.strip()[-300:]}")
+    return r
+
+
+def live_text() -> int:
+    anchors = scan_kallsyms_anchors(Path("/proc/kallsyms").read_bytes())
+    if not anchors.get("_text"):
+        pytest.skip("/proc/kallsyms shows zero addresses (kernel.kptr_restrict)")
+    return anchors["_text"]
+
+
+def live_modules() -> dict[str, int]:
+    try:
+        text = Path("/proc/modules").read_text()
+    except OSError:
+        return {}  # a kernel without loadable modules
+    return {f[0]: int(f[5], 16) for line in text.splitlines() if len(f := line.split()) >= 6}
+
+
+def assert_this_machine(h: object, path: Path) -> None:
+    from kreld.perfdata import PerfHeader
+
+    assert isinstance(h, PerfHeader)
+    assert h.text == live_text()
+    assert h.hostname == socket.gethostname()
+    assert h.osrelease == os.uname().release
+    assert {m.name: m.start for m in h.modules} == live_modules()
+    assert h.bytes_read <= path.stat().st_size
+
+
+def test_a_normal_recording_names_this_kernel_its_text_and_its_samples(rec: Recordings) -> None:
+    """perf record -a: the build-id of [kernel.kallsyms] is /sys/kernel/notes',
+    the kernel map's pgoff is /proc/kallsyms' _text, the modules are
+    /proc/modules', the sample times lie in the recording's CLOCK_MONOTONIC
+    window loosely (no -k: local_clock()), and no clock is claimed."""
+    cp = rec.record("normal.data")
+    assert cp.returncode == 0, cp.stderr
+    h = read_perf_header(rec.d / "normal.data")
+    assert_this_machine(h, rec.d / "normal.data")
+    assert h.kernel_build_id == read_kernel_build_id(Root(Path("/")))
+    assert not h.pipe and not h.compressed
+    assert h.clockid is None and h.clock_data is None
+    assert h.sample_time is not None and 0 < h.sample_time[0] <= h.sample_time[1]
+
+
+def test_a_k_monotonic_recording_carries_its_clock_and_the_reference_pair(
+    rec: Recordings,
+) -> None:
+    """perf record -k monotonic: the attrs and CLOCK_DATA say CLOCK_MONOTONIC (1),
+    and the reference pair was read while perf ran, on both clocks."""
+    mono0, real0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC), time.time_ns()
+    cp = rec.record("mono.data", "-k", "monotonic")
+    mono1, real1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC), time.time_ns()
+    assert cp.returncode == 0, cp.stderr
+    h = read_perf_header(rec.d / "mono.data")
+    assert_this_machine(h, rec.d / "mono.data")
+    assert h.clockid == 1
+    assert h.clock_data is not None and h.clock_data.clockid == 1
+    assert mono0 <= h.clock_data.clock_ns <= mono1
+    assert real0 <= h.clock_data.realtime_ns <= real1
+    assert h.sample_time is not None and mono0 <= h.sample_time[0] <= h.sample_time[1] <= mono1
+
+
+def test_a_compressed_recording_is_read_through_its_zstd_records(rec: Recordings) -> None:
+    """perf record -z: the same kernel facts, and the file says it is compressed.
+    (perf 6.1 writes its synthesized records plain and compresses the samples,
+    which the reader never inflates; compressed records in the synthesized
+    prefix are covered by the written files below.)"""
+    cp = rec.record("z.data", "-z")
+    if cp.returncode != 0 and "zstd" in cp.stderr.lower():
+        pytest.skip(f"this perf was built without zstd: {cp.stderr.strip()[-200:]}")
+    assert cp.returncode == 0, cp.stderr
+    h = read_perf_header(rec.d / "z.data")
+    assert_this_machine(h, rec.d / "z.data")
+    assert h.compressed
+
+
+def test_a_threads_recording_directory_is_read_from_its_data_file(rec: Recordings) -> None:
+    """perf record --threads writes a directory; its "data" file holds the header."""
+    cp = rec.record("threads.data", "--threads")
+    if cp.returncode != 0 and "threads" in cp.stderr:
+        pytest.skip(f"this perf has no --threads: {cp.stderr.strip()[-200:]}")
+    assert cp.returncode == 0, cp.stderr
+    assert (rec.d / "threads.data").is_dir()
+    h = read_perf_header(rec.d / "threads.data")
+    assert_this_machine(h, rec.d / "threads.data" / "data")
+
+
+def test_a_pipe_mode_recording_is_read_from_its_feature_records(rec: Recordings) -> None:
+    """perf record -o - > file: no file header sections; hostname and release
+    come from HEADER_FEATURE records, _text from the kernel map."""
+    cp = rec.record("pipe.data", pipe=True)
+    assert cp.returncode == 0, cp.stderr
+    h = read_perf_header(rec.d / "pipe.data")
+    assert_this_machine(h, rec.d / "pipe.data")
+    assert h.pipe
+
+
+def test_export_for_a_real_recording_finds_this_boot_with_no_boot_option(
+    rec: Recordings, tmp_path: Path
+) -> None:
+    """kreldctl snapshot, then export kallsyms --for the recording: its boot is
+    this one, and the kernel lines equal /proc/kallsyms'."""
+    cp = rec.record("export.data")
+    assert cp.returncode == 0, cp.stderr
+    state = str(tmp_path / "state")
+    kreldctl("--state-dir", state, "snapshot")
+    out = kreldctl("--state-dir", state, "export", "kallsyms", "--for", str(rec.d / "export.data"))
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert f"boot {boot}" in out.stderr
+    live = [ln for ln in Path("/proc/kallsyms").read_text().splitlines() if "\t" not in ln]
+    assert [ln for ln in out.stdout.splitlines() if "\t" not in ln] == live
+
+
+# -- files written here ------------------------------------------------------------------
+
+MODS = [("brd", 0xFFFFFFFFC0400000, 0x5000), ("nf_tables", 0xFFFFFFFFC0600000, 0x9000)]
+
+
+def test_module_maps_are_named_as_the_kernel_names_modules(tmp_path: Path) -> None:
+    """A map of /lib/.../nf-tables.ko.xz is module nf_tables, at its start and size;
+    the trampoline map of x86 and the user-space maps are no modules."""
+    h = read_perf_header(PerfFile(modules=MODS).write(tmp_path / "p.data"))
+    assert [(m.name, m.start, m.length) for m in h.modules] == MODS
+
+
+def test_mmap2_records_with_build_ids_give_kernel_and_module_build_ids(tmp_path: Path) -> None:
+    """perf >= 6.17 writes MMAP2 with PERF_RECORD_MISC_MMAP_BUILD_ID: the kernel's
+    build-id comes from its map even without a build-id table."""
+    f = PerfFile(modules=MODS, module_build_ids={"brd": "12" * 20}, mmap2=True)
+    f.kernel_build_id = "34" * 20
+    path = f.write(tmp_path / "p.data")
+    h = read_perf_header(path)
+    assert h.kernel_build_id == "34" * 20 and h.text == f.text
+    assert h.modules[0].build_id == "12" * 20 and h.modules[1].build_id is None
+    assert h.module_build_id("brd") == "12" * 20
+
+
+def test_a_kernel_map_relative_to_stext_says_so(tmp_path: Path) -> None:
+    """Where the kernel has no _text perf names its map [kernel.kallsyms]_stext."""
+    from perffile import mmap
+
+    f = PerfFile()
+    raw = f.write(tmp_path / "p.data").read_bytes()
+    text = mmap("[kernel.kallsyms]_text", f.text or 0, 0x1269A88, f.text or 0)
+    stext = mmap("[kernel.kallsyms]_stext", f.text or 0, 0x1269A88, f.text or 0)
+    assert len(text) == len(stext)
+    (tmp_path / "s.data").write_bytes(raw.replace(text, stext))
+    h = read_perf_header(tmp_path / "s.data")
+    assert (h.ref_symbol, h.text) == ("_stext", f.text)
+    assert read_perf_header(tmp_path / "p.data").ref_symbol == "_text"
+
+
+def test_features_are_found_by_the_table_whatever_order_their_sections_lie_in(
+    tmp_path: Path,
+) -> None:
+    """perffile writes feature sections in reverse bit order."""
+    f = PerfFile(hostname="h1", osrelease="6.9.9-x", clock=(7, 10**18, 42), sample_time=(3, 9))
+    h = read_perf_header(f.write(tmp_path / "p.data"))
+    assert (h.hostname, h.osrelease, h.sample_time) == ("h1", "6.9.9-x", (3, 9))
+    assert h.clockid == 7 and h.clock_data is not None
+    assert (h.clock_data.realtime_ns, h.clock_data.clock_ns) == (10**18, 42)
+
+
+def test_compressed_records_of_both_kinds_are_read_across_a_split_record(tmp_path: Path) -> None:
+    """PERF_RECORD_COMPRESSED then COMPRESSED2, a record split between them."""
+    f = PerfFile(modules=MODS, compress=True)
+    h = read_perf_header(f.write(tmp_path / "p.data"))
+    assert h.compressed and h.text == f.text
+    assert [(m.name, m.start, m.length) for m in h.modules] == MODS
+
+
+def test_pipe_mode_written_here_is_read(tmp_path: Path) -> None:
+    f = PerfFile(modules=MODS, clock=(1, 10**18, 5))
+    h = read_perf_header(f.write_pipe(tmp_path / "p.data"))
+    assert h.pipe and h.text == f.text and h.clockid == 1 and h.hostname == "testhost"
+    assert [m.name for m in h.modules] == ["brd", "nf_tables"]
+
+
+def test_the_scan_stops_at_finished_init_however_large_the_file(tmp_path: Path) -> None:
+    """50 MB of samples after FINISHED_INIT, then garbage: a few KiB are read."""
+    samples = b"".join(sample(0xFFFFFFFF81000000 + i, i) for i in range(1000))
+    path = PerfFile(modules=MODS).write(tmp_path / "big.data", tail=samples * 1400 + b"\0" * 64)
+    size = path.stat().st_size
+    assert size > 50 << 20
+    h = read_perf_header(path)
+    assert h.text is not None and len(h.modules) == 2
+    assert h.bytes_read < 256 << 10, f"read {h.bytes_read} of {size} bytes"
+
+
+def test_without_finished_init_the_scan_stops_after_the_kernel_maps(tmp_path: Path) -> None:
+    """perf < 5.19 wrote no FINISHED_INIT: the first user-space record after the
+    kernel's maps ends the scan (what follows is not read: here, garbage)."""
+    f = PerfFile(modules=MODS)
+    data = f.data()
+    cut = data.index(FINISHED_INIT)
+    path = f.write(tmp_path / "old.data")
+    raw = path.read_bytes().replace(data[cut:], b"\xff" * len(data[cut:]), 1)
+    path.write_bytes(raw)
+    h = read_perf_header(path)
+    assert [m.name for m in h.modules] == ["brd", "nf_tables"]
+
+
+# -- damaged files -------------------------------------------------------------------------
+
+
+def damaged(tmp_path: Path, raw: bytes) -> PerfDataError:
+    path = tmp_path / "bad.data"
+    path.write_bytes(raw)
+    with pytest.raises(PerfDataError) as e:
+        read_perf_header(path)
+    assert str(path) in str(e.value)
+    return e.value
+
+
+def good(tmp_path: Path, **kw: object) -> bytes:
+    return PerfFile(modules=MODS, **kw).write(tmp_path / "good.data").read_bytes()  # type: ignore[arg-type]
+
+
+def test_not_a_perf_data_file_is_refused_by_its_magic(tmp_path: Path) -> None:
+    assert "no PERFILE2 magic" in str(damaged(tmp_path, b"\x7fELF" + b"\0" * 200))
+    assert "too old" in str(damaged(tmp_path, b"PERFFILE" + b"\0" * 200))
+    assert "truncated" in str(damaged(tmp_path, b"PERFILE2"))
+
+
+def test_a_truncated_file_is_refused_wherever_it_is_cut(tmp_path: Path) -> None:
+    """Every cut inside the header, the data section or the feature table is
+    refused with the named error (never a struct.error or an IndexError)."""
+    raw = good(tmp_path)
+    data_end = raw.index(FINISHED_INIT)
+    for cut in [*range(0, 120, 7), *range(120, data_end, 13)]:
+        damaged(tmp_path, raw[:cut])
+
+
+def test_absurd_sizes_are_refused(tmp_path: Path) -> None:
+    raw = bytearray(good(tmp_path))
+    big = bytearray(raw)
+    struct.pack_into("<Q", big, 8, 1 << 40)  # header size
+    assert "header size" in str(damaged(tmp_path, bytes(big)))
+    big = bytearray(raw)
+    struct.pack_into("<Q", big, 48, 1 << 62)  # data section size
+    assert "past the end" in str(damaged(tmp_path, bytes(big)))
+    zero = bytearray(raw)
+    first = struct.unpack_from("<Q", raw, 40)[0]  # data offset: the first record
+    struct.pack_into("<H", zero, first + 6, 0)  # a record of size 0
+    assert "size 0" in str(damaged(tmp_path, bytes(zero)))
+    # a feature section past the end of the file
+    table = struct.unpack_from("<QQ", raw, 40)  # data offset and size
+    feat = bytearray(raw)
+    struct.pack_into("<Q", feat, table[0] + table[1] + 8, 1 << 50)
+    damaged(tmp_path, bytes(feat))
+
+
+def test_a_short_mmap_and_bad_compressed_data_are_refused(tmp_path: Path) -> None:
+    from perffile import mmap
+
+    raw = PerfFile(text=None).write(tmp_path / "s.data").read_bytes()
+    tramp = mmap("__entry_SYSCALL_64_trampoline", 0xFFFFFE0000000000, 0x1000, 0)
+    # an MMAP record too short for its fields, padded to the same length
+    short = record(1, 1, b"\xff" * 16) + record(68, 0, b"\0" * (len(tramp) - 32))
+    assert len(short) == len(tramp) and raw.count(tramp) == 1
+    assert "MMAP record of 24 bytes" in str(damaged(tmp_path, raw.replace(tramp, short)))
+    z = bytearray(good(tmp_path, compress=True))
+    d_off = struct.unpack_from("<Q", z, 40)[0]
+    z[d_off + 8 : d_off + 16] = b"\x00" * 8  # break the first zstd frame
+    assert "compressed" in str(damaged(tmp_path, bytes(z)))
+
+
+def test_kreldctl_reports_a_bad_perf_data_with_the_file_and_exit_1(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.data"
+    bad.write_bytes(b"not perf data at all")
+    state = tmp_path / "state"
+    cp = kreldctl("--state-dir", str(state), "export", "kallsyms", "--for", str(bad), check=False)
+    assert cp.returncode == ExitCode.ERROR, cp.stderr
+    assert str(bad) in cp.stderr and "PERFILE2" in cp.stderr
+    assert "Traceback" not in cp.stderr
+
+
+def test_prefix_limit_bounds_a_file_without_any_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kernel maps only, no samples, no FINISHED_INIT, no user-space records:
+    the scan still ends after PREFIX_LIMIT bytes (lowered here to 1 MiB)."""
+    limit = 1 << 20
+    monkeypatch.setattr(perfdata, "PREFIX_LIMIT", limit)
+    f = PerfFile(modules=MODS, samples=0, user_maps=0)
+    round_ = record(68, 0, b"")  # FINISHED_ROUND
+    path = f.write(tmp_path / "nostop.data", tail=round_ * (4 * limit // 8))
+    data = path.read_bytes()
+    fi = data.index(FINISHED_INIT, 104)
+    path.write_bytes(data[:fi] + round_ + data[fi + 8 :])
+    h = read_perf_header(path)
+    assert len(h.modules) == 2
+    assert h.bytes_read < limit + (1 << 17) < path.stat().st_size
