@@ -168,18 +168,20 @@ def pyelftools_parse(path: Path) -> list[tuple[int, str]]:
 
 class PlainBisect:
     """Sorted addresses and names in Python lists; of symbols sharing an
-    address, the first in file order (as kreld's table does)."""
+    address, the one perf names: the last in file order of the types perf
+    keeps (T, W, D, B either case)."""
 
     def __init__(self, core: Core) -> None:
-        order = sorted(range(len(core)), key=lambda i: core[i][0])
-        self.addrs: list[int] = []
-        self.names: list[str] = []
-        for i in order:
-            value, _t, name = core[i]
-            if self.addrs and self.addrs[-1] == value:
-                continue
-            self.addrs.append(value)
-            self.names.append(name.decode())
+        named: dict[int, str] = {}
+        kept: set[int] = set()
+        for value, typ, name in core:
+            if typ.upper() in (b"T", b"W", b"D", b"B"):
+                named[value] = name.decode()  # a later one at the same address wins
+                kept.add(value)
+            elif value not in kept:
+                named[value] = name.decode()
+        self.addrs = sorted(named)
+        self.names = [named[a] for a in self.addrs]
 
     def batch(self, hexes: list[str]) -> list[tuple[str, int] | None]:
         addrs, names, find = self.addrs, self.names, bisect.bisect_right
@@ -191,11 +193,12 @@ class PlainBisect:
         return out
 
 
-def disagreements(results: list[dict[str, Any]], expect: list[tuple[str, int] | None]) -> int:
+def disagreements(reply: dict[str, Any], expect: list[tuple[str, int] | None]) -> int:
+    """Answers of a Resolve reply that differ from the plain lookup's."""
     bad = 0
-    for r, e in zip(results, expect, strict=True):
-        got = (r.get("symbol"), int(r.get("symbol_offset") or "0", 16))
-        if e is None or got != e:
+    names = reply["symbols"]
+    for i, o, e in zip(reply["symbol"], reply["symbol_offset"], expect, strict=True):
+        if e is None or i < 0 or (names[i], o) != e:
             bad += 1
     return bad
 
@@ -329,8 +332,8 @@ def throughput(
         want_r, want_h = plain.batch(rand), plain.batch(hot)
         inproc_bad = disagreements(json.loads(svc.resolve_results({"addresses": rand})), want_r)
         inproc_bad += disagreements(json.loads(svc.resolve_results({"addresses": hot})), want_h)
-        sock_bad = disagreements(client.call("Resolve", addresses=rand)["results"], want_r)
-        sock_bad += disagreements(client.call("Resolve", addresses=hot)["results"], want_h)
+        sock_bad = disagreements(client.call("Resolve", addresses=rand), want_r)
+        sock_bad += disagreements(client.call("Resolve", addresses=hot), want_h)
         n = 8 if quick else 30
         s = interleaved(
             {
@@ -395,10 +398,8 @@ def wait_symbols(daemon: Kreld, sock: Path, addr: str, timeout: float = 90) -> C
         try:
             if client is None and sock.exists():
                 client = Client(str(sock), timeout=120)
-            if client is not None:
-                r = client.call("Resolve", addresses=[addr])["results"][0]
-                if r.get("symbol"):
-                    return client
+            if client is not None and client.call("Resolve", addresses=[addr])["symbols"]:
+                return client
         except Exception:
             if client is not None:
                 client.close()

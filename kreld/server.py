@@ -410,10 +410,10 @@ class Server:
             return s.list_boots_reply(p)
         if name == "Resolve":
             try:
-                text = s.resolve_results(p)
+                body = s.resolve_results(p)
             except KreldError as e:
                 raise VarlinkError.from_kreld(e) from e
-            return b'{"parameters":{"results":' + text.encode() + b"}}\0"
+            return b'{"parameters":' + body + b"}\0"
         return reply(s.handle(name, p))
 
     def _status(self, params: dict[str, Any]) -> dict[str, Any]:
