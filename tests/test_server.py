@@ -9,6 +9,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -584,6 +585,8 @@ def test_a_damaged_record_is_a_named_error_and_kreld_goes_on(served: Any) -> Non
 
 def test_calls_that_grow_with_the_store_leave_the_loop() -> None:
     """Only calls answered from memory run on the event loop."""
+    import numpy  # noqa: F401 (loaded: a small Resolve may be answered on the loop)
+
     from kreld.server import is_quick
     from kreld.varlink import Call
 
@@ -598,6 +601,17 @@ def test_calls_that_grow_with_the_store_leave_the_loop() -> None:
     assert not is_quick(Call("io.kreld.GetModules", {"all": True}))
     assert not is_quick(Call("io.kreld.Resolve", {"addresses": ["0x1"] * 10_000}))
     assert not is_quick(Call("io.kreld.Resolve", {"addresses": ["0x1"], "at": 5}))
+
+
+def test_the_first_resolve_leaves_the_loop_while_it_imports_numpy() -> None:
+    """Before anything imported numpy (some 170 ms), even a small Resolve runs on
+    the worker thread, so that the loop keeps answering everyone else."""
+    code = (
+        "import sys; from kreld.server import is_quick; from kreld.varlink import Call; "
+        "print('numpy' in sys.modules, is_quick(Call('io.kreld.Resolve', {'addresses': ['0x1']})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
 
 
 def test_list_boots_sees_a_boot_another_process_recorded(served: Any) -> None:
