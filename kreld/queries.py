@@ -4,7 +4,6 @@ which image and section held an address.  Pure functions over the model."""
 from __future__ import annotations
 
 import bisect
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,9 @@ if TYPE_CHECKING:
 
 # A section's extent is not in sysfs; bound it by its module's size, or this.
 _UNKNOWN_SIZE_BOUND = 1 << 24
+# Addresses that Resolve looks up one by one rather than with numpy (whose
+# fixed cost, some 200 us a call, is that of about 50 lookups in Python).
+FEW = 32
 
 
 def loaded_at(incs: Iterable[Incarnation], clock: Clock, t: int | None) -> list[Incarnation]:
@@ -130,10 +132,8 @@ class AddressMap:
 
     def region_of(self, address: int) -> Region | None:
         """The region holding *address*, if one does."""
-        i = bisect.bisect_right(self._bases, address) - 1
-        if i >= 0 and address < self._limits[i]:
-            return self.regions[i]
-        return None
+        i = self._region_index(address)
+        return None if i < 0 else self.regions[i]
 
     def table_keys(self) -> set[str]:
         return {r.table for r in self.regions if r.table is not None}
@@ -153,13 +153,56 @@ class AddressMap:
         return m
 
     def resolve(self, addresses: Sequence[int], tables: SymbolTables | None = None) -> Resolved:
-        """Place every address in its region and name its symbol, in bulk.
+        """Place every address in its region and name its symbol.
 
-        numpy does the work: one ``searchsorted`` over the region bases, then
-        one per symbol table over its sorted keys, straight from the store's
-        map (the views must not outlive *tables*; what is returned copies
-        what it keeps).  Raises ``OverflowError`` for a value outside 64 bits.
+        A few addresses are bisected one by one (numpy's fixed cost per call
+        is larger than theirs, and its import is left to the first large
+        batch); a batch goes to :meth:`resolve_bulk`.  Both name what
+        :meth:`~kreld.symtab.SymbolTable.lookup` names.
         """
+        if len(addresses) <= FEW:
+            return self.resolve_few(addresses, tables)
+        return self.resolve_bulk(addresses, tables)
+
+    def resolve_few(self, addresses: Sequence[int], tables: SymbolTables | None = None) -> Resolved:
+        """:meth:`resolve`, one address at a time in plain Python."""
+        where = [self._region_index(a) for a in addresses]
+        used = sorted({i for i in where if i >= 0})
+        renumber = {i: k for k, i in enumerate(used)}
+        symbol, offset = [], []
+        names: dict[str, int] = {}
+        for a, i in zip(addresses, where, strict=True):
+            hit = None if i < 0 else self._lookup(i, a, tables)
+            symbol.append(-1 if hit is None else names.setdefault(hit[0], len(names)))
+            offset.append(0 if hit is None else hit[1])
+        return Resolved(
+            [self.members(i) for i in used],
+            [renumber.get(i, -1) for i in where],
+            _json_names(list(names)),
+            symbol,
+            offset,
+        )
+
+    def _region_index(self, address: int) -> int:
+        i = bisect.bisect_right(self._bases, address) - 1
+        return i if i >= 0 and address < self._limits[i] else -1
+
+    def _lookup(self, i: int, address: int, tables: SymbolTables | None) -> tuple[str, int] | None:
+        r = self.regions[i]
+        table = tables.get(r.table) if tables is not None and r.table is not None else None
+        if table is None:
+            return None
+        sec = 0 if r.inc is None else table.section_index(r.section)
+        return None if sec is None else table.lookup(sec, address - r.rel_base)
+
+    def resolve_bulk(
+        self, addresses: Sequence[int], tables: SymbolTables | None = None
+    ) -> Resolved:
+        """:meth:`resolve` in bulk, with numpy: one ``searchsorted`` over the
+        region bases, then one per symbol table over its sorted keys, straight
+        from the store's map (the views must not outlive *tables*; what is
+        returned copies what it keeps).  Raises ``OverflowError`` for a value
+        outside 64 bits."""
         import numpy as np
 
         if self._arrays is None:
@@ -220,9 +263,8 @@ class AddressMap:
             entries, which = np.unique(np.asarray(table.sorted)[hit], return_inverse=True)
             symbol[at] = which.astype(np.int32) + names.count
             names.add(table.names, np.asarray(table.name_end), entries)
-        return Resolved(
-            [self.members(i) for i in used.tolist()], region, names.joined(), symbol, offset
-        )
+        regions = [self.members(i) for i in used.tolist()]
+        return Resolved(regions, region, names.json(), symbol, offset)
 
 
 # Bytes that a name cannot carry into a JSON string as they are.
@@ -252,12 +294,37 @@ class _Names:
         self._lengths.append(lengths)
         self.count += len(entries)
 
-    def joined(self) -> tuple[bytes, NDArray[np.int64]]:
+    def json(self) -> bytes:
+        """The names as a JSON array: '"' name '"' joined by ',', the quotes and
+        commas set around one copy of the names (escaped one by one only when
+        one needs it)."""
         import numpy as np
 
         if not self._blobs:
-            return b"", np.zeros(0, dtype=np.int64)
-        return np.concatenate(self._blobs).tobytes(), np.concatenate(self._lengths)
+            return b"[]"
+        raw = np.concatenate(self._blobs)
+        lengths = np.concatenate(self._lengths)
+        if np.frombuffer(_JSON_SPECIAL, dtype=np.bool_)[raw].any():
+            blob, ends = raw.tobytes(), np.cumsum(lengths).tolist()
+            starts = [0, *ends[:-1]]
+            return _json_names(
+                [blob[s:e].decode("utf-8", "replace") for s, e in zip(starts, ends, strict=True)]
+            )
+        m = len(lengths)
+        before = np.cumsum(lengths) - lengths
+        start = before + 3 * np.arange(m) + 2
+        out = np.full(len(raw) + 3 * m + 1, ord(","), dtype=np.uint8)
+        out[0], out[-1] = ord("["), ord("]")
+        out[start - 1] = ord('"')
+        out[start + lengths] = ord('"')
+        out[np.repeat(start - before, lengths) + np.arange(len(raw))] = raw
+        return out.tobytes()
+
+
+def _json_names(names: list[str]) -> bytes:
+    import orjson
+
+    return orjson.dumps(names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,38 +334,12 @@ class Resolved:
     incarnation) once, and per address small integers referring to it."""
 
     regions: list[dict[str, object]]
-    region: NDArray[np.int32]  # per address: index into regions, -1 for none
-    names: tuple[bytes, NDArray[np.int64]]  # distinct symbol names (UTF-8), their lengths
-    symbol: NDArray[np.int32]  # per address: index into the names, -1 for none
-    symbol_offset: NDArray[np.int64]  # per address: bytes past the symbol's start
-
-    def symbols(self) -> list[str]:
-        blob, lengths = self.names
-        out, pos = [], 0
-        for n in lengths.tolist():
-            out.append(blob[pos : pos + n].decode("utf-8", "replace"))
-            pos += n
-        return out
-
-    def _symbols_json(self) -> bytes:
-        import numpy as np
-
-        blob, lengths = self.names
-        if not len(lengths):
-            return b"[]"
-        raw = np.frombuffer(blob, dtype=np.uint8)
-        if np.frombuffer(_JSON_SPECIAL, dtype=np.bool_)[raw].any():
-            return json.dumps(self.symbols(), separators=(",", ":")).encode()
-        # '"' name '"' joined by ',': the quotes and commas set around one copy.
-        m = len(lengths)
-        start = np.cumsum(lengths) - lengths + 3 * np.arange(m) + 2
-        out = np.full(int(lengths.sum()) + 3 * m + 1, ord(","), dtype=np.uint8)
-        out[0], out[-1] = ord("["), ord("]")
-        out[start - 1] = ord('"')
-        out[start + lengths] = ord('"')
-        before = np.cumsum(lengths) - lengths
-        out[np.repeat(start - before, lengths) + np.arange(len(blob))] = raw
-        return out.tobytes()
+    # Per address: the index of its region, -1 for none (a list or a numpy array).
+    region: Sequence[int] | NDArray[np.int32]
+    symbols_json: bytes  # the distinct symbol names, a JSON array
+    # Per address: the index of its symbol's name, -1 for none; bytes past its start.
+    symbol: Sequence[int] | NDArray[np.int32]
+    symbol_offset: Sequence[int] | NDArray[np.int64]
 
     def to_json(self) -> bytes:
         """The reply's parameters as compact JSON."""
@@ -312,7 +353,7 @@ class Resolved:
                 b',"region":',
                 orjson.dumps(self.region, option=opt),
                 b',"symbols":',
-                self._symbols_json(),
+                self.symbols_json,
                 b',"symbol":',
                 orjson.dumps(self.symbol, option=opt),
                 b',"symbol_offset":',

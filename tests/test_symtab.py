@@ -7,7 +7,7 @@ import random
 
 from kreld.client import resolutions
 from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.queries import AddressMap
+from kreld.queries import FEW, AddressMap, Resolved
 from kreld.symtab import (
     MODULE_ABSOLUTE,
     SymbolTable,
@@ -99,6 +99,26 @@ def test_bulk_resolve_names_each_address_as_a_plain_lookup_does() -> None:
         assert (r["symbol"], int(r["symbol_offset"], 16)) == want
 
 
+def test_a_few_addresses_one_by_one_get_the_answers_of_the_bulk_path() -> None:
+    """Resolve bisects a few addresses in plain Python and a batch with numpy:
+    the same addresses get the same answers either way (kernel, module, none)."""
+    amap, tables, mod_base = kernel_and_module()
+    rng = random.Random(5)
+    addrs = [TEXT + rng.randrange(0x40 * 6000 + 0x100) for _ in range(200)]
+    addrs += [mod_base + rng.randrange(0x2100) for _ in range(100)] + [TEXT - 1, 5, 1 << 63]
+    rng.shuffle(addrs)
+
+    def spelt(r: Resolved, asked: list[int]) -> list[dict[str, object]]:
+        return resolutions(asked, json.loads(r.to_json()))
+
+    bulk = spelt(amap.resolve_bulk(addrs, tables), addrs)
+    few = []
+    for k in range(0, len(addrs), 7):
+        few += spelt(amap.resolve_few(addrs[k : k + 7], tables), addrs[k : k + 7])
+    assert few == bulk
+    assert spelt(amap.resolve(addrs[:FEW], tables), addrs[:FEW]) == bulk[:FEW]
+
+
 def test_reply_states_each_region_and_name_once_with_no_nulls() -> None:
     """Facts shared by many addresses travel once: one region object per region
     that held an address (the kernel's with its build-id, the module's with its
@@ -106,24 +126,25 @@ def test_reply_states_each_region_and_name_once_with_no_nulls() -> None:
     integers, -1 where nothing held it; no member is ever null."""
     amap, tables, mod_base = kernel_and_module()
     addrs = [TEXT + 0x61, TEXT + 0x62, mod_base + 0x101, 5, TEXT + 0x61, mod_base + 0x1FFF]
-    reply = json.loads(amap.resolve(addrs, tables).to_json())
-    assert reply["regions"] == [
-        {"image": "kernel", "section": ".text", "base": f"{TEXT:#x}", "build_id": "cd" * 20},
-        {"image": "odd", "section": ".text", "base": f"{mod_base:#x}", "seq": 0,
-         "build_id": "ab" * 20},
-    ]  # fmt: skip
-    assert reply["region"] == [0, 0, 1, -1, 0, 1]
-    names = reply["symbols"]
-    assert len(names) == len(set(names)) == 3
     k1, off = tables["k:x"].lookup(0, 0x61) or ("", 0)
-    assert [names[i] if i >= 0 else None for i in reply["symbol"]] == [
-        k1, k1, 'odd "name" \\1', None, k1, 'odd "name" \\19',
-    ]  # fmt: skip
-    assert reply["symbol_offset"] == [off, off + 1, 1, 0, off, 0x1FFF - 0x1300]
-    assert "null" not in json.dumps(reply)
-    assert json.loads(amap.resolve([], tables).to_json()) == {
-        "regions": [], "region": [], "symbols": [], "symbol": [], "symbol_offset": []
-    }  # fmt: skip
+    for path in (amap.resolve_few, amap.resolve_bulk):  # a few addresses, a batch
+        reply = json.loads(path(addrs, tables).to_json())
+        assert reply["regions"] == [
+            {"image": "kernel", "section": ".text", "base": f"{TEXT:#x}", "build_id": "cd" * 20},
+            {"image": "odd", "section": ".text", "base": f"{mod_base:#x}", "seq": 0,
+             "build_id": "ab" * 20},
+        ]  # fmt: skip
+        assert reply["region"] == [0, 0, 1, -1, 0, 1]
+        names = reply["symbols"]
+        assert len(names) == len(set(names)) == 3
+        assert [names[i] if i >= 0 else None for i in reply["symbol"]] == [
+            k1, k1, 'odd "name" \\1', None, k1, 'odd "name" \\19',
+        ]  # fmt: skip
+        assert reply["symbol_offset"] == [off, off + 1, 1, 0, off, 0x1FFF - 0x1300]
+        assert "null" not in json.dumps(reply)
+        assert json.loads(path([], tables).to_json()) == {
+            "regions": [], "region": [], "symbols": [], "symbol": [], "symbol_offset": []
+        }  # fmt: skip
 
 
 def kernel_and_module() -> tuple[AddressMap, dict[str, SymbolTable], int]:
