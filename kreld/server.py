@@ -27,6 +27,7 @@ from typing import Any
 from kreld import __version__
 from kreld.errors import KreldError, SocketError
 from kreld.model import Incarnation
+from kreld.queries import FEW
 from kreld.service import Service
 from kreld.varlink import (
     INTERFACE,
@@ -151,11 +152,11 @@ def is_quick(call: Call) -> bool:
     if name == f"{INTERFACE}.Resolve":
         addrs = p.get("addresses")
         return (
-            "numpy" in sys.modules  # the first Resolve imports it: not on the loop
-            and not p.get("boot_id")
+            not p.get("boot_id")
             and p.get("at") is None
             and isinstance(addrs, list)
-            and len(addrs) <= QUICK_RESOLVE
+            # More than a few addresses import numpy the first time: not on the loop.
+            and len(addrs) <= (QUICK_RESOLVE if "numpy" in sys.modules else FEW)
         )
     if name == f"{INTERFACE}.GetModules":
         return not (p.get("boot_id") or p.get("all") or p.get("at") is not None)
