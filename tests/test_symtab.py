@@ -91,7 +91,11 @@ def test_bulk_resolve_names_each_address_as_a_plain_lookup_does() -> None:
         if TEXT <= a < TEXT + 0x40 * 6000:
             want = tables["k:x"].lookup(0, a - TEXT)
         elif mod_base <= a < mod_base + 0x2000:
-            want = tables["m:" + "ab" * 20].lookup(0, a - mod_base)
+            data = a >= mod_base + 0x1080
+            want = tables["m:" + "ab" * 20].lookup(int(data), a - mod_base - 0x1080 * data)
+            if want is None:  # .data below its first symbol: placed, not named
+                assert (r["section"], "symbol" in r) == (".data", False), r
+                continue
         else:
             assert r == {"address": f"{a:#x}"}
             continue
@@ -126,6 +130,7 @@ def test_reply_states_each_region_and_name_once_with_no_nulls() -> None:
     integers, -1 where nothing held it; no member is ever null."""
     amap, tables, mod_base = kernel_and_module()
     addrs = [TEXT + 0x61, TEXT + 0x62, mod_base + 0x101, 5, TEXT + 0x61, mod_base + 0x1FFF]
+    addrs.append(mod_base + 0x10A0)  # in .data, before its first symbol
     k1, off = tables["k:x"].lookup(0, 0x61) or ("", 0)
     for path in (amap.resolve_few, amap.resolve_bulk):  # a few addresses, a batch
         reply = json.loads(path(addrs, tables).to_json())
@@ -133,14 +138,16 @@ def test_reply_states_each_region_and_name_once_with_no_nulls() -> None:
             {"image": "kernel", "section": ".text", "base": f"{TEXT:#x}", "build_id": "cd" * 20},
             {"image": "odd", "section": ".text", "base": f"{mod_base:#x}", "seq": 0,
              "build_id": "ab" * 20},
+            {"image": "odd", "section": ".data", "base": f"{mod_base + 0x1080:#x}", "seq": 0,
+             "build_id": "ab" * 20},
         ]  # fmt: skip
-        assert reply["region"] == [0, 0, 1, -1, 0, 1]
+        assert reply["region"] == [0, 0, 1, -1, 0, 2, 2]
         names = reply["symbols"]
         assert len(names) == len(set(names)) == 3
         assert [names[i] if i >= 0 else None for i in reply["symbol"]] == [
-            k1, k1, 'odd "name" \\1', None, k1, 'odd "name" \\19',
+            k1, k1, 'odd "name" \\1', None, k1, 'odd "name" \\19', None,
         ]  # fmt: skip
-        assert reply["symbol_offset"] == [off, off + 1, 1, 0, off, 0x1FFF - 0x1300]
+        assert reply["symbol_offset"] == [off, off + 1, 1, 0, off, 0x1FFF - 0x1300, 0]
         assert "null" not in json.dumps(reply)
         assert json.loads(path([], tables).to_json()) == {
             "regions": [], "region": [], "symbols": [], "symbol": [], "symbol_offset": []
@@ -148,20 +155,22 @@ def test_reply_states_each_region_and_name_once_with_no_nulls() -> None:
 
 
 def kernel_and_module() -> tuple[AddressMap, dict[str, SymbolTable], int]:
-    """A kernel table of 6,000 functions and a module whose names need escaping."""
+    """A kernel table of 6,000 functions and a module whose names need escaping,
+    with a .data section (from +0x1080) whose first symbol is at +0x1100."""
     rng = random.Random(3)
     core = [(TEXT + 0x40 * k + rng.randrange(0x20), b"T", f"k{k}".encode()) for k in range(6000)]
     core.append((TEXT + 0x40 * 6000, b"T", b"_etext"))
     ktab = kernel_table(core, TEXT)
     mod_base = 0xFFFFFFFFC0000000
     lines = [(mod_base + 0x100 * k, b"t", f'odd "name" \\{k}'.encode()) for k in range(20)]
-    mtab = module_table(lines, {".text": mod_base}, {".text": 0x2000})
+    sections = {".text": mod_base, ".data": mod_base + 0x1080}
+    mtab = module_table(lines, sections, {".text": 0x1080, ".data": 0xF80})
     assert mtab is not None
     boot = BootSnapshot(
         "00000000-0000-0000-0000-000000000001", "6.1", "#1", "cd" * 20,
         Anchors(TEXT, TEXT, TEXT + 0x40 * 6000), None, False, None, 0, Timestamp(1, 1, 1),
     )  # fmt: skip
-    state = ModuleState("odd", "ab" * 20, {".text": mod_base}, 0x2000, 0, "live", None, None,
+    state = ModuleState("odd", "ab" * 20, sections, 0x2000, 0, "live", None, None,
                         mod_base, False, None)  # fmt: skip
     inc = Incarnation(boot.boot_id, 0, state, Timestamp(1, 1, 1), SeenBy.STARTUP, False)
     amap = AddressMap(boot, [inc], Clock.MONOTONIC, None, "k:x")
