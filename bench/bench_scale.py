@@ -63,6 +63,7 @@ from common import (
     median,
     now_ns,
     percentile,
+    proc_memory,
     venv_python,
     venv_tool,
 )
@@ -320,12 +321,7 @@ class Daemon:
 
     def status(self) -> dict[str, int]:
         """VmRSS, VmHWM, RssAnon, RssFile of the daemon (bytes)."""
-        out = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
-                out[key] = int(rest.split()[0]) * 1024
-        return out
+        return proc_memory(self.proc.pid)
 
     def threads(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/task"))

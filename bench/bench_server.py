@@ -205,8 +205,7 @@ def _run(
     # Wait until the symbol table is captured, so Resolve includes symbols.
     deadline = time.monotonic() + 60
     while not restricted and time.monotonic() < deadline:
-        r = kreld.call("Resolve", addresses=[hex(text + 0x10)])["results"][0]
-        if r.get("symbol"):
+        if kreld.call("Resolve", addresses=[hex(text + 0x10)])["symbols"]:
             break
         time.sleep(0.2)
     rng = random.Random(4)

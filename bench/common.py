@@ -297,6 +297,16 @@ def machine_description() -> list[tuple[str, str]]:
 # -- kreld as a subprocess ----------------------------------------------------------------
 
 
+def proc_memory(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon, RssFile, RssShmem of process *pid* (bytes)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+            out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
 class Kreld:
     """``kreld`` as a real subprocess logging JSON lines to a file."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kreld import perfctl
-from kreld.client import Client, ConnectError, error_from_reply
+from kreld.client import Client, ConnectError, error_from_reply, resolutions
 from kreld.config import Config
 from kreld.consts import KALLSYMS
 from kreld.errors import ExitCode, InvalidArgument, KreldError
@@ -145,7 +145,7 @@ def addresses_in(line: str) -> list[str]:
 
 
 def symbol_of(r: dict[str, Any]) -> str:
-    if r.get("symbol") is None:
+    if "symbol" not in r:
         return ""
     return f"{r['symbol']}+{r['symbol_offset']}"
 
@@ -388,16 +388,16 @@ class Ctl:
 
     def resolve(self) -> int:
         try:
-            addrs = [hexaddr(parse_addr(a)) for a in self.args.addresses]
+            addrs = [hex(parse_addr(a)) for a in self.args.addresses]
         except ValueError as e:
             raise InvalidArgument("ADDR", str(e)) from e
-        results = self.call("Resolve", addresses=addrs, **self._at())["results"]
+        results = resolutions(addrs, self.call("Resolve", addresses=addrs, **self._at()))
         if self.args.json:
             self.emit_json(results)
         else:
             rows = []
             for r in results:
-                if r.get("image") is None:
+                if "image" not in r:
                     rows.append((r["address"], "?", "", "", "", ""))
                     continue
                 image = r["image"] if r.get("seq") is None else f"{r['image']} (seq {r['seq']})"
@@ -407,7 +407,7 @@ class Ctl:
             render_table(
                 ("ADDRESS", "IMAGE", "SECTION", "BASE", "OFFSET", "SYMBOL"), rows, self.out
             )
-        return 0 if all(r.get("image") for r in results) else 1
+        return 0 if all("image" in r for r in results) else 1
 
     def symbolize(self) -> int:
         if self.args.for_perf:
@@ -420,12 +420,13 @@ class Ctl:
         results: list[dict[str, Any]] = []
         step = MAX_RESOLVE_ADDRESSES
         for i in range(0, len(addrs), step):
-            results += self.call("Resolve", addresses=addrs[i : i + step], **at)["results"]
+            batch = addrs[i : i + step]
+            results += resolutions(batch, self.call("Resolve", addresses=batch, **at))
         if self.args.json:
             self.emit_json(results)
             return 0
         for r in results:
-            where = "" if r.get("image") in (None, "kernel") else f" [{r['image']}]"
+            where = "" if r.get("image", "kernel") == "kernel" else f" [{r['image']}]"
             print(f"{r['address']} {symbol_of(r) or '?'}{where}", file=self.out)
         return 0
 

@@ -2,12 +2,14 @@
 
     from kreld.client import Client
     with Client("/run/kreld/kreld.sock") as kreld:
-        print(kreld.call("Resolve", addresses=["0xffffffffc0a01234"])["results"])
+        print(kreld.resolve(["0xffffffffc0a01234"]))
 
 ``call`` returns a reply's parameters; ``stream`` iterates the replies of a
 call made with ``more`` (``Subscribe``).  Error replies raise typed
 :class:`~kreld.errors.KreldError` subclasses (:class:`~kreld.errors.NoSuchBoot`,
 :class:`~kreld.errors.PermissionDenied`, ...), others :class:`RemoteError`.
+A ``Resolve`` reply says what many addresses share once (see io.kreld.varlink);
+:meth:`Client.resolve` and :func:`resolutions` spell it out per address.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kreld import consts
@@ -173,6 +175,10 @@ class Client:
         self.send(method, parameters)
         return self._unwrap(self.receive())
 
+    def resolve(self, addresses: Sequence[str], **parameters: Any) -> list[dict[str, Any]]:
+        """``Resolve`` *addresses*, one object per address (see :func:`resolutions`)."""
+        return resolutions(addresses, self.call("Resolve", addresses=list(addresses), **parameters))
+
     def stream(self, method: str, **parameters: Any) -> Iterator[dict[str, Any]]:
         self.send(method, parameters, more=True)
         while True:
@@ -180,3 +186,28 @@ class Client:
             yield self._unwrap(obj)
             if not obj.get("continues"):
                 return
+
+
+def resolutions(addresses: Sequence[str | int], reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ``Resolve`` reply, one object per address asked, as in kreldctl's
+    ``resolve --json``: ``address``; where a region held it, that region's
+    ``image``, ``section``, ``base`` (and ``seq``, ``build_id`` when known) and
+    the ``offset`` into it; where a symbol is known, ``symbol`` and
+    ``symbol_offset``.  Addresses and offsets as ``0x`` hex strings; no nulls."""
+    regions = reply["regions"]
+    bases = [int(r["base"], 16) for r in regions]
+    names = reply["symbols"]
+    out: list[dict[str, Any]] = []
+    for a, ri, si, so in zip(
+        addresses, reply["region"], reply["symbol"], reply["symbol_offset"], strict=True
+    ):
+        value = a if isinstance(a, int) else int(a, 16)
+        r: dict[str, Any] = {"address": hex(value)}
+        if ri >= 0:
+            r.update(regions[ri])
+            r["offset"] = hex(value - bases[ri])
+        if si >= 0:
+            r["symbol"] = names[si]
+            r["symbol_offset"] = hex(so)
+        out.append(r)
+    return out

@@ -4,23 +4,22 @@ which image and section held an address.  Pure functions over the model."""
 from __future__ import annotations
 
 import bisect
-import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr
-from kreld.symtab import (
-    PAGE_SHIFT,
-    Accel,
-    SymbolTable,
-    SymbolTables,
-    json_plain,
-    module_symbol_key,
-)
+from kreld.symtab import KEY_SPAN, SymbolTables, module_symbol_key
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 # A section's extent is not in sysfs; bound it by its module's size, or this.
 _UNKNOWN_SIZE_BOUND = 1 << 24
+# Addresses that Resolve looks up one by one rather than with numpy (whose
+# fixed cost, some 200 us a call, is that of about 50 lookups in Python).
+FEW = 32
 
 
 def loaded_at(incs: Iterable[Incarnation], clock: Clock, t: int | None) -> list[Incarnation]:
@@ -95,49 +94,6 @@ class Region:
     rel_base: int = 0  # what the table's values are relative to (kernel: _text)
 
 
-def _fragment(r: Region) -> str:
-    """The constant part of a resolution in *r*, as JSON members."""
-    members: dict[str, object] = {"image": r.image, "section": r.section, "base": hexaddr(r.base)}
-    if r.inc is not None:
-        members["seq"] = r.inc.seq
-        members["build_id"] = r.inc.state.build_id
-    return json.dumps(members, separators=(",", ":"))[1:-1]
-
-
-_UNSET: Any = object()
-
-
-def _symbols_of(
-    r: Region,
-    tables: SymbolTables | None,
-    get_accel: Callable[[str, int, SymbolTable], Accel],
-) -> tuple[Any, ...] | None:
-    """What ``resolve_json`` needs to name symbols in *r*: its table's arrays,
-    the key of value 0 in its section, and the table's page index."""
-    table = tables.get(r.table) if tables is not None and r.table else None
-    if table is None or r.table is None:
-        return None
-    sec = 0 if r.inc is None else table.section_index(r.section)
-    if sec is None:
-        return None
-    acc = get_accel(r.table, sec, table)
-    zero = sec * (1 << 40) + (1 << 39)
-    return (
-        table.keys,
-        table.sorted,
-        table.values,
-        table.name_end,
-        table.names,
-        zero - r.rel_base,
-        zero,
-        sec << 40,
-        acc.first,
-        acc.key0,
-        acc.npages,
-        acc.plain,
-    )
-
-
 class AddressMap:
     """Sorted regions of one boot at one time, for bisecting addresses.
 
@@ -169,84 +125,239 @@ class AddressMap:
         self.regions = list(by_base.values())
         self._bases = [r.base for r in self.regions]
         self._limits = [r.limit for r in self.regions]
-        self._fragments: list[str | None] = [None] * len(self.regions)
+        self._members: list[dict[str, object] | None] = [None] * len(self.regions)
+        self._arrays: tuple[NDArray[np.uint64], NDArray[np.uint64]] | None = None
         self.kernel_table = kernel_table
+        self.kernel_build_id = boot.build_id
 
     def region_of(self, address: int) -> Region | None:
-        """The region holding *address* (``resolve_json`` inlines this)."""
-        i = bisect.bisect_right(self._bases, address) - 1
-        if i >= 0 and address < self._limits[i]:
-            return self.regions[i]
-        return None
+        """The region holding *address*, if one does."""
+        i = self._region_index(address)
+        return None if i < 0 else self.regions[i]
 
     def table_keys(self) -> set[str]:
         return {r.table for r in self.regions if r.table is not None}
 
-    def resolve_json(
-        self,
-        addresses: Iterable[int],
-        tables: SymbolTables | None = None,
-        accel: Callable[[str, int, SymbolTable], Accel] | None = None,
-    ) -> str:
-        """The resolutions of *addresses* as a JSON array, built as text.
+    def members(self, i: int) -> dict[str, object]:
+        """What Resolve says of region *i* once per reply (no null members)."""
+        m = self._members[i]
+        if m is None:
+            r = self.regions[i]
+            m = {"image": r.image, "section": r.section, "base": hexaddr(r.base)}
+            build_id = self.kernel_build_id if r.inc is None else r.inc.state.build_id
+            if r.inc is not None:
+                m["seq"] = r.inc.seq
+            if build_id:
+                m["build_id"] = build_id
+            self._members[i] = m
+        return m
 
-        The hot path of ``Resolve`` (``hex()`` rather than a ``#x`` format:
-        three times faster): one bisect for the region, one in its
-        symbol table (straight from the store's map, within the address's
-        page for the kernel's, see :class:`~kreld.symtab.Accel`), one format
-        per address; the region's own members are rendered once, and an
-        address asked twice in a batch (profiles repeat hot functions) is
-        answered once.  *accel* gives the table's accelerator (a caller that
-        keeps them across calls passes its cache; built here otherwise).
+    def resolve(self, addresses: Sequence[int], tables: SymbolTables | None = None) -> Resolved:
+        """Place every address in its region and name its symbol.
+
+        A few addresses are bisected one by one (numpy's fixed cost per call
+        is larger than theirs, and its import is left to the first large
+        batch); a batch goes to :meth:`resolve_bulk`.  Both name what
+        :meth:`~kreld.symtab.SymbolTable.lookup` names.
         """
-        regions, bases, limits, frags = self.regions, self._bases, self._limits, self._fragments
-        get_accel = accel or (lambda _key, sec, table: Accel(table, sec))
-        # A region's members and symbol data are made when an address first
-        # falls in it: a call about a few addresses costs little however many
-        # modules the boot had.
-        syms: list[Any] = [_UNSET] * len(regions)
-        find = bisect.bisect_right
-        done: dict[int, str] = {}
-        out = []
-        for a in addresses:
-            hit = done.get(a)
-            if hit is not None:
-                out.append(hit)
+        if len(addresses) <= FEW:
+            return self.resolve_few(addresses, tables)
+        return self.resolve_bulk(addresses, tables)
+
+    def resolve_few(self, addresses: Sequence[int], tables: SymbolTables | None = None) -> Resolved:
+        """:meth:`resolve`, one address at a time in plain Python."""
+        where = [self._region_index(a) for a in addresses]
+        used = sorted({i for i in where if i >= 0})
+        renumber = {i: k for k, i in enumerate(used)}
+        symbol, offset = [], []
+        names: dict[str, int] = {}
+        for a, i in zip(addresses, where, strict=True):
+            hit = None if i < 0 else self._lookup(i, a, tables)
+            symbol.append(-1 if hit is None else names.setdefault(hit[0], len(names)))
+            offset.append(0 if hit is None else hit[1])
+        return Resolved(
+            [self.members(i) for i in used],
+            [renumber.get(i, -1) for i in where],
+            _json_names(list(names)),
+            symbol,
+            offset,
+        )
+
+    def _region_index(self, address: int) -> int:
+        i = bisect.bisect_right(self._bases, address) - 1
+        return i if i >= 0 and address < self._limits[i] else -1
+
+    def _lookup(self, i: int, address: int, tables: SymbolTables | None) -> tuple[str, int] | None:
+        r = self.regions[i]
+        table = tables.get(r.table) if tables is not None and r.table is not None else None
+        if table is None:
+            return None
+        sec = 0 if r.inc is None else table.section_index(r.section)
+        return None if sec is None else table.lookup(sec, address - r.rel_base)
+
+    def resolve_bulk(
+        self, addresses: Sequence[int], tables: SymbolTables | None = None
+    ) -> Resolved:
+        """:meth:`resolve` in bulk, with numpy: one ``searchsorted`` over the
+        region bases, then one per symbol table over its sorted keys, straight
+        from the store's map (the views must not outlive *tables*; what is
+        returned copies what it keeps).  Raises ``OverflowError`` for a value
+        outside 64 bits."""
+        import numpy as np
+
+        if self._arrays is None:
+            self._arrays = (
+                np.array(self._bases, dtype=np.uint64),
+                np.array(self._limits, dtype=np.uint64),
+            )
+        bases, limits = self._arrays
+        addrs = np.array(addresses, dtype=np.uint64)
+        n = len(addrs)
+        ri = np.searchsorted(bases, addrs, side="right").astype(np.int64) - 1
+        inside = ri >= 0
+        ric = np.where(inside, ri, 0)
+        if len(bases):
+            inside &= addrs < limits[ric]
+        else:
+            inside[:] = False
+        used = np.unique(ric[inside])
+        renumber = np.full(len(bases) or 1, -1, dtype=np.int32)
+        renumber[used] = np.arange(len(used), dtype=np.int32)
+        region = np.where(inside, renumber[ric], -1).astype(np.int32)
+
+        symbol = np.full(n, -1, dtype=np.int32)
+        offset = np.zeros(n, dtype=np.int64)
+        names = _Names()
+        # The regions of each table (a kernel's .text and .init.text, a
+        # module's sections) are looked up together.
+        by_table: dict[str, list[int]] = {}
+        for i in used.tolist():
+            key = self.regions[i].table
+            if key is not None:
+                by_table.setdefault(key, []).append(i)
+        for key, regs in by_table.items():
+            table = tables.get(key) if tables is not None else None
+            if table is None:
                 continue
-            i = find(bases, a) - 1
-            if i < 0 or a >= limits[i]:
-                text = f'{{"address":"{hex(a)}","image":null}}'
-            else:
-                frag = frags[i]
-                if frag is None:
-                    frag = frags[i] = _fragment(regions[i])
-                sym = syms[i]
-                if sym is _UNSET:
-                    sym = syms[i] = _symbols_of(regions[i], tables, get_accel)
-                j = -1
-                if sym is not None:
-                    (keys, order, values, ends, names, bias, zero, lowest,
-                     first, key0, npages, plain) = sym  # fmt: skip
-                    key = a + bias
-                    p = (key - key0) >> PAGE_SHIFT
-                    if first is not None and 0 <= p < npages:
-                        j = find(keys, key, first[p], first[p + 1]) - 1
-                    else:
-                        j = find(keys, key) - 1
-                    if j >= 0 and keys[j] < lowest:  # a symbol of an earlier section
-                        j = -1
-                if j < 0:
-                    text = f'{{"address":"{hex(a)}","offset":"{hex(a - bases[i])}",{frag}}}'
-                else:
-                    e = order[j]
-                    name = str(names[ends[e - 1] if e else 0 : ends[e]], "utf-8", "replace")
-                    if not plain and not json_plain(name):
-                        name = json.dumps(name)[1:-1]
-                    off = key - zero - values[e]
-                    text = (
-                        f'{{"address":"{hex(a)}","offset":"{hex(a - bases[i])}",{frag},'
-                        f'"symbol":"{name}","symbol_offset":"{hex(off)}"}}'
-                    )
-            done[a] = text
-            out.append(text)
-        return "[" + ",".join(out) + "]"
+            zero = np.zeros(len(bases), dtype=np.int64)  # key of value 0 in the section
+            rel = np.zeros(len(bases), dtype=np.uint64)  # what values are relative to
+            mine = np.zeros(len(bases), dtype=bool)
+            for i in regs:
+                r = self.regions[i]
+                sec = 0 if r.inc is None else table.section_index(r.section)
+                if sec is not None:
+                    zero[i], rel[i], mine[i] = (sec << 40) + KEY_SPAN, r.rel_base, True
+            at = np.flatnonzero(inside & mine[ric])
+            if not len(at):
+                continue
+            rr = ric[at]
+            want = (addrs[at] - rel[rr]).view(np.int64) + zero[rr]
+            keys = np.asarray(table.keys)
+            j = np.searchsorted(keys, want, side="right") - 1
+            ok = j >= 0
+            jc = np.where(ok, j, 0)
+            found = keys[jc] if len(keys) else np.zeros(len(jc), dtype=np.int64)
+            ok &= found >= zero[rr] - KEY_SPAN  # not a symbol of an earlier section
+            at, hit = at[ok], jc[ok]
+            offset[at] = (want - found)[ok]
+            entries, which = np.unique(np.asarray(table.sorted)[hit], return_inverse=True)
+            symbol[at] = which.astype(np.int32) + names.count
+            names.add(table.names, np.asarray(table.name_end), entries)
+        regions = [self.members(i) for i in used.tolist()]
+        return Resolved(regions, region, names.json(), symbol, offset)
+
+
+# Bytes that a name cannot carry into a JSON string as they are.
+_JSON_SPECIAL = bytes(b < 0x20 or b >= 0x7F or b in b'"\\' for b in range(256))
+
+
+class _Names:
+    """The names of the symbols a reply names, gathered from the tables' blobs
+    into one (vectorized: no Python object per name)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._blobs: list[NDArray[np.uint8]] = []
+        self._lengths: list[NDArray[np.int64]] = []
+
+    def add(self, blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> None:
+        import numpy as np
+
+        entries = entries.astype(np.int64)  # the table's are u32: entry 0 has no end before it
+        stop = ends[entries].astype(np.int64)
+        start = np.where(entries > 0, ends[np.maximum(entries - 1, 0)], 0).astype(np.int64)
+        lengths = stop - start
+        # Byte k of name i is blob[start[i] + k]: one gather for all of them.
+        before = np.cumsum(lengths) - lengths
+        src = np.repeat(start - before, lengths) + np.arange(int(lengths.sum()))
+        self._blobs.append(np.frombuffer(blob, dtype=np.uint8)[src])
+        self._lengths.append(lengths)
+        self.count += len(entries)
+
+    def json(self) -> bytes:
+        """The names as a JSON array: '"' name '"' joined by ',', the quotes and
+        commas set around one copy of the names (escaped one by one only when
+        one needs it)."""
+        import numpy as np
+
+        if not self._blobs:
+            return b"[]"
+        raw = np.concatenate(self._blobs)
+        lengths = np.concatenate(self._lengths)
+        if np.frombuffer(_JSON_SPECIAL, dtype=np.bool_)[raw].any():
+            blob, ends = raw.tobytes(), np.cumsum(lengths).tolist()
+            starts = [0, *ends[:-1]]
+            return _json_names(
+                [blob[s:e].decode("utf-8", "replace") for s, e in zip(starts, ends, strict=True)]
+            )
+        m = len(lengths)
+        before = np.cumsum(lengths) - lengths
+        start = before + 3 * np.arange(m) + 2
+        out = np.full(len(raw) + 3 * m + 1, ord(","), dtype=np.uint8)
+        out[0], out[-1] = ord("["), ord("]")
+        out[start - 1] = ord('"')
+        out[start + lengths] = ord('"')
+        out[np.repeat(start - before, lengths) + np.arange(len(raw))] = raw
+        return out.tobytes()
+
+
+def _json_names(names: list[str]) -> bytes:
+    import orjson
+
+    return orjson.dumps(names)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """Resolve's answer, as it travels (see ``Resolve`` in io.kreld.varlink):
+    what is true of many addresses (a region: image, section, base, build-id,
+    incarnation) once, and per address small integers referring to it."""
+
+    regions: list[dict[str, object]]
+    # Per address: the index of its region, -1 for none (a list or a numpy array).
+    region: Sequence[int] | NDArray[np.int32]
+    symbols_json: bytes  # the distinct symbol names, a JSON array
+    # Per address: the index of its symbol's name, -1 for none; bytes past its start.
+    symbol: Sequence[int] | NDArray[np.int32]
+    symbol_offset: Sequence[int] | NDArray[np.int64]
+
+    def to_json(self) -> bytes:
+        """The reply's parameters as compact JSON."""
+        import orjson
+
+        opt = orjson.OPT_SERIALIZE_NUMPY
+        return b"".join(
+            (
+                b'{"regions":',
+                orjson.dumps(self.regions),
+                b',"region":',
+                orjson.dumps(self.region, option=opt),
+                b',"symbols":',
+                self.symbols_json,
+                b',"symbol":',
+                orjson.dumps(self.symbol, option=opt),
+                b',"symbol_offset":',
+                orjson.dumps(self.symbol_offset, option=opt),
+                b"}",
+            )
+        )

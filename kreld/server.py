@@ -17,6 +17,7 @@ import os
 import socket
 import stat
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -26,6 +27,7 @@ from typing import Any
 from kreld import __version__, consts
 from kreld.errors import KreldError, SocketError
 from kreld.model import Incarnation
+from kreld.queries import FEW
 from kreld.service import Service
 from kreld.varlink import (
     INTERFACE,
@@ -153,7 +155,8 @@ def is_quick(call: Call) -> bool:
             not p.get("boot_id")
             and p.get("at") is None
             and isinstance(addrs, list)
-            and len(addrs) <= QUICK_RESOLVE
+            # More than a few addresses import numpy the first time: not on the loop.
+            and len(addrs) <= (QUICK_RESOLVE if "numpy" in sys.modules else FEW)
         )
     if name == f"{INTERFACE}.GetModules":
         return not (p.get("boot_id") or p.get("all") or p.get("at") is not None)
@@ -413,10 +416,10 @@ class Server:
             return s.list_boots_reply(p)
         if name == "Resolve":
             try:
-                text = s.resolve_results(p)
+                body = s.resolve_results(p)
             except KreldError as e:
                 raise VarlinkError.from_kreld(e) from e
-            return b'{"parameters":{"results":' + text.encode() + b"}}\0"
+            return b'{"parameters":' + body + b"}\0"
         return reply(s.handle(name, p))
 
     def _status(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -14,14 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kreld.errors import KreldError, SymbolsUnavailable
-from kreld.model import BootSnapshot, Clock, Incarnation, clock_now, parse_addr
+from kreld.model import BootSnapshot, Clock, Incarnation, clock_now
 from kreld.queries import AddressMap, init_live_at, is_init_section, loaded_at
 from kreld.store import Store
 from kreld.symtab import (
     ABSOLUTE,
     MODULE_ABSOLUTE,
-    Accel,
-    SymbolTable,
     SymbolTables,
     module_symbol_key,
 )
@@ -37,15 +35,28 @@ from kreld.varlink import (
     reply,
 )
 
-# Addresses one Resolve may ask about: its reply (some 200 bytes an address)
+# Addresses one Resolve may ask about: its reply (some 30 bytes an address)
 # is built in memory, so this bounds what one call can make the daemon hold.
 MAX_RESOLVE_ADDRESSES = 100_000
 # Address maps of other times and boots kept for the next Resolve (a profiler
 # symbolizing an old recording asks about the same boot and time many times).
 MAP_CACHE = 8
-# Table accelerators kept (one per table and section searched: the kernel's
-# holds its page index, a few tens of KiB).
-ACCEL_CACHE = 4096
+
+
+def parse_addresses(raw: object) -> list[int]:
+    """Resolve's ``addresses``: at most :data:`MAX_RESOLVE_ADDRESSES` hex
+    strings (``0x`` optional), each below 2**64."""
+    if not isinstance(raw, list) or len(raw) > MAX_RESOLVE_ADDRESSES:
+        raise invalid_parameter("addresses")
+    try:
+        # int() in one pass, then what parse_addr() checks, for all at once:
+        # int() took only strings; no "_" digit separators; no value past 64 bits.
+        addrs = [int(a, 16) for a in raw]
+        if "_" in "".join(raw) or (addrs and not 0 <= min(addrs) <= max(addrs) < 1 << 64):
+            raise ValueError("not 64-bit hex addresses")
+    except (ValueError, TypeError) as e:
+        raise invalid_parameter("addresses") from e
+    return addrs
 
 
 def _module_key(inc: Incarnation) -> str | None:
@@ -134,7 +145,6 @@ class Service:
         self._maps: OrderedDict[tuple[Any, ...], AddressMap] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._generation = 0  # of recorded events, for the caches
-        self._accels: dict[tuple[str, int], Accel] = {}
         self._history: dict[str, list[Incarnation]] = {}
         self._kernel_tables: dict[str, str] = {}
         self._boots: tuple[int, dict[str, Any], bytes | None] | None = None
@@ -256,18 +266,13 @@ class Service:
         return {"modules": [i.to_json() for i in incs]}
 
     def resolve(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {"results": json.loads(self.resolve_results(params))}
+        parsed: dict[str, Any] = json.loads(self.resolve_results(params))
+        return parsed
 
-    def resolve_results(self, params: dict[str, Any]) -> str:
-        """Resolve's ``results`` as JSON text (the server splices it into its reply)."""
+    def resolve_results(self, params: dict[str, Any]) -> bytes:
+        """Resolve's reply parameters as JSON (the server splices them into its reply)."""
         check_known(params, {"addresses", "boot_id", "at", "clock"})
-        raw = params.get("addresses")
-        if not isinstance(raw, list) or len(raw) > MAX_RESOLVE_ADDRESSES:
-            raise invalid_parameter("addresses")
-        try:
-            addrs = [parse_addr(a) for a in raw]
-        except (ValueError, TypeError, AttributeError) as e:
-            raise invalid_parameter("addresses") from e
+        addrs = parse_addresses(params.get("addresses"))
         boot, is_current = self._boot(params)
         if boot.restricted and not boot.anchors.known():
             raise VarlinkError(
@@ -282,19 +287,10 @@ class Service:
         else:
             clock, t = self._at(params, is_current)
             amap = self._map_at(boot, clock, t, kernel_key)
-        return self.store.with_tables(
-            amap.table_keys(), lambda tables: amap.resolve_json(addrs, tables, self._accel)
+        resolved = self.store.with_tables(
+            amap.table_keys(), lambda tables: amap.resolve(addrs, tables)
         )
-
-    def _accel(self, key: str, section: int, table: SymbolTable) -> Accel:
-        """The accelerator of a stored table, kept across calls (a table under
-        one key does not change; its shape is checked all the same)."""
-        acc = self._accels.get((key, section))
-        if acc is None or acc.shape != table.shape():
-            if len(self._accels) >= ACCEL_CACHE:
-                self._accels.clear()
-            acc = self._accels[(key, section)] = Accel(table, section)
-        return acc
+        return resolved.to_json()
 
     def _map_at(
         self, boot: BootSnapshot, clock: Clock, t: int | None, kernel_key: str | None

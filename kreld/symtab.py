@@ -13,8 +13,8 @@ Layout (little-endian; every array starts 8-byte aligned)::
     sections section names joined by NUL (module tables)
     values   i64[count]   value relative to its section (kernel: to _text)
     keys     i64[nsorted] sort keys: section << 40 | (value + 2**39), ascending,
-             unique (of symbols at one address, the first in file order)
-    sorted   u32[nsorted] entry index of each key (stable: file order on ties)
+             unique: the symbols perf would name (see :func:`searchable`)
+    sorted   u32[nsorted] entry index of each key
     name_end u32[count]   end of each name in the names blob
     secs     u16[count]   section index (kernel: 0 relocated, 1 absolute)
     types    u8[count]    the kallsyms type letter
@@ -26,14 +26,13 @@ from __future__ import annotations
 import bisect
 import hashlib
 import struct
-from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 MAGIC = b"KRSYMTB1"
 _HEADER = struct.Struct("<8s6I")
-_KEY_SPAN = 1 << 39
+KEY_SPAN = 1 << 39
 # Where a table's symbols came from (its header says): the kernel's own
 # kallsyms lines, or an ELF file's symtab (a vmlinux or .ko), which lacks the
 # symbols the kernel adds and is replaced once kallsyms shows the module.
@@ -59,6 +58,32 @@ class Entry:
     name: str
 
 
+# The kallsyms types perf keeps (symbol_type__filter() in tools/perf/util/symbol.c:
+# T, W, D, B in either case, and u, l).
+PERF_TYPES = frozenset(b"TtWwDdBbul")
+
+
+def searchable(entries: Sequence[tuple[int, int, int, bytes]]) -> list[tuple[int, int]]:
+    """(sort key, entry index) of each symbol a lookup may name, by key.
+
+    Of several symbols at one address, the one perf names reading a kallsyms
+    file: of the types perf keeps, the last in file order.  perf sorts by
+    address keeping file order on ties, gives every symbol but the last at an
+    address zero length (symbols__fixup_end()), then symbols__fixup_duplicate()
+    keeps the one of non-zero length (choose_best_symbol()); checked against
+    ``perf script`` in tests/test_perf.py.  A symbol of a type perf drops (r,
+    a: read-only data, never where a sample lands) is still named where no
+    other starts at its address, so data addresses keep their names.
+    """
+    keyed = sorted(
+        (e[0] * (1 << 40) + e[1] + KEY_SPAN, e[2] in PERF_TYPES, i)
+        for i, e in enumerate(entries)
+        if -KEY_SPAN <= e[1] < KEY_SPAN
+    )  # at one key: the dropped types first, then file order
+    last = len(keyed) - 1
+    return [(k, i) for j, (k, _, i) in enumerate(keyed) if j == last or k != keyed[j + 1][0]]
+
+
 def pack(
     entries: Sequence[tuple[int, int, int, bytes]],
     sections: Sequence[str],
@@ -68,21 +93,14 @@ def pack(
     n = len(entries)
     names = b"".join(e[3] for e in entries)
     secblob = b"\0".join(s.encode() for s in sections)
-    searchable = [
-        (e[0] * (1 << 40) + e[1] + _KEY_SPAN, i)
-        for i, e in enumerate(entries)
-        if -_KEY_SPAN <= e[1] < _KEY_SPAN
-    ]
-    searchable.sort()  # ties: file order, from the index
-    # Of symbols sharing an address only the first in file order is found.
-    searchable = [s for j, s in enumerate(searchable) if j == 0 or s[0] != searchable[j - 1][0]]
+    index = searchable(entries)
     out = bytearray(
-        _HEADER.pack(MAGIC, n, len(searchable), len(sections), len(names), len(secblob), source)
+        _HEADER.pack(MAGIC, n, len(index), len(sections), len(names), len(secblob), source)
     )
     out += secblob + b"\0" * _pad8(len(secblob))
     out += struct.pack(f"<{n}q", *(e[1] for e in entries))
-    out += struct.pack(f"<{len(searchable)}q", *(k for k, _ in searchable))
-    out += struct.pack(f"<{len(searchable)}I", *(i for _, i in searchable))
+    out += struct.pack(f"<{len(index)}q", *(k for k, _ in index))
+    out += struct.pack(f"<{len(index)}I", *(i for _, i in index))
     ends, pos = [], 0
     for e in entries:
         pos += len(e[3])
@@ -141,11 +159,6 @@ class SymbolTable:
         if off + names_len > len(mv):
             raise ValueError("symbol table truncated")
 
-    def shape(self) -> tuple[int, int, int, int]:
-        """What tells tables apart, to check a cached :class:`Accel` against
-        (a table is only ever replaced by one of another source)."""
-        return self.count, len(self.keys), len(self.names), self.source
-
     def section_index(self, name: str) -> int | None:
         try:
             return self.sections.index(name)
@@ -158,7 +171,7 @@ class SymbolTable:
 
     def lookup(self, section: int, value: int) -> tuple[str, int] | None:
         """The symbol at or before *value* in *section*: (name, offset into it)."""
-        key = section * (1 << 40) + value + _KEY_SPAN
+        key = section * (1 << 40) + value + KEY_SPAN
         keys = self.keys
         i = bisect.bisect_right(keys, key) - 1
         if i < 0:
@@ -171,60 +184,6 @@ class SymbolTable:
     def __iter__(self) -> Iterator[Entry]:
         for i in range(self.count):
             yield Entry(self.secs[i], self.values[i], chr(self.types[i]), self.name(i))
-
-
-# -- lookups in bulk --------------------------------------------------------------------
-
-PAGE_SHIFT = 12
-# A table with fewer searchable symbols is bisected whole (a few steps).
-_INDEXED_FROM = 4096
-
-
-def json_plain(s: str) -> bool:
-    """Whether *s* goes into a JSON string as it is (all real symbol names do)."""
-    return s.isascii() and s.isprintable() and '"' not in s and "\\" not in s
-
-
-class Accel:
-    """What a batch lookup in one table needs beyond the table: built once per
-    table and kept by the caller (it holds no view of the store's map).
-
-    ``first[p]`` is the first sorted key at or after page *p* of section
-    *section*'s key space, so an address is bisected within the few symbols
-    of its own 4 KiB page rather than over the whole kernel.
-    """
-
-    __slots__ = ("first", "hi", "key0", "lo", "npages", "plain", "section", "shape")
-
-    def __init__(self, table: SymbolTable, section: int = 0) -> None:
-        keys = table.keys
-        self.section = section
-        self.shape = table.shape()
-        self.lo = lo = bisect.bisect_left(keys, section << 40)
-        self.hi = hi = bisect.bisect_left(keys, (section + 1) << 40)
-        # Names are plain when the whole blob is: then none needs escaping.
-        self.plain = json_plain(str(table.names, "utf-8", "replace"))
-        self.first: array[int] | None = None
-        self.key0 = self.npages = 0
-        if hi - lo < _INDEXED_FROM:
-            return
-        self.key0 = key0 = keys[lo] >> PAGE_SHIFT << PAGE_SHIFT
-        self.npages = npages = ((keys[hi - 1] - key0) >> PAGE_SHIFT) + 1
-        first = array("I", [lo]) * (npages + 1)
-        j = lo
-        for p in range(1, npages + 1):
-            j = bisect.bisect_left(keys, key0 + (p << PAGE_SHIFT), j, hi)
-            first[p] = j
-        self.first = first
-
-    def find(self, table: SymbolTable, key: int) -> int:
-        """The index of the last sorted key at or below *key* (-1 if none)."""
-        first = self.first
-        if first is not None:
-            p = (key - self.key0) >> PAGE_SHIFT
-            if 0 <= p < self.npages:
-                return bisect.bisect_right(table.keys, key, first[p], first[p + 1]) - 1
-        return bisect.bisect_right(table.keys, key) - 1
 
 
 # -- building tables from kallsyms ---------------------------------------------

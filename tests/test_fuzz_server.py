@@ -12,7 +12,7 @@ from conftest import raw_exchange, start
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kreld.client import Client
+from kreld.client import Client, resolutions
 
 METHODS = [
     "io.kreld.GetBoot", "io.kreld.ListBoots", "io.kreld.GetModules", "io.kreld.Resolve",
@@ -97,7 +97,8 @@ def test_fuzzed_messages_never_take_kreld_down(
     assert d.proc.poll() is None
     with Client(str(sock)) as c:
         assert c.call("GetBoot")["boot"]["boot_id"] == tree.boot_id
-        r = c.call("Resolve", addresses=["0xffffffffc0000008"])["results"][0]
+        asked = ["0xffffffffc0000008"]
+        [r] = resolutions(asked, c.call("Resolve", addresses=asked))
         assert (r["image"], r["section"], r["offset"]) == ("dummy", ".text", "0x8")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(str(sock))

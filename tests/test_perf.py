@@ -9,6 +9,8 @@ name the same kernel symbols with the same overheads; the last must name none.
 
 from __future__ import annotations
 
+import bisect
+import json
 import os
 import re
 import shutil
@@ -18,6 +20,11 @@ from pathlib import Path
 import pytest
 from conftest import kreldctl
 
+from kreld.client import resolutions
+from kreld.model import Anchors, BootSnapshot, Clock, Timestamp
+from kreld.queries import AddressMap
+from kreld.symtab import SymbolTable, kernel_table, parse_kallsyms
+
 KERNEL_LINE = re.compile(r"^\s*([0-9.]+)%\s+\[k\]\s+(\S+)\s*$")
 
 
@@ -26,9 +33,9 @@ def perf_env(home: Path) -> dict[str, str]:
     return {**os.environ, "HOME": str(home)}
 
 
-def record(perf: str, out: Path) -> list[str]:
+def record(perf: str, out: Path, *options: str) -> list[str]:
     """perf record, system-wide, on the cpu-clock; -N: no build-id cache written."""
-    return [perf, "record", "-e", "cpu-clock", "-a", "-N", "-q", "-o", str(out), "--"]
+    return [perf, "record", "-e", "cpu-clock", "-a", "-N", "-q", "-o", str(out), *options, "--"]
 
 
 @pytest.fixture
@@ -108,3 +115,96 @@ def test_perf_report_with_exported_kallsyms_names_the_kernel_frames(
     # Without symbols perf shows raw addresses: the comparison above can fail.
     assert none, "the kernel samples vanished without kallsyms"
     assert named(none) == set(), named(none)
+
+
+# Symbols set at one address just before a sampled instruction, in kallsyms order
+# ({} is a number that keeps each group's names apart): the cases where perf must
+# choose.  Of each group perf names one; kreld must name the same.
+TIES = [
+    [("T", "startup_64_{}"), ("T", "_stext_{}"), ("T", "_text_{}")],  # as at the real _text
+    [("t", "__pfx_f{}"), ("T", "f{}")],  # a padding symbol with its function
+    [("T", "f{}"), ("t", "__pfx_g{}")],
+    [("t", "local{}"), ("T", "global{}")],
+    [("T", "global{}"), ("t", "local{}")],
+    [("W", "weak{}"), ("T", "strong{}")],
+    [("T", "strong{}"), ("W", "weak{}")],
+    [("T", "__under{}"), ("T", "plain{}")],
+    [("T", "plain{}"), ("T", "__under{}")],
+    [("t", "code{}"), ("r", "rodata{}")],
+    [("r", "rodata{}"), ("t", "code{}")],
+    [("T", "fn{}"), ("t", "fn{}.cold"), ("D", "data{}")],
+]
+
+
+def kernel_ips(perf: str, data: Path, kallsyms: Path, home: Path) -> dict[int, str]:
+    """Each kernel instruction pointer of the recording (callchains included),
+    with the symbol ``perf script`` names for it from *kallsyms* alone."""
+    empty = home / "symfs"
+    empty.mkdir(exist_ok=True)
+    cp = subprocess.run(
+        [perf, "script", "-i", str(data), "-F", "ip,sym", f"--kallsyms={kallsyms}",
+         f"--symfs={empty}"],
+        capture_output=True, text=True, timeout=120, env=perf_env(home), check=False,
+    )  # fmt: skip
+    assert cp.returncode == 0, cp.stderr
+    out: dict[int, str] = {}
+    for line in cp.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] != "[unknown]" and int(parts[0], 16) >= 1 << 63:
+            out[int(parts[0], 16)] = parts[1]
+    return out
+
+
+def test_of_symbols_at_one_address_kreld_names_the_one_perf_script_names(
+    perf: str, tmp_path: Path
+) -> None:
+    """A recording made here, symbolized by ``perf script --kallsyms`` from this
+    machine's kallsyms with groups of symbols added at one address just before
+    sampled instructions (the ``_text`` aliases, ``__pfx_`` padding, local vs
+    global, weak, leading underscores, read-only data): kreld, given the same
+    kallsyms, names what perf names for every kernel address of the recording."""
+    data = tmp_path / "perf.data"
+    home = tmp_path / "home"
+    rec = subprocess.run(
+        [*record(perf, data, "-g"), "dd", "if=/dev/zero", "of=/dev/null", "bs=512",
+         "count=200000"],
+        capture_output=True, text=True, timeout=120, env=perf_env(home), check=False,
+    )  # fmt: skip
+    assert rec.returncode == 0, rec.stderr
+    live = Path("/proc/kallsyms").read_text()
+    core = parse_kallsyms(live.encode()).core
+    starts = sorted({v for v, _t, _n in core})
+    ips = kernel_ips(perf, data, Path("/proc/kallsyms"), home)
+    extra, used = [], set()
+    for k, ip in enumerate(sorted(ips)):
+        below = starts[bisect.bisect_right(starts, ip) - 1]
+        if ip == below or below in used:
+            continue
+        used.add(below)
+        at = below + 1 if ip - below > 1 else ip
+        extra += [f"{at:016x} {t} {n.format(k)}" for t, n in TIES[len(used) % len(TIES)]]
+    synth = tmp_path / "kallsyms"
+    synth.write_text(live + "\n".join(extra) + "\n")
+    named_by_perf = kernel_ips(perf, data, synth, home)
+    assert len(used) >= 2 * len(TIES), f"too few kernel samples to test with ({len(used)})"
+
+    ks = parse_kallsyms(synth.read_bytes())
+    by_name = {n: v for v, _t, n in reversed(ks.core)}
+    text, etext = by_name[b"_text"], by_name[b"_etext"]
+    table = SymbolTable(kernel_table(ks.core, text))
+    boot = BootSnapshot(
+        "00000000-0000-0000-0000-000000000001", "6.1", "#1", None, Anchors(text, text, etext),
+        None, False, None, 0, Timestamp(1, 1, 1),
+    )  # fmt: skip
+    amap = AddressMap(boot, [], Clock.MONOTONIC, None, "k:x")
+    asked = [ip for ip in named_by_perf if text <= ip < etext]
+    got = resolutions(asked, json.loads(amap.resolve(asked, {"k:x": table}).to_json()))
+    differ = [
+        (hex(ip), perf_name, r.get("symbol"))
+        for ip, r in zip(asked, got, strict=True)
+        if r.get("symbol") != (perf_name := named_by_perf[ip])
+    ]
+    assert not differ, f"{len(differ)} of {len(asked)} differ from perf, e.g. {differ[:8]}"
+    # The added groups were in play: perf named a symbol of many of them.
+    added = {n.split()[-1] for n in extra}
+    assert len(added & set(named_by_perf.values())) >= len(TIES)

@@ -144,8 +144,9 @@ def test_resolve_on_a_recorded_boot_reuses_its_map_until_an_event(tmp_path: Path
 
         def resolve(at: int) -> str | None:
             params = {"addresses": ["0xffffffffc0000010"], "boot_id": old.boot_id, "at": at}
-            (r,) = json.loads(svc.resolve_results(params))
-            return r["image"]
+            reply = json.loads(svc.resolve_results(params))
+            (r,) = reply["region"]
+            return None if r < 0 else str(reply["regions"][r]["image"])
 
         assert resolve(T1.monotonic) == "dummy"
         first = list(svc._maps.values())

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import bisect
 import json
 import random
 
+from kreld.client import resolutions
 from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.queries import AddressMap
+from kreld.queries import FEW, AddressMap, Resolved
 from kreld.symtab import (
     MODULE_ABSOLUTE,
-    Accel,
     SymbolTable,
     kernel_table,
     module_table,
@@ -53,62 +52,127 @@ def test_lines_of_another_load_are_refused() -> None:
     assert module_table(ks.modules["kvm"], SECTIONS, {}) is None
 
 
-def test_page_index_finds_what_a_whole_bisect_finds() -> None:
-    """A kernel-sized table (20,000 relocated symbols: dense pages, empty pages, several
-    at one address, absolute ones after them): the page-indexed search gives the same
-    entry as bisecting every key, for each symbol's address, its neighbours, gaps, and
-    keys below, above and between the sections."""
-    rng = random.Random(11)
-    value, core = 0, []
-    for k in range(20_000):
-        value += rng.choice((0, 0x10, 0x40, 0x300, 0x1000, 0x5000, 0x23000))
-        core.append((TEXT + value, b"t", f"fn_{k}".encode()))
-    core += [(0x1000 + 8 * k, b"A", f"percpu_{k}".encode()) for k in range(50)]
-    table = SymbolTable(kernel_table(core, TEXT))
-    acc = Accel(table, 0)
-    assert acc.first is not None and acc.npages > 1000
-    zero = 1 << 39
-    probes = [
-        zero + v + d for _a, _t, _n in core[:20_000] for v in (_a - TEXT,) for d in (-1, 0, 1)
+def test_of_symbols_at_one_address_the_last_perf_keeps_is_found() -> None:
+    """perf's rule for a kallsyms file (tools/perf/util/symbol.c): of several
+    symbols at one address the last in file order of the types perf keeps (a
+    read-only data symbol there loses); a lone rodata symbol is still named."""
+    core = [
+        (TEXT, b"T", b"srso_alias_untrain_ret"),
+        (TEXT, b"T", b"_stext"),
+        (TEXT, b"T", b"_text"),
+        (TEXT + 0x40, b"t", b"__pfx_f"),
+        (TEXT + 0x50, b"T", b"f"),
+        (TEXT + 0x50, b"t", b"f_local"),
+        (TEXT + 0x60, b"W", b"weak"),
+        (TEXT + 0x60, b"r", b"ro_after"),
+        (TEXT + 0x80, b"r", b"ro_alone"),
+        (0x1000, b"A", b"per_cpu_abs"),
     ]
-    probes += [zero + rng.randrange(-0x10000, value + 0x10000) for _ in range(20_000)]
-    probes += [0, zero - 1, (1 << 40) - 1, (1 << 40) + zero + 0x1000, (2 << 40) + 5]
-    for key in probes:
-        assert acc.find(table, key) == bisect.bisect_right(table.keys, key) - 1, hex(key)
+    table = SymbolTable(kernel_table(core, TEXT))
+    assert table.lookup(0, 0x4) == ("_text", 4)
+    assert table.lookup(0, 0x48) == ("__pfx_f", 8)
+    assert table.lookup(0, 0x51) == ("f_local", 1)
+    assert table.lookup(0, 0x61) == ("weak", 1)
+    assert table.lookup(0, 0x84) == ("ro_alone", 4)
+    assert [e.name for e in table] == [n.decode() for _v, _t, n in core]
 
 
-def test_resolve_json_names_each_address_as_a_plain_lookup_does() -> None:
-    """The batch path (page index, names straight from the blob, escaping) against
-    SymbolTable.lookup one address at a time, on a kernel table and a module table
-    whose names need JSON escaping."""
+def test_bulk_resolve_names_each_address_as_a_plain_lookup_does() -> None:
+    """The batch path (numpy over the table's keys, names gathered from the blob,
+    escaping, the JSON it travels as) against SymbolTable.lookup one address at a
+    time, on a kernel table and a module table whose names need JSON escaping."""
+    amap, tables, mod_base = kernel_and_module()
+    rng = random.Random(3)
+    addrs = [TEXT + rng.randrange(0x40 * 6000 + 0x100) for _ in range(3000)]
+    addrs += [mod_base + rng.randrange(0x2100) for _ in range(300)] + [TEXT - 1, 5]
+    got = resolutions(addrs, json.loads(amap.resolve(addrs, tables).to_json()))
+    for a, r in zip(addrs, got, strict=True):
+        assert r["address"] == f"{a:#x}"
+        if TEXT <= a < TEXT + 0x40 * 6000:
+            want = tables["k:x"].lookup(0, a - TEXT)
+        elif mod_base <= a < mod_base + 0x2000:
+            data = a >= mod_base + 0x1080
+            want = tables["m:" + "ab" * 20].lookup(int(data), a - mod_base - 0x1080 * data)
+            if want is None:  # .data below its first symbol: placed, not named
+                assert (r["section"], "symbol" in r) == (".data", False), r
+                continue
+        else:
+            assert r == {"address": f"{a:#x}"}
+            continue
+        assert want is not None
+        assert (r["symbol"], int(r["symbol_offset"], 16)) == want
+
+
+def test_a_few_addresses_one_by_one_get_the_answers_of_the_bulk_path() -> None:
+    """Resolve bisects a few addresses in plain Python and a batch with numpy:
+    the same addresses get the same answers either way (kernel, module, none)."""
+    amap, tables, mod_base = kernel_and_module()
+    rng = random.Random(5)
+    addrs = [TEXT + rng.randrange(0x40 * 6000 + 0x100) for _ in range(200)]
+    addrs += [mod_base + rng.randrange(0x2100) for _ in range(100)] + [TEXT - 1, 5, 1 << 63]
+    rng.shuffle(addrs)
+
+    def spelt(r: Resolved, asked: list[int]) -> list[dict[str, object]]:
+        return resolutions(asked, json.loads(r.to_json()))
+
+    bulk = spelt(amap.resolve_bulk(addrs, tables), addrs)
+    few = []
+    for k in range(0, len(addrs), 7):
+        few += spelt(amap.resolve_few(addrs[k : k + 7], tables), addrs[k : k + 7])
+    assert few == bulk
+    assert spelt(amap.resolve(addrs[:FEW], tables), addrs[:FEW]) == bulk[:FEW]
+
+
+def test_reply_states_each_region_and_name_once_with_no_nulls() -> None:
+    """Facts shared by many addresses travel once: one region object per region
+    that held an address (the kernel's with its build-id, the module's with its
+    seq and build-id), one name per distinct symbol; per address only small
+    integers, -1 where nothing held it; no member is ever null."""
+    amap, tables, mod_base = kernel_and_module()
+    addrs = [TEXT + 0x61, TEXT + 0x62, mod_base + 0x101, 5, TEXT + 0x61, mod_base + 0x1FFF]
+    addrs.append(mod_base + 0x10A0)  # in .data, before its first symbol
+    k1, off = tables["k:x"].lookup(0, 0x61) or ("", 0)
+    for path in (amap.resolve_few, amap.resolve_bulk):  # a few addresses, a batch
+        reply = json.loads(path(addrs, tables).to_json())
+        assert reply["regions"] == [
+            {"image": "kernel", "section": ".text", "base": f"{TEXT:#x}", "build_id": "cd" * 20},
+            {"image": "odd", "section": ".text", "base": f"{mod_base:#x}", "seq": 0,
+             "build_id": "ab" * 20},
+            {"image": "odd", "section": ".data", "base": f"{mod_base + 0x1080:#x}", "seq": 0,
+             "build_id": "ab" * 20},
+        ]  # fmt: skip
+        assert reply["region"] == [0, 0, 1, -1, 0, 2, 2]
+        names = reply["symbols"]
+        assert len(names) == len(set(names)) == 3
+        assert [names[i] if i >= 0 else None for i in reply["symbol"]] == [
+            k1, k1, 'odd "name" \\1', None, k1, 'odd "name" \\19', None,
+        ]  # fmt: skip
+        assert reply["symbol_offset"] == [off, off + 1, 1, 0, off, 0x1FFF - 0x1300, 0]
+        assert "null" not in json.dumps(reply)
+        assert json.loads(path([], tables).to_json()) == {
+            "regions": [], "region": [], "symbols": [], "symbol": [], "symbol_offset": []
+        }  # fmt: skip
+
+
+def kernel_and_module() -> tuple[AddressMap, dict[str, SymbolTable], int]:
+    """A kernel table of 6,000 functions and a module whose names need escaping,
+    with a .data section (from +0x1080) whose first symbol is at +0x1100."""
     rng = random.Random(3)
     core = [(TEXT + 0x40 * k + rng.randrange(0x20), b"T", f"k{k}".encode()) for k in range(6000)]
     core.append((TEXT + 0x40 * 6000, b"T", b"_etext"))
     ktab = kernel_table(core, TEXT)
     mod_base = 0xFFFFFFFFC0000000
     lines = [(mod_base + 0x100 * k, b"t", f'odd "name" \\{k}'.encode()) for k in range(20)]
-    mtab = module_table(lines, {".text": mod_base}, {".text": 0x2000})
+    sections = {".text": mod_base, ".data": mod_base + 0x1080}
+    mtab = module_table(lines, sections, {".text": 0x1080, ".data": 0xF80})
     assert mtab is not None
     boot = BootSnapshot(
-        "00000000-0000-0000-0000-000000000001", "6.1", "#1", None,
+        "00000000-0000-0000-0000-000000000001", "6.1", "#1", "cd" * 20,
         Anchors(TEXT, TEXT, TEXT + 0x40 * 6000), None, False, None, 0, Timestamp(1, 1, 1),
     )  # fmt: skip
-    state = ModuleState("odd", "ab" * 20, {".text": mod_base}, 0x2000, 0, "live", None, None,
+    state = ModuleState("odd", "ab" * 20, sections, 0x2000, 0, "live", None, None,
                         mod_base, False, None)  # fmt: skip
     inc = Incarnation(boot.boot_id, 0, state, Timestamp(1, 1, 1), SeenBy.STARTUP, False)
     amap = AddressMap(boot, [inc], Clock.MONOTONIC, None, "k:x")
     tables = {"k:x": SymbolTable(ktab), "m:" + "ab" * 20: SymbolTable(mtab)}
-    addrs = [TEXT + rng.randrange(0x40 * 6000 + 0x100) for _ in range(3000)]
-    addrs += [mod_base + rng.randrange(0x2100) for _ in range(300)] + [TEXT - 1, 5]
-    got = json.loads(amap.resolve_json(addrs, tables))
-    for a, r in zip(addrs, got, strict=True):
-        assert r["address"] == f"{a:#x}"
-        if TEXT <= a < TEXT + 0x40 * 6000:
-            want = tables["k:x"].lookup(0, a - TEXT)
-        elif mod_base <= a < mod_base + 0x2000:
-            want = tables["m:" + "ab" * 20].lookup(0, a - mod_base)
-        else:
-            assert r["image"] is None
-            continue
-        assert want is not None
-        assert (r["symbol"], int(r["symbol_offset"], 16)) == want
+    return amap, tables, mod_base

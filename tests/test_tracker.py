@@ -102,7 +102,7 @@ class Env:
         )
         assert cp.returncode in (0, 1), cp.stderr
         out: list[dict[str, Any]] = json.loads(cp.stdout)
-        assert cp.returncode == (0 if all(r["image"] for r in out) else 1)
+        assert cp.returncode == (0 if all(r.get("image") for r in out) else 1)
         return out
 
     def load(self, name: str, base: int, **kw: Any) -> None:
@@ -292,7 +292,7 @@ def test_reload_at_another_address_gives_two_incarnations_each_resolved(env: Env
     after_reload = ts(second, "loaded") + 1000
 
     r = env.resolve(during_first, a_text, a_data, b_text, a_init, kernel)
-    assert [(x["image"], x.get("section"), x.get("offset"), x.get("seq")) for x in r] == [
+    assert [(x.get("image"), x.get("section"), x.get("offset"), x.get("seq")) for x in r] == [
         ("dummy", ".text", "0x10", 0),
         ("dummy", ".data", "0x42", 0),
         (None, None, None, None),
@@ -303,10 +303,10 @@ def test_reload_at_another_address_gives_two_incarnations_each_resolved(env: Env
     assert r[0]["base"] == f"{BASE_A:#x}"
 
     r = env.resolve(between, a_text, b_text)
-    assert [x["image"] for x in r] == [None, None]
+    assert [x.get("image") for x in r] == [None, None]
 
     r = env.resolve(after_reload, a_text, b_text, b_data)
-    assert [(x["image"], x.get("section"), x.get("offset"), x.get("seq")) for x in r] == [
+    assert [(x.get("image"), x.get("section"), x.get("offset"), x.get("seq")) for x in r] == [
         (None, None, None, None),
         ("dummy", ".text", "0x10", 1),
         ("dummy", ".data", "0x42", 1),
@@ -316,7 +316,7 @@ def test_reload_at_another_address_gives_two_incarnations_each_resolved(env: Env
     # The same question on the realtime clock, with the first incarnation's realtime stamps.
     rt = (ts(first, "loaded", "realtime") + ts(first, "unloaded_after", "realtime")) // 2
     r = env.resolve(rt, a_text, b_text, clock="realtime")
-    assert [(x["image"], x.get("seq")) for x in r] == [("dummy", 0), (None, None)]
+    assert [(x.get("image"), x.get("seq")) for x in r] == [("dummy", 0), (None, None)]
 
     assert [m["seq"] for m in env.modules("--at", str(during_first))] == [0]
     assert d.stop() == 0
@@ -558,8 +558,8 @@ def test_garbage_module_is_recorded_as_far_as_readable_and_kreld_goes_on(ienv: E
 
     # What was read resolves; the unreadable section does not invent an address.
     r = env.resolve(ts(good, "loaded") + 1, BASE_A + 0x10, BASE_B + 0x3004)
-    assert (r[0]["image"], r[0]["section"], r[0]["build_id"]) == ("broken", ".text", None)
-    assert (r[1]["image"], r[1]["section"], r[1]["offset"]) == ("good", ".rodata", "0x4")
+    assert (r[0].get("image"), r[0]["section"], r[0].get("build_id")) == ("broken", ".text", None)
+    assert (r[1].get("image"), r[1]["section"], r[1]["offset"]) == ("good", ".rodata", "0x4")
     assert d.stop() == 0
 
 
@@ -585,13 +585,13 @@ def test_module_first_seen_coming_has_live_init_text_until_init_done(env: Env) -
     assert len(env.history()) == 1
 
     r = env.resolve(during_init, init_addr, BASE_A + 0x20)
-    assert [(x["image"], x["section"], x["offset"], x["seq"]) for x in r] == [
+    assert [(x.get("image"), x["section"], x["offset"], x["seq"]) for x in r] == [
         ("slow", ".init.text", "0x123", 0),
         ("slow", ".text", "0x20", 0),
     ]
     r = env.resolve(ts(m, "init_done"), init_addr, BASE_A + 0x20)
-    assert r[0]["image"] is None
-    assert (r[1]["image"], r[1]["section"]) == ("slow", ".text")
+    assert r[0].get("image") is None
+    assert (r[1].get("image"), r[1]["section"]) == ("slow", ".text")
     assert d.stop() == 0
 
 

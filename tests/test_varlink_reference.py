@@ -38,6 +38,7 @@ from faketree import FakeTree
 from varlink import scanner
 
 from kreld import consts
+from kreld.client import resolutions
 from kreld.server import SERVICE_DESCRIPTION
 
 REPO = Path(__file__).resolve().parent.parent
@@ -243,7 +244,7 @@ def test_varlink_cli_help_calls_every_method_and_shows_named_errors(served: Any)
     assert [b["boot_id"] for b in got["ListBoots"]["boots"]] == [boot_id]
     assert got["Snapshot"]["new"] is False
     assert [m["name"] for m in got["GetModules"]["modules"]] == ["dummy"]
-    module, kernel = got["Resolve"]["results"]
+    module, kernel = resolutions(params["Resolve"]["addresses"], got["Resolve"])
     assert (module["image"], module["offset"]) == ("dummy", "0x10")
     assert (kernel["image"], kernel["offset"]) == ("kernel", "0x20")
     assert f"{tree.text:016x} T _text" in got["ExportKallsyms"]["kallsyms"]
@@ -328,7 +329,8 @@ def test_varlink_library_calls_in_process(served: Any) -> None:
     with varlink.Client.new_with_address(f"unix:{sock}") as client:
         with client.open("io.kreld") as con:
             assert con.GetBoot()["boot"]["anchors"]["text"] == f"{tree.text:#x}"
-            res = con.Resolve(addresses=[f"{MODULE_BASE + 8:#x}"])["results"]
+            asked = [f"{MODULE_BASE + 8:#x}"]
+            res = resolutions(asked, con.Resolve(addresses=asked))
             assert (res[0]["image"], res[0]["offset"]) == ("dummy", "0x8")
             with pytest.raises(varlink.VarlinkError) as e:
                 con.GetBoot(boot_id=MISSING_BOOT)

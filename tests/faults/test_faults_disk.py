@@ -104,7 +104,7 @@ def test_state_dir_on_a_full_tmpfs_errors_by_name_keeps_serving_and_recovers(
             assert c.call("GetBoot") == boot_before
             mods = c.call("GetModules")["modules"]
             assert mods == [i for i in mid if i["unloaded"] is None]
-            r = c.call("Resolve", addresses=[f"{BASE + 0x100010:#x}"])["results"][0]
+            [r] = c.resolve([f"{BASE + 0x100010:#x}"])
             assert (r["image"], r["offset"]) == ("early1", "0x10")
             assert c.call("ExportKallsyms")["kallsyms"] == kallsyms_before
             assert c.call("Status")["incarnations"] == len(mid)
@@ -232,13 +232,13 @@ def test_a_symbol_table_held_back_by_a_full_disk_is_stored_when_space_returns(
         with Client(str(sock)) as c:
             src = next(s for s in c.call("Status")["sources"] if s["name"] == "symbols")
             assert not src["healthy"] and "no space left" in src["last_error"], src
-            r = c.call("Resolve", addresses=[f"{base + 0x80 * 42 + 3:#x}"])["results"][0]
+            [r] = c.resolve([f"{base + 0x80 * 42 + 3:#x}"])
             assert (r["image"], r.get("symbol")) == ("late", None), r
         filler.unlink()
         d.wait_for("module_symbols", module="late", timeout=30)
         d.wait_for("symbol_capture_recovered")
         with Client(str(sock)) as c:
-            r = c.call("Resolve", addresses=[f"{base + 0x80 * 42 + 3:#x}"])["results"][0]
+            [r] = c.resolve([f"{base + 0x80 * 42 + 3:#x}"])
             assert (r["symbol"], r["symbol_offset"]) == (
                 "late_function_with_a_rather_long_name_42",
                 "0x3",

@@ -133,7 +133,7 @@ def test_kill_9_at_50_random_moments_during_a_module_burst(
         with Client(str(sock)) as c:
             assert c.call("GetModules", all=True)["modules"] == final
             addrs = [f"{base + 0x10:#x}" for base in expected.values()]
-            res = c.call("Resolve", addresses=addrs)["results"]
+            res = c.resolve(addrs)
             assert [(r["image"], r["section"], r["offset"]) for r in res] == [
                 (n, ".text", "0x10") for n in expected
             ]

@@ -35,7 +35,7 @@ from faultlib import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kreld.client import Client, connect_unix
+from kreld.client import Client, connect_unix, resolutions
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -123,7 +123,7 @@ def expected_answers(s: Served) -> dict[str, tuple[bytes, Any]]:
     for name, params in calls.items():
         msg = json.dumps({"method": f"io.kreld.{name}", "parameters": params}).encode() + b"\0"
         out[name] = (msg, {"parameters": s.call(name, **params)})
-    res = out["Resolve"][1]["parameters"]["results"]
+    res = resolutions(addrs, out["Resolve"][1]["parameters"])
     assert [r["image"] for r in res] == [*MODULES, "kernel"]
     return out
 
@@ -388,11 +388,14 @@ def test_10000_fuzzed_messages(served: Served) -> None:
                 assert isinstance(r.get("parameters", {}), dict), r
                 continue
             assert isinstance(r.get("parameters"), dict), r
-            res = r["parameters"].get("results")
-            if isinstance(res, list) and len(res) == 1 and res[0].get("address") in tags:
-                answered.append(res[0])
-        assert [a["address"] for a in answered] == tags, (payload[:300], replies[-3:])
-        for k, a in enumerate(answered):
+            p = r["parameters"]
+            # A Resolve of one address in the kernel: a tag's answer, in order.
+            regions, region = p.get("regions"), p.get("region")
+            if region == [0] and isinstance(regions, list) and regions[0].get("image") == "kernel":
+                answered.append(p)
+        assert len(answered) == len(tags), (payload[:300], replies[-3:])
+        for k, (t, p) in enumerate(zip(tags, answered, strict=True)):
+            [a] = resolutions([t], p)
             assert (a["image"], a["offset"]) == ("kernel", f"{0x100 + k:#x}"), a
         assert len(replies) <= 2 * len(frames)
 

@@ -65,6 +65,10 @@ class Machine:
         with Client(str(self.sock)) as c:
             return c.call(method, **params)
 
+    def resolve(self, *addresses: str) -> list[dict[str, Any]]:
+        with Client(str(self.sock)) as c:
+            return c.resolve(addresses)
+
     def restrict(self) -> None:
         """kptr_restrict goes up: every pointer kreld reads from now on is zero, also in
         the directories of modules already loaded (rewritten in place: same inode)."""
@@ -112,10 +116,10 @@ def test_restricted_pointers_appearing_mid_run(
         mods = m.call("GetModules")["modules"]
         assert [x["name"] for x in mods] == ["a", *(i["name"] for i in new)]
         assert_no_zero_address(mods)
-        res = m.call("Resolve", addresses=[f"{A + 0x10:#x}", f"{C + 0x10:#x}"])["results"]
+        res = m.resolve(f"{A + 0x10:#x}", f"{C + 0x10:#x}")
         assert (res[0]["image"], res[0]["offset"]) == ("a", "0x10")  # the old record serves
-        assert res[1]["image"] is None  # nothing claimed for a module read as zeros
-        kernel = m.call("Resolve", addresses=[f"{m.tree.text + 0x1234:#x}"])["results"][0]
+        assert "image" not in res[1]  # nothing claimed for a module read as zeros
+        [kernel] = m.resolve(f"{m.tree.text + 0x1234:#x}")
         assert (kernel["image"], kernel["offset"]) == ("kernel", "0x1234")
         assert m.call("GetBoot") == boot_before
         kallsyms = m.call("ExportKallsyms")["kallsyms"]
@@ -149,7 +153,7 @@ def test_restart_in_the_same_boot_reading_zeros_keeps_the_records(
         assert_no_zero_address(boot)
         kallsyms = m.call("ExportKallsyms")["kallsyms"]
         assert kallsyms == kallsyms_before
-        res = m.call("Resolve", addresses=[f"{B + 0x20:#x}"])["results"][0]
+        [res] = m.resolve(f"{B + 0x20:#x}")
         assert (res["image"], res["offset"]) == ("b", "0x20")
         status = m.call("Status")  # what kreld reads now, not what the record knows
         assert status["restricted"] is True and status["restricted_reason"], status
@@ -185,7 +189,7 @@ def test_kernel_symbols_never_captured_from_zeros_after_a_crash(
         wait_until("kernel symbols", lambda: symbols_done(d))
         boot = m.call("GetBoot")["boot"]
         assert boot["anchors"]["text"] == f"{m.tree.text:#x}"  # kept from the first run
-        r = m.call("Resolve", addresses=[f"{m.tree.text + 0x1008:#x}"])["results"][0]
+        [r] = m.resolve(f"{m.tree.text + 0x1008:#x}")
         print("Resolve _text+0x1008:", r)
         assert r["image"] == "kernel" and r["offset"] == "0x1008"
         assert r.get("symbol") in (None, "start_kernel"), r
