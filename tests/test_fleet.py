@@ -178,8 +178,7 @@ def test_kill_9_mid_publishing_then_restart_keeps_the_bucket_whole_without_dupli
             h.tree.add_module(f"m{round_}_{i}", 0xFFFFFFFFC0000000 + (round_ * 16 + i) * 0x10000)
             time.sleep(0.01)
         # Killed while rounds are running (interval 0.1 s, modules still arriving).
-        running = d
-        wait_until("a round", lambda: any(e.get("event") == "published" for e in running.events()))
+        d.wait_for("published")
         time.sleep(0.05 * round_)
         assert d.stop(signal.SIGKILL) == -signal.SIGKILL
         d = h.start()
