@@ -24,7 +24,6 @@ import binascii
 import hashlib
 import json
 import re
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ MAX_COMPONENT = 255
 COMPACT_AFTER = 32
 _BATCH = re.compile(r"batch-[0-9]{8}")
 _MACHINE_ID = re.compile(r"[0-9a-f]{32}")
+_BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +118,8 @@ def parse_index(name: str) -> IndexEntry:
         if len(parts) != 3 or parts[0] != "index":
             raise ValueError("not index/<boot>.<machine-id>.<gen>/<summary>")
         boot_id, machine_id, gen = parts[1].split(".")
-        boot_id = str(uuid.UUID(boot_id))
+        if not _BOOT_ID.fullmatch(boot_id):
+            raise ValueError(f"boot-id {boot_id!r}")
         if not machine_id_ok(machine_id):
             raise ValueError(f"machine-id {machine_id!r}")
         if parts[2] == "-":
