@@ -180,12 +180,9 @@ class Bucket:
         listed from its directory, starting after it (S3's start-after), until past it."""
         import obstore
 
-        directory, _, rest = prefix.rpartition("/")
+        directory, offset = _segments(prefix)
         try:
-            pages = obstore.list(
-                self.store, directory or None, offset=prefix if rest else None, chunk_size=1000
-            )
-            for page in pages:
+            for page in obstore.list(self.store, directory, offset=offset, chunk_size=1000):
                 self.requests += 1
                 for meta in page:
                     name = str(meta["path"])
@@ -219,6 +216,12 @@ class Bucket:
             return {}
         self.requests += len(keys)
         return dict(asyncio.run(run()))
+
+
+def _segments(prefix: str) -> tuple[str | None, str | None]:
+    """The directory obstore lists for a name prefix, and the name to start after."""
+    directory, _, rest = prefix.rpartition("/")
+    return directory or None, prefix if rest else None
 
 
 def open_bucket(url: str, endpoint: str = "", *, timeout: float = 30.0, retries: int = 2) -> Bucket:
