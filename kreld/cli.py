@@ -20,6 +20,7 @@ from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr, parse_addr
 from kreld.options import add_common, resolve_config
 from kreld.queries import loaded_at
+from kreld.s3 import leave
 from kreld.service import MAX_RESOLVE_ADDRESSES, Service
 from kreld.store import Store
 from kreld.varlink import VarlinkError
@@ -558,12 +559,12 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = 
     try:
         cfg = resolve_config(args)
         ctl = Ctl(cfg, args, out, err)
-        return int(getattr(ctl, args.command)())
+        return leave(int(getattr(ctl, args.command)()))
     except KreldError as e:
         if args.debug:
             raise
         print(f"kreldctl: {e}", file=err)
-        return int(e.exit_code)
+        return leave(int(e.exit_code))
     except BrokenPipeError:
         return int(ExitCode.OK)
 

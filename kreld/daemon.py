@@ -34,6 +34,7 @@ from kreld.model import BootSnapshot, Timestamp
 from kreld.options import add_common, resolve_config
 from kreld.publish import Publisher, check_config
 from kreld.publish import configure as configure_publishing
+from kreld.s3 import leave
 from kreld.server import ACCEPT_HEADROOM, Limits, Policy, Server, bind_socket, group_id
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
@@ -477,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         daemon.shutdown()
         return int(e.exit_code)
     log.info("stopped")
-    return rc
+    return leave(rc)
 
 
 if __name__ == "__main__":

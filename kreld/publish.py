@@ -325,11 +325,13 @@ class Publisher:
         for key in plan.tables:
             name = fleet.table_object(key)
             if bucket.exists(name):
+                self.log.debug("table_present", table=key)
                 continue
             packed = table_bytes(self.store, key)
             if packed is None:  # gone since the plan (gc): its boot is gone too
                 continue
             self._put(bucket, name, fleet.encode_table(packed))
+            self.log.info("table_uploaded", table=key, bytes=len(packed))
         if plan.batch is not None:
             name = fleet.batch_object(plan.boot_id, plan.batch)
             if not (plan.resumed and bucket.exists(name)):

@@ -72,7 +72,7 @@ class S3Server:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
@@ -142,6 +142,7 @@ def start_s3(data_dir: Path) -> S3Server:
         f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}", f"-metricsPort={metrics}",
         f"-filer.localSocket={data_dir}/filer.sock", f"-s3.localSocket={data_dir}/s3.sock",
         "-master.volumeSizeLimitMB=64", "-volume.max=0", "-volume.minFreeSpace=1",
+        "-volume.preStopSeconds=0",
     ]  # fmt: skip
     log_path = data_dir / "weed.log"
     server = S3Server(_spawn(args, log_path), f"http://127.0.0.1:{s3}", data_dir, args, log_path)
