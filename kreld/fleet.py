@@ -7,31 +7,30 @@ Under ``s3://BUCKET/PREFIX``::
     tables/b/<boot-id>                a boot whose symbols differ from its build's
     boots/<boot-id>/batch-<n>         incarnations published in one round (immutable)
     boots/<boot-id>/manifest          the boot, its host and its batches: written last
-    index/<boot-id>.<machine-id>.<gen>/<summary>
+    index/<boot-id>.<machine-id>.<gen>.<version>.<summary>
                                       an empty object whose name is the boot's row in
                                       ``kreldctl boots``: listing index/ lists the fleet
 
 Every object carries the format name and version: JSON objects in ``format`` and
-``version`` fields, binary ones (tables) in a first line ``kreld-fleet table 1``, the index
-in the ``v`` of its summary.  A reader refuses what it does not recognise with
+``version`` fields, binary ones (tables) in a first line ``kreld-fleet table 1``, index names in
+their fourth field.  A reader refuses what it does not recognise with
 :class:`~kreld.errors.FleetObjectInvalid`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, unquote
 
 import zstandard
 
 from kreld.errors import FleetObjectInvalid
-from kreld.model import BootSnapshot, Incarnation, hexaddr
+from kreld.model import BootSnapshot, Incarnation
 
 FORMAT = "kreld-fleet"
 VERSION = 1
@@ -92,55 +91,66 @@ def batch_object(boot_id: str, name: str) -> str:
     return f"boots/{boot_id}/{name}"
 
 
+def _quote(text: str) -> str:
+    """Percent-encoded, dots too (quote() leaves them: they separate the fields here)."""
+    return quote(text, safe="-_~").replace(".", "%2E")
+
+
 def index_object(boot: BootSnapshot, host: Host, gen: int) -> str:
-    """The boot's listing row as an object name (the summary is left out, and read from
-    the manifest, when it would not fit one path component)."""
-    summary = {
-        "v": VERSION,
-        "t": boot.first_seen.realtime,
-        "r": boot.release,
-        "b": boot.build_id,
-        "o": hexaddr(boot.kaslr.value) if boot.kaslr else None,
-        "x": boot.restricted,
-        "h": host.hostname,
-    }
-    raw = json.dumps(summary, separators=(",", ":")).encode()
-    text = base64.urlsafe_b64encode(raw).decode().rstrip("=")
-    if len(text) > MAX_COMPONENT:
-        text = "-"
-    return f"index/{boot.boot_id}.{host.machine_id}.{gen:08x}/{text}"
+    """The boot's listing row as one object name, in one path component (a flat listing:
+    file-backed stores such as SeaweedFS list one directory, not one per boot)::
+
+        index/<boot-id>.<machine-id>.<gen>.<version>.<first-seen>.<offset>.<restricted>.
+              <build-id>.<release>.<hostname>
+
+    numbers in hex, ``-`` for none, release and hostname percent-encoded (dots too).  When
+    that would pass 255 bytes the summary is ``-`` and readers take it from the manifest.
+    """
+    head = f"index/{boot.boot_id}.{host.machine_id}.{gen:x}.{VERSION}"
+    summary = ".".join(
+        (
+            f"{boot.first_seen.realtime:x}",
+            f"{boot.kaslr.value:x}" if boot.kaslr else "-",
+            "1" if boot.restricted else "0",
+            boot.build_id or "-",
+            _quote(boot.release),
+            _quote(host.hostname),
+        )
+    )
+    if len(head) - len("index/") + 1 + len(summary) > MAX_COMPONENT:
+        summary = "-"
+    return f"{head}.{summary}"
 
 
 def parse_index(name: str) -> IndexEntry:
     """An index object name back into its row (*name* relative to the prefix)."""
-    parts = name.split("/")
     try:
-        if len(parts) != 3 or parts[0] != "index":
-            raise ValueError("not index/<boot>.<machine-id>.<gen>/<summary>")
-        boot_id, machine_id, gen = parts[1].split(".")
+        if not name.startswith("index/") or "/" in name[6:]:
+            raise ValueError("not index/<boot>.<machine-id>.<gen>.<version>.<summary>")
+        parts = name[6:].split(".")
+        if len(parts) < 4 or parts[3] != str(VERSION):
+            raise ValueError(f"version {parts[3] if len(parts) > 3 else None!r}")
+        boot_id, machine_id, gen = parts[0], parts[1], int(parts[2], 16)
         if not _BOOT_ID.fullmatch(boot_id):
             raise ValueError(f"boot-id {boot_id!r}")
         if not machine_id_ok(machine_id):
             raise ValueError(f"machine-id {machine_id!r}")
-        if parts[2] == "-":
-            return IndexEntry(
-                boot_id, Host(machine_id, ""), int(gen, 16), None, "", None, None, False
-            )
-        raw = base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4))
-        s = json.loads(raw)
-        if not isinstance(s, dict) or s.get("v") != VERSION:
-            raise ValueError(f"summary version {s.get('v') if isinstance(s, dict) else s!r}")
+        if parts[4:] == ["-"]:
+            return IndexEntry(boot_id, Host(machine_id, ""), gen, None, "", None, None, False)
+        if len(parts) != 10:
+            raise ValueError(f"{len(parts)} fields, not 10")
+        t, offset, restricted, build_id, release, hostname = parts[4:]
         return IndexEntry(
             boot_id,
-            Host(machine_id, str(s["h"])),
-            int(gen, 16),
-            int(s["t"]),
-            str(s["r"]),
-            None if s["b"] is None else str(s["b"]),
-            None if s["o"] is None else str(s["o"]),
-            bool(s["x"]),
+            Host(machine_id, unquote(hostname)),
+            gen,
+            int(t, 16),
+            unquote(release),
+            None if build_id == "-" else build_id,
+            None if offset == "-" else f"{int(offset, 16):#x}",
+            restricted == "1",
         )
-    except (ValueError, KeyError, TypeError, binascii.Error) as e:
+    except ValueError as e:
         raise FleetObjectInvalid(name, f"not a kreld index entry: {e}") from e
 
 

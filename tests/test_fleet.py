@@ -257,7 +257,7 @@ def test_reader_refuses_malformed_and_foreign_objects_with_a_named_error(aws: S3
     url = url_for("bad")
     bucket = open_bucket(url)
     boot = str(uuid.uuid4())
-    bucket.put(f"index/{boot}.{'0' * 32}.00000000/-", b"")
+    bucket.put(f"index/{boot}.{'0' * 32}.0.1.-", b"")
     bucket.put(fleet.manifest_object(boot), b'{"format": "someone-else", "version": 1}')
     cp = from_bucket(url, "show", boot, check=False)
     assert cp.returncode == 5 and "not a kreld-fleet object" in cp.stderr
@@ -272,7 +272,7 @@ def test_reader_refuses_malformed_and_foreign_objects_with_a_named_error(aws: S3
     with pytest.raises(FleetObjectInvalid, match="not a compressed kreld batch"):
         fleet.decode_batch("b", b"{}", boot)
     with pytest.raises(FleetObjectInvalid, match="not a kreld index entry"):
-        fleet.parse_index("index/not-a-boot/x")
+        fleet.parse_index("index/not-a-boot.x")
 
 
 def test_sighup_points_publishing_at_another_bucket_prefix(
@@ -338,13 +338,15 @@ def test_index_names_carry_the_listing_row_and_fit_one_path_component() -> None:
     boot = BootSnapshot.from_json(tree_boot)
     host = fleet.Host("f" * 32, "web-042.example.internal")
     name = fleet.index_object(boot, host, 3)
-    assert all(len(part) <= fleet.MAX_COMPONENT for part in name.split("/"))
+    assert name.count("/") == 1 and len(name.split("/")[1]) <= fleet.MAX_COMPONENT
     e = fleet.parse_index(name)
     assert (e.boot_id, e.host, e.gen, e.first_seen, e.offset) == (
         boot.boot_id, host, 3, 7, "0x27000000",
     )  # fmt: skip
     long = fleet.index_object(boot, fleet.Host("f" * 32, "h" * 300), 0)
-    assert long.endswith("/-") and fleet.parse_index(long).first_seen is None
+    assert long.endswith(".1.-") and fleet.parse_index(long).first_seen is None
+    with pytest.raises(FleetObjectInvalid, match="version '2'"):
+        fleet.parse_index(name.replace(".1.", ".2.", 1))
 
 
 class CrashingBucket(Bucket):
