@@ -18,6 +18,7 @@ import asyncio
 import configparser
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -122,6 +123,8 @@ def describe(e: BaseException) -> str:
         hint = "not found"
     elif "connect" in text.lower() or "timed out" in text.lower() or "dns" in text.lower():
         hint = "storage unreachable"
+    elif re.search(r"status code: 5\d\d", text):
+        hint = "storage server error"
     else:
         hint = "storage error"
     for marker in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "NoSuchBucket"):

@@ -223,7 +223,9 @@ def test_server_down_recording_goes_on_and_publishing_catches_up(
             "a failed round",
             lambda: (p := h.status()["publish"]) and not p["healthy"] and p["backlog"] and p,
         )
-        assert "storage unreachable" in failing["last_error"], failing["last_error"]
+        # Refused connections, or the S3 gateway's 500s while the rest of weed is down.
+        error = failing["last_error"]
+        assert "storage unreachable" in error or "storage server error" in error, error
         assert d.wait_for("publish_failed")["backlog"] >= 1
         server.restart()
         h.published(timeout=90)
