@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from obstore.store import ObjectStore
 
 EXTRA_HINT = "install kreld with the fleet extra: pip install 'kreld[fleet]' (obstore)"
+_ECHOED = re.compile(
+    r"<(AWSAccessKeyId|StringToSign|StringToSignBytes|SignatureProvided|CanonicalRequest"
+    r"|CanonicalRequestBytes)>.*?</\1>"
+)
+# Keys read from the shared files, kept out of messages like those of the environment.
+_FROM_FILES: set[str] = set()
 # Requests in flight at once when a reader fetches many objects.
 CONCURRENCY = 64
 
@@ -117,6 +123,13 @@ def describe(e: BaseException) -> str:
     """An obstore error as one line that says what to check (never a secret)."""
     name = type(e).__name__
     text = " ".join(str(e).split())
+    # What a server may echo back of the request's signing, and any key kreld was given.
+    text = _ECHOED.sub(r"<\1>(not shown)</\1>", text)
+    keys = {os.environ.get(v) for v in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    keys.add(os.environ.get("AWS_SESSION_TOKEN"))
+    for value in keys | _FROM_FILES:
+        if value and len(value) >= 4:
+            text = text.replace(value, "(not shown)")
     if name in ("PermissionDeniedError", "UnauthenticatedError") or "403 Forbidden" in text:
         hint = "access denied: check the AWS credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE)"
     elif name == "NotFoundError":
@@ -253,6 +266,7 @@ def open_bucket(url: str, endpoint: str = "", *, timeout: float = 30.0, retries:
     bucket, prefix = split_url(url)
     endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL", "")
     config: dict[str, Any] = dict(_shared_profile())
+    _FROM_FILES.update(v for k, v in config.items() if k != "region")
     if endpoint:
         config["endpoint"] = endpoint
     if "region" not in config and not (

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from conftest import Daemon, _bin, kreldctl, wait_until
 from faketree import FakeTree
-from s3server import S3Server, running_s3, weed_binary
+from s3server import ACCESS_KEY, SECRET_KEY, S3Server, running_s3, weed_binary
 
 from kreld import fleet
 from kreld.errors import FleetObjectInvalid
@@ -160,6 +160,17 @@ def test_two_hosts_publish_and_a_reader_with_only_the_bucket_resolves_a_module_o
         assert shown["host"]["machine_id"] == h.tree.machine_id
         mods = bucket_json(url, "modules", "--boot", h.tree.boot_id, "--all")
         assert [m["name"] for m in mods] == [mod]
+        # A kallsyms file and perf-script symbolization as the host's own store gives them.
+        boot = ("--boot", h.tree.boot_id)
+        export = from_bucket(url, "export", "kallsyms", *boot).stdout
+        local_export = kreldctl("--state-dir", str(h.state), "export", "kallsyms", *boot).stdout
+        assert export == local_export and "start_kernel" in export
+        lines = f"perf 123 [000] 1.0: cycles: {kernel_addr[2:]} start_kernel ([kernel.kallsyms])\n"
+        cp = subprocess.run(
+            [_bin("kreldctl"), "--from", url, "symbolize", *boot],
+            input=lines, capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert cp.stdout == f"{kernel_addr} start_kernel+0x10\n"
     # One kernel table for the two hosts.
     assert names(url, "tables/k/") == [f"tables/k/{kernel}"]
 
@@ -252,7 +263,8 @@ def test_wrong_credentials_show_a_clear_error_in_status_and_log_and_recording_go
         "module recorded",
         lambda: json.loads(kreldctl("--socket", str(h.sock), "modules", "--json").stdout),
     )
-    assert secret not in d.log_path.read_text()
+    log = d.log_path.read_text()
+    assert secret not in log and ACCESS_KEY not in log
 
 
 def test_reader_refuses_malformed_and_foreign_objects_with_a_named_error(aws: S3Server) -> None:
@@ -277,14 +289,23 @@ def test_reader_refuses_malformed_and_foreign_objects_with_a_named_error(aws: S3
         fleet.parse_index("index/not-a-boot.x")
 
 
-def test_sighup_points_publishing_at_another_bucket_prefix(
-    aws: S3Server, tmp_path: Path, daemon_factory: Any, sockdir: Path
+def test_sighup_points_publishing_at_another_bucket_prefix_at_the_configured_endpoint(
+    aws: S3Server,
+    tmp_path: Path,
+    daemon_factory: Any,
+    sockdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """endpoint_url in the file, no AWS_ENDPOINT_URL in kreld's environment."""
     first, second = url_for("one"), url_for("two")
     h = Host(tmp_path / "h", daemon_factory, sockdir, first)
+    endpoint = f'endpoint_url = "{aws.endpoint}"\n'
+    h.cfg.write_text(f'[publish]\nurl = "{first}"\n{endpoint}interval = 0.1\n')
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
     d = h.start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", aws.endpoint)  # for the readers
     h.published()
-    h.cfg.write_text(f'[publish]\nurl = "{second}"\ninterval = 0.1\n')
+    h.cfg.write_text(f'[publish]\nurl = "{second}"\n{endpoint}interval = 0.1\n')
     assert d.proc is not None
     os.kill(d.proc.pid, signal.SIGHUP)
     d.wait_for("publish_target", url=second)
@@ -422,3 +443,28 @@ def test_a_round_cut_short_at_any_put_is_finished_after_a_restart_with_no_object
             consistent(url, h)
     finally:
         store.close()
+
+
+def test_credentials_from_the_shared_files_when_the_environment_has_none(
+    aws: S3Server,
+    tmp_path: Path,
+    daemon_factory: Any,
+    sockdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    creds = tmp_path / "credentials"
+    creds.write_text(
+        f"[default]\naws_access_key_id = nope\naws_secret_access_key = nope\n\n"
+        f"[fleet]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
+    )
+    (tmp_path / "config").write_text("[profile fleet]\nregion = us-east-1\n")
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "fleet")
+    url = url_for("files")
+    h = Host(tmp_path / "f", daemon_factory, sockdir, url)
+    h.start()
+    h.published()
+    assert [b["boot_id"] for b in bucket_json(url, "boots")] == [h.tree.boot_id]
