@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,19 @@ class Host:
         return json.loads(kreldctl("--state-dir", str(self.state), *args, "--json").stdout)
 
 
+NewHost = Callable[..., Host]
+
+
+@pytest.fixture
+def new_host(aws: S3Server, tmp_path: Path, daemon_factory: Any, sockdir: Path) -> NewHost:
+    """``new_host(name, url, **tree)``: a fake machine publishing to *url* on the test server."""
+
+    def make(name: str, url: str, **tree: Any) -> Host:
+        return Host(tmp_path / name, daemon_factory, sockdir, url, **tree)
+
+    return make
+
+
 def from_bucket(url: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return kreldctl("--from", url, *args, check=check)
 
@@ -111,12 +124,12 @@ def names(url: str, prefix: str) -> list[str]:
 
 
 def test_two_hosts_publish_and_a_reader_with_only_the_bucket_resolves_a_module_on_each(
-    aws: S3Server, tmp_path: Path, daemon_factory: Any, sockdir: Path
+    new_host: NewHost,
 ) -> None:
     url = url_for("two")
     kernel = "ab" * 20  # both hosts run one kernel build: its table is stored once
-    a = Host(tmp_path / "a", daemon_factory, sockdir, url, build_id=kernel)
-    b = Host(tmp_path / "b", daemon_factory, sockdir, url, build_id=kernel, text=0xFFFFFFFFA2000000)
+    a = new_host("a", url, build_id=kernel)
+    b = new_host("b", url, build_id=kernel, text=0xFFFFFFFFA2000000)
     a.tree.add_module("alpha", 0xFFFFFFFFC0100000)
     b.tree.add_module("beta", 0xFFFFFFFFC0500000)
     a.start()
@@ -191,10 +204,10 @@ def consistent(url: str, host: Host) -> None:
 
 
 def test_kill_9_mid_publishing_then_restart_keeps_the_bucket_whole_without_duplicates(
-    aws: S3Server, tmp_path: Path, daemon_factory: Any, sockdir: Path
+    new_host: NewHost,
 ) -> None:
     url = url_for("kill")
-    h = Host(tmp_path / "k", daemon_factory, sockdir, url)
+    h = new_host("k", url)
     d = h.start()
     for round_ in range(3):
         for i in range(12):
@@ -211,13 +224,14 @@ def test_kill_9_mid_publishing_then_restart_keeps_the_bucket_whole_without_dupli
 
 
 def test_server_down_recording_goes_on_and_publishing_catches_up(
-    tmp_path: Path, daemon_factory: Any, sockdir: Path, monkeypatch: pytest.MonkeyPatch
+    new_host: NewHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On a server of its own (the others' stays up)."""
     with running_s3(tmp_path / "weed-own") as server:
         for k, v in server.env().items():
             monkeypatch.setenv(k, v)
         url = url_for("down")
-        h = Host(tmp_path / "d", daemon_factory, sockdir, url)
+        h = new_host("d", url)
         d = h.start()
         h.published()
         server.stop()
@@ -244,15 +258,11 @@ def test_server_down_recording_goes_on_and_publishing_catches_up(
 
 
 def test_wrong_credentials_show_a_clear_error_in_status_and_log_and_recording_goes_on(
-    aws: S3Server,
-    tmp_path: Path,
-    daemon_factory: Any,
-    sockdir: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    new_host: NewHost, aws: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     secret = "not-the-secret-4f1d2"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    h = Host(tmp_path / "w", daemon_factory, sockdir, url_for("creds"))
+    h = new_host("w", url_for("creds"))
     d = h.start()
     event = d.wait_for("publish_failed")
     assert "access denied" in event["error"] and "SignatureDoesNotMatch" in event["error"]
@@ -290,15 +300,11 @@ def test_reader_refuses_malformed_and_foreign_objects_with_a_named_error(aws: S3
 
 
 def test_sighup_points_publishing_at_another_bucket_prefix_at_the_configured_endpoint(
-    aws: S3Server,
-    tmp_path: Path,
-    daemon_factory: Any,
-    sockdir: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    new_host: NewHost, aws: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """endpoint_url in the file, no AWS_ENDPOINT_URL in kreld's environment."""
     first, second = url_for("one"), url_for("two")
-    h = Host(tmp_path / "h", daemon_factory, sockdir, first)
+    h = new_host("h", first)
     endpoint = f'endpoint_url = "{aws.endpoint}"\n'
     h.cfg.write_text(f'[publish]\nurl = "{first}"\n{endpoint}interval = 0.1\n')
     monkeypatch.delenv("AWS_ENDPOINT_URL")
@@ -394,14 +400,14 @@ class Killed(BaseException):
 
 
 def test_a_round_cut_short_at_any_put_is_finished_after_a_restart_with_no_object_put_twice(
-    aws: S3Server, tmp_path: Path, daemon_factory: Any, sockdir: Path
+    new_host: NewHost,
 ) -> None:
     from kreld.kernel import Root
     from kreld.log import get as get_log
     from kreld.publish import Publisher, Target
     from kreld.store import Store
 
-    h = Host(tmp_path / "r", daemon_factory, sockdir, "s3://fleet/unused")
+    h = new_host("r", "s3://fleet/unused")
     h.cfg.write_text("")
     for i in range(3):
         h.tree.add_module(f"r{i}", 0xFFFFFFFFC0000000 + i * 0x10000)
@@ -446,11 +452,7 @@ def test_a_round_cut_short_at_any_put_is_finished_after_a_restart_with_no_object
 
 
 def test_credentials_from_the_shared_files_when_the_environment_has_none(
-    aws: S3Server,
-    tmp_path: Path,
-    daemon_factory: Any,
-    sockdir: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    new_host: NewHost, aws: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     creds = tmp_path / "credentials"
     creds.write_text(
@@ -464,7 +466,7 @@ def test_credentials_from_the_shared_files_when_the_environment_has_none(
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
     monkeypatch.setenv("AWS_PROFILE", "fleet")
     url = url_for("files")
-    h = Host(tmp_path / "f", daemon_factory, sockdir, url)
+    h = new_host("f", url)
     h.start()
     h.published()
     assert [b["boot_id"] for b in bucket_json(url, "boots")] == [h.tree.boot_id]
