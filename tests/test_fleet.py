@@ -40,7 +40,16 @@ BUCKET = "fleet"
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     with running_s3(tmp_path_factory.mktemp("weed")) as server:
+        create_bucket(server)
         yield server
+
+
+def create_bucket(server: S3Server) -> None:
+    """The bucket (weed creates one on its first upload)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in server.env().items():
+            mp.setenv(k, v)
+        open_bucket(f"s3://{BUCKET}/created").put("by-the-test", b"")
 
 
 @pytest.fixture
@@ -232,6 +241,7 @@ def test_server_down_recording_goes_on_and_publishing_catches_up(
 ) -> None:
     """On a server of its own (the others' stays up)."""
     with running_s3(tmp_path / "weed-own") as server:
+        create_bucket(server)
         for k, v in server.env().items():
             monkeypatch.setenv(k, v)
         url = url_for("down")
@@ -500,3 +510,16 @@ def test_credentials_from_the_shared_files_when_the_environment_has_none(
     h.start()
     h.published()
     assert [b["boot_id"] for b in bucket_json(url, "boots")] == [h.tree.boot_id]
+
+
+def test_a_host_without_a_machine_id_says_so_in_status_and_publishes_nothing(
+    new_host: NewHost,
+) -> None:
+    url = url_for("nomid")
+    h = new_host("n", url)
+    (h.tree.root / "etc/machine-id").unlink()
+    d = h.start()
+    assert "etc/machine-id" in d.wait_for("publish_failed")["error"]
+    p = h.status()["publish"]
+    assert p["healthy"] is False and "machine-id" in p["last_error"] and p["objects"] == 0
+    assert names(url, "") == []
