@@ -33,7 +33,7 @@ from typing import Any
 
 from kreld import consts, fleet
 from kreld.config import Config
-from kreld.errors import FleetError, KernelReadError, KreldError
+from kreld.errors import KernelReadError, KreldError
 from kreld.kernel import Root
 from kreld.model import BootSnapshot
 from kreld.pubstate import PubState, table_bytes
@@ -373,6 +373,3 @@ def configure(
     log.info("publish_target", url=target.url, endpoint=target.endpoint or None)
     publisher.start(stop)
     return publisher
-
-
-__all__ = ["FleetError", "Plan", "Publisher", "Target", "check_config", "configure", "plan_boot"]
