@@ -130,8 +130,6 @@ def plan_boot(
         k for k in wanted if not state.has_table(k) and table_bytes(store, k) is not None
     )
     if not changed and boot_digest == cur["boot"] and not tables:
-        if not current and not cur["done"]:
-            state.commit(boot.boot_id, {**cur, "done": True}, {}, [])
         return None
     batches, n, drop = list(cur["batches"]), int(cur["next"]), []
     batch, data = None, b""
@@ -293,9 +291,12 @@ class Publisher:
         current = self.current_id()
         plans: list[Plan] = []
         for boot in reversed(self.store.list_boots()):  # oldest first
-            step = plan_boot(self.store, state, boot, host, boot.boot_id == current)
+            is_current = boot.boot_id == current
+            step = plan_boot(self.store, state, boot, host, is_current)
             if step is not None:
                 plans.append(step)
+            elif not is_current:
+                state.mark_done(boot.boot_id)  # over, and all in the bucket: not read again
         self.backlog = sum(p.size for p in plans)
         before = (self.objects, self.bytes)
         for plan in plans:

@@ -39,9 +39,14 @@ def table_bytes(store: Store, key: str) -> bytes | None:
 
 class PubState:
     def __init__(self, store: Store, target: str) -> None:
+        """The cursor of *target* (publish.Target.ident()); on a store opened read-only,
+        to look at it (the table must exist then)."""
         self.store = store
         self.tid = hashlib.blake2b(target.encode(), digest_size=8).digest()
-        self.db = store.write(lambda txn: store.env.open_db(_DB, txn=txn, create=True))
+        if store.readonly:
+            self.db = store.env.open_db(_DB, create=False)
+        else:
+            self.db = store.write(lambda txn: store.env.open_db(_DB, txn=txn, create=True))
 
     def _get(self, key: bytes) -> bytes | None:
         raw = self.store.read(lambda txn: txn.get(self.tid + key, db=self.db))
@@ -76,6 +81,12 @@ class PubState:
     def save_pending(self, plan: dict[str, Any]) -> None:
         data = json.dumps(plan, separators=(",", ":")).encode()
         self.store.write(lambda txn: txn.put(self.tid + b"p", data, db=self.db))
+
+    def mark_done(self, boot_id: str) -> None:
+        """A boot that is over and wholly published (its cursor, if any, says so)."""
+        cur = self.cursor(boot_id)
+        if cur is not None and not cur.get("done"):
+            self.commit(boot_id, {**cur, "done": True}, {}, [])
 
     def commit(
         self,

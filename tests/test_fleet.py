@@ -29,6 +29,7 @@ from kreld.errors import FleetObjectInvalid
 from kreld.kernel import Root
 from kreld.log import get as get_log
 from kreld.publish import Publisher, Target
+from kreld.pubstate import PubState
 from kreld.s3 import Bucket, open_bucket
 from kreld.store import Store
 
@@ -523,3 +524,33 @@ def test_a_host_without_a_machine_id_says_so_in_status_and_publishes_nothing(
     p = h.status()["publish"]
     assert p["healthy"] is False and "machine-id" in p["last_error"] and p["objects"] == 0
     assert names(url, "") == []
+
+
+def test_after_a_reboot_both_boots_are_in_the_bucket_and_the_old_one_is_not_read_again(
+    new_host: NewHost,
+) -> None:
+    url = url_for("reboot")
+    h = new_host("b", url)
+    h.tree.add_module("first", 0xFFFFFFFFC0100000)
+    d = h.start()
+    h.published()
+    old = h.tree.boot_id
+    assert d.stop() == 0
+    h.tree.remove_module("first")
+    h.tree.new_boot(text=0xFFFFFFFFA4000000)
+    h.tree.add_module("second", 0xFFFFFFFFC0700000)
+    h.start()
+    h.published()
+    assert {b["boot_id"] for b in bucket_json(url, "boots")} == {old, h.tree.boot_id}
+    for boot, mod, addr in (
+        (old, "first", "0xffffffffc0100010"),
+        (h.tree.boot_id, "second", "0xffffffffc0700010"),
+    ):
+        assert bucket_json(url, "resolve", addr, "--boot", boot)[0]["image"] == mod
+    store = Store(h.state, readonly=True)
+    try:
+        state = PubState(store, Target(url, "", 0.1).ident())
+        assert (state.cursor(old) or {})["done"] is True
+        assert (state.cursor(h.tree.boot_id) or {})["done"] is False
+    finally:
+        store.close()
