@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from kreld import perfctl
 from kreld.client import Client, ConnectError, error_from_reply, resolutions
@@ -22,9 +22,14 @@ from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr, parse_addr
 from kreld.options import add_common, resolve_config
 from kreld.perfdata import PerfHeader, read_perf_header
 from kreld.queries import loaded_at
+from kreld.s3 import leave
 from kreld.service import MAX_RESOLVE_ADDRESSES, Service
 from kreld.store import Store
 from kreld.varlink import VarlinkError
+
+if TYPE_CHECKING:
+    from kreld.bootsource import BootSource
+    from kreld.bucket import BucketBackend
 
 EPILOG = """\
 exit status:
@@ -46,11 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common(p)
+    add_from(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def cmd(name: str, help: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help)
         add_common(sp, suppress=True)
+        add_from(sp, suppress=True)
         sp.add_argument("--json", action="store_true", help="print JSON (addresses as 0x strings)")
         return sp
 
@@ -101,6 +108,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def for_option(sp: argparse.ArgumentParser, what: str) -> None:
     sp.add_argument("--for", dest="for_perf", metavar="PERF.DATA", help=f"a perf.data: {what}")
+
+
+def add_from(p: argparse.ArgumentParser, suppress: bool = False) -> None:
+    p.add_argument(
+        "--from",
+        dest="source",
+        metavar="s3://BUCKET/PREFIX",
+        default=argparse.SUPPRESS if suppress else None,
+        help="read the fleet bucket kreld hosts publish to (read-only; docs/FLEET.md): "
+        "boots, show, modules, resolve, symbolize, export",
+    )
 
 
 def parse_time(text: str, clock: Clock) -> int:
@@ -271,14 +289,18 @@ class Ctl:
         self.args = args
         self.out = out
         self.err = err
-        self._backend: Client | LocalBackend | None = None
+        self._backend: Client | LocalBackend | BucketBackend | None = None
 
-    def backend(self) -> Client | LocalBackend:
+    def backend(self) -> Client | LocalBackend | BucketBackend:
         """The daemon if one answers, else the store read directly.
 
         A ``--state-dir`` given without ``--socket`` names a store: it is read
         directly, whatever daemon runs on the default socket.
         """
+        if self._backend is None and self.args.source:
+            from kreld.bucket import BucketBackend  # obstore: only for a bucket
+
+            self._backend = BucketBackend(self.args.source)
         if self._backend is None:
             if self.args.state_dir is not None and self.args.socket is None:
                 self._backend = LocalBackend(self.cfg)
@@ -317,18 +339,31 @@ class Ctl:
         return 0
 
     def show(self) -> int:
-        snap = BootSnapshot.from_json(self.call("GetBoot", boot_id=self.args.boot)["boot"])
+        rec = self.call("GetBoot", boot_id=self.args.boot)["boot"]
+        snap = BootSnapshot.from_json(rec)
         warn_restricted(snap, self.err)
+        host = rec.get("host")
         if self.args.json:
-            self.emit_json(snap.to_json())
+            self.emit_json(snap.to_json() | ({"host": host} if host else {}))
         else:
+            if host:
+                print(f"Host          {host['hostname']} ({host['machine_id']})", file=self.out)
             render_boot(snap, self.out)
         return 0
 
     def boots(self) -> int:
-        boots = [BootSnapshot.from_json(b) for b in self.call("ListBoots")["boots"]]
+        backend = self.backend()
+        if not self.args.json and self.args.source:
+            return self.fleet_boots(cast("BucketBackend", backend))
+        recs = self.call("ListBoots")["boots"]
+        boots = [BootSnapshot.from_json(b) for b in recs]
         if self.args.json:
-            self.emit_json([b.to_json() for b in boots])
+            self.emit_json(
+                [
+                    b.to_json() | {"host": r["host"]} if "host" in r else b.to_json()
+                    for b, r in zip(boots, recs, strict=True)
+                ]
+            )
             return 0
         rows = [
             (
@@ -341,6 +376,23 @@ class Ctl:
             for b in boots
         ]
         render_table(("BOOT-ID", "FIRST-SEEN", "RELEASE", "BUILD-ID", "OFFSET"), rows, self.out)
+        return 0
+
+    def fleet_boots(self, backend: BucketBackend) -> int:
+        """The fleet's boots from the bucket's listing alone (no object read)."""
+        rows = [
+            (
+                e.boot_id,
+                e.host.hostname,
+                fmt_realtime(e.first_seen or 0),
+                e.release,
+                e.build_id or "-",
+                e.offset or ("restricted" if e.restricted else "-"),
+            )
+            for e in backend.rows()
+        ]
+        headers = ("BOOT-ID", "HOST", "FIRST-SEEN", "RELEASE", "BUILD-ID", "OFFSET")
+        render_table(headers, rows, self.out)
         return 0
 
     def _at(self) -> dict[str, Any]:
@@ -437,18 +489,22 @@ class Ctl:
             )
         return read_perf_header(self.args.for_perf)
 
-    def perf_store(self) -> Store:
-        """--for reads the store directly: it needs the symbol tables."""
+    def perf_store(self) -> BootSource:
+        """--for reads the store (or with --from, the bucket) directly: it needs the
+        symbol tables."""
+        if self.args.source:
+            return cast("BucketBackend", self.backend()).store
         return Store(self.cfg.state_dir, readonly=True)
 
     def export(self) -> int:
         if self.args.for_perf:
             header = self.perf_header()  # a bad file is told first
-            text = perfctl.export_for(self.perf_store(), header, self.err)
+            res = {"kallsyms": perfctl.export_for(self.perf_store(), header, self.err)}
         else:
-            text = self.call("ExportKallsyms", **self._at())["kallsyms"]
+            res = self.call("ExportKallsyms", **self._at())
+        text = res["kallsyms"]
         if self.args.json:
-            text = json.dumps({"kallsyms": text}) + "\n"
+            text = json.dumps(res) + "\n"
         if self.args.output:
             tmp = Path(self.args.output + ".tmp")
             tmp.write_text(text)
@@ -458,6 +514,8 @@ class Ctl:
         return 0
 
     def gc(self) -> int:
+        if self.args.source:
+            raise InvalidArgument("--from", "gc works on a local store; the bucket is read-only")
         keep_boots = self.cfg.keep_boots if self.args.keep_boots is None else self.args.keep_boots
         keep_days = self.cfg.keep_days if self.args.keep_days is None else self.args.keep_days
         if keep_boots < 0 or keep_days < 0:
@@ -490,7 +548,17 @@ class Ctl:
         for k, v in st.items():
             if v is None:  # restricted_reason when not restricted
                 continue
-            if k == "sources":
+            if k == "publish":
+                state = "ok" if v["healthy"] else f"FAILED: {v['last_error']}"
+                last = (
+                    "never" if v["last_success_ns"] is None else fmt_realtime(v["last_success_ns"])
+                )
+                print(
+                    f"{'publish':<{width}}  {v['url']}: {state}, last success {last}, "
+                    f"backlog {v['backlog']}, {v['objects']} objects ({v['bytes']} bytes) uploaded",
+                    file=self.out,
+                )
+            elif k == "sources":
                 for src in v:
                     state = "ok" if src["healthy"] else f"FAILED: {src['last_error']}"
                     print(
@@ -526,12 +594,12 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = 
     try:
         cfg = resolve_config(args)
         ctl = Ctl(cfg, args, out, err)
-        return int(getattr(ctl, args.command)())
+        return leave(int(getattr(ctl, args.command)()))
     except KreldError as e:
         if args.debug:
             raise
         print(f"kreldctl: {e}", file=err)
-        return int(e.exit_code)
+        return leave(int(e.exit_code))
     except BrokenPipeError:
         return int(ExitCode.OK)
 

@@ -40,6 +40,9 @@ class Config:
     keep_days: float = 0.0
     log_level: str = "info"
     log_format: str = "auto"
+    publish_url: str = ""
+    publish_endpoint: str = ""
+    publish_interval: float = consts.DEFAULT_PUBLISH_INTERVAL
     sources: tuple[str, ...] = field(default=(), compare=False)
 
 
@@ -129,6 +132,20 @@ def _choice(*choices: str) -> Callable[[Any], str]:
     return check
 
 
+def _s3_url(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError("a string s3://BUCKET/PREFIX (empty: publishing off)")
+    if v and (not v.startswith("s3://") or not v[5:].split("/", 1)[0]):
+        raise ValueError("s3://BUCKET/PREFIX (empty: publishing off)")
+    return v
+
+
+def _http_url(v: Any) -> str:
+    if not isinstance(v, str) or (v and not v.startswith(("http://", "https://"))):
+        raise ValueError("an http:// or https:// URL, or empty")
+    return v
+
+
 # section -> key -> (Config attribute, validator)
 SCHEMA: Mapping[str, Mapping[str, tuple[str, Callable[[Any], Any]]]] = {
     "paths": {
@@ -158,6 +175,11 @@ SCHEMA: Mapping[str, Mapping[str, tuple[str, Callable[[Any], Any]]]] = {
     "retention": {
         "keep_boots": ("keep_boots", _int_range(0, 1 << 31)),
         "keep_days": ("keep_days", _days),
+    },
+    "publish": {
+        "url": ("publish_url", _s3_url),
+        "endpoint_url": ("publish_endpoint", _http_url),
+        "interval": ("publish_interval", _seconds(0.05, 86400)),
     },
     "log": {
         "level": ("log_level", _choice(*_LOG_LEVELS)),

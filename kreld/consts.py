@@ -30,6 +30,9 @@ DEFAULT_POLL_INTERVAL: Final = 1.0
 # A heartbeat bounds the unload window of a module that vanishes while kreld is down.
 HEARTBEAT_INTERVAL: Final = 30.0
 
+# Seconds between publishing rounds to object storage ([publish] interval).
+DEFAULT_PUBLISH_INTERVAL: Final = 10.0
+
 # Paths of kernel interfaces, relative to --root.
 BOOT_ID: Final = PurePosixPath("proc/sys/kernel/random/boot_id")
 OSRELEASE: Final = PurePosixPath("proc/sys/kernel/osrelease")
@@ -39,6 +42,8 @@ PERF_EVENT_PARANOID: Final = PurePosixPath("proc/sys/kernel/perf_event_paranoid"
 KALLSYMS: Final = PurePosixPath("proc/kallsyms")
 KCORE: Final = PurePosixPath("proc/kcore")
 PROC_MODULES: Final = PurePosixPath("proc/modules")
+HOSTNAME: Final = PurePosixPath("proc/sys/kernel/hostname")
+MACHINE_ID: Final = PurePosixPath("etc/machine-id")
 KERNEL_NOTES: Final = PurePosixPath("sys/kernel/notes")
 SYS_MODULE: Final = PurePosixPath("sys/module")
 

@@ -32,6 +32,9 @@ from kreld.errors import ExitCode, KreldError
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp, hexaddr
 from kreld.options import add_common, resolve_config
+from kreld.publish import Publisher, check_config
+from kreld.publish import configure as configure_publishing
+from kreld.s3 import leave
 from kreld.server import ACCEPT_HEADROOM, Limits, Policy, Server, bind_socket, group_id
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
@@ -158,6 +161,7 @@ class Daemon:
         self.boot: BootSnapshot | None = None
         self.reading: tuple[bool, str | None] = (False, None)
         self.server: Server | None = None
+        self.publisher: Publisher | None = None
         self.bound: tuple[str, int] | None = None
         self._snapshot_lock = threading.Lock()
 
@@ -218,6 +222,12 @@ class Daemon:
             method=watch.method,
             uevents=any(isinstance(s, UeventSource) for s in self.sources),
         )
+        self.publisher = configure_publishing(
+            None, self.cfg, self.store, self.root, self.current_id, self.log, self.stop_threads
+        )
+
+    def current_id(self) -> str:
+        return self.current_boot().boot_id
 
     def listening_socket(self) -> socket.socket:
         fds = sd.listen_fds()
@@ -266,6 +276,7 @@ class Daemon:
                     "last_error": None,
                 }
             ],
+            "publish": None if self.publisher is None else self.publisher.health(),
         }
 
     def healthy(self) -> bool:
@@ -372,6 +383,7 @@ class Daemon:
         self.log.info("signal", signal="SIGHUP")
         try:
             new = resolve_config(self.args)
+            check_config(new)
         except KreldError as e:
             self.log.error("config_reload_failed", error=str(e), kept="running configuration")
             return
@@ -393,6 +405,15 @@ class Daemon:
             self.server.limits = limits_of(applied, self.log)
         if self.tracker is not None:
             self.tracker.recheck_interval = applied.poll_interval
+            self.publisher = configure_publishing(
+                self.publisher,
+                applied,
+                self.store,
+                self.root,
+                self.current_id,
+                self.log,
+                self.stop_threads,
+            )
         self.log.info("config_reloaded", changed=changed, files=list(applied.sources))
         sd.notify("READY=1")
 
@@ -402,6 +423,8 @@ class Daemon:
             s.stop()
         if self.tracker_thread is not None:
             self.tracker_thread.join(timeout=5)
+        if self.publisher is not None:
+            self.publisher.stop()
         if self.tracker is not None:
             try:
                 self.store.heartbeat(self.tracker.boot_id, Timestamp.now())
@@ -432,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = resolve_config(args)
+        check_config(cfg)
     except KreldError as e:
         print(f"kreld: {e}", file=sys.stderr)
         return int(e.exit_code)
@@ -454,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         daemon.shutdown()
         return int(e.exit_code)
     log.info("stopped")
-    return rc
+    return leave(rc)
 
 
 if __name__ == "__main__":

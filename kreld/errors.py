@@ -214,6 +214,31 @@ def _no_boot_message(path: str, reason: str, nearest: list[str]) -> str:
     return "\n".join(lines)
 
 
+class FleetError(KreldError):
+    """Object storage (the fleet bucket) cannot be used: unreachable, refused, misnamed."""
+
+    varlink_name = "io.kreld.FleetError"
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"{url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+    def parameters(self) -> dict[str, Any]:
+        return {"url": self.url, "reason": self.reason}
+
+
+class FleetObjectInvalid(FleetError):
+    """An object in the bucket is malformed, from a newer kreld, or not kreld's at all."""
+
+    varlink_name = "io.kreld.FleetObjectInvalid"
+    exit_code = ExitCode.STORE
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(key, reason)
+        self.key = key
+
+
 class InvalidArgument(KreldError):
     """A user-supplied value (address, time, boot-id) is malformed."""
 

@@ -15,17 +15,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TextIO
 
+from kreld.bootsource import BootSource
 from kreld.errors import SymbolsUnavailable
 from kreld.model import Incarnation
 from kreld.perfdata import KERNEL_MAP_PREFIX, PerfHeader
 from kreld.perfmatch import BootMatch, SampleClock, match_boot
 from kreld.queries import Region, init_live_at, is_init_section, module_regions
 from kreld.service import render_kallsyms
-from kreld.store import Store
 from kreld.symtab import SymbolTables, module_symbol_key
 
 
-def find_boot(store: Store, h: PerfHeader, err: TextIO) -> BootMatch:
+def find_boot(store: BootSource, h: PerfHeader, err: TextIO) -> BootMatch:
     """The recording's boot, said on *err* with what did not match."""
     m = match_boot(h, store.list_boots(), store.incarnations)
     print(
@@ -46,7 +46,7 @@ def _module_key(inc: Incarnation) -> str | None:
     return module_symbol_key(inc.state.build_id, inc.name, inc.state.srcversion)
 
 
-def export_for(store: Store, h: PerfHeader, err: TextIO) -> str:
+def export_for(store: BootSource, h: PerfHeader, err: TextIO) -> str:
     """A kallsyms for *h*: its boot's kernel, and the module loads it recorded."""
     m = find_boot(store, h, err)
     boot = m.boot
@@ -191,7 +191,7 @@ def symbolize_lines(lines: Iterable[str], sym: Symbolizer, out: TextIO) -> tuple
 
 
 def symbolize_for(
-    store: Store, h: PerfHeader, lines: Iterable[str], out: TextIO, err: TextIO
+    store: BootSource, h: PerfHeader, lines: Iterable[str], out: TextIO, err: TextIO
 ) -> int:
     """``perf script`` output of *h* from *lines* to *out*, unknown kernel frames named."""
     m = find_boot(store, h, err)

@@ -13,10 +13,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kreld.bootsource import BootSource
 from kreld.errors import KreldError, SymbolsUnavailable
 from kreld.model import BootSnapshot, Clock, Incarnation, clock_now
 from kreld.queries import AddressMap, init_live_at, is_init_section, loaded_at
-from kreld.store import Store
 from kreld.symtab import (
     ABSOLUTE,
     MODULE_ABSOLUTE,
@@ -126,7 +126,7 @@ class Service:
 
     def __init__(
         self,
-        store: Store,
+        store: BootSource,
         *,
         current_boot: Callable[[], BootSnapshot],
         current_id: Callable[[], str | None],

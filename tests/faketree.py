@@ -106,6 +106,11 @@ class FakeTree:
         (root / "sys/kernel/notes").write_bytes(
             build_id_note(self.build_id) + note(b"Linux", 6, b"\x00\x01\x00\x00")
         )
+        # Host identity, as fleet publishing reads it.
+        self.machine_id = uuid.uuid4().hex
+        self.hostname = f"host-{self.machine_id[:6]}"
+        self.write("etc/machine-id", self.machine_id + "\n")
+        self.write("proc/sys/kernel/hostname", self.hostname + "\n")
         self.modules: dict[str, tuple[int, int]] = {}
         self.set_text(text)
 
