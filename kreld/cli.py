@@ -14,7 +14,6 @@ from typing import Any, TextIO
 
 from kreld.client import Client, ConnectError, error_from_reply
 from kreld.config import Config
-from kreld.consts import KALLSYMS
 from kreld.errors import ExitCode, InvalidArgument, KreldError
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr, parse_addr
@@ -236,15 +235,21 @@ class LocalBackend:
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         if method == "Snapshot":
-            from kreld.snapshot import take_snapshot  # pyelftools: only when scanning
-            from kreld.symbols import SymbolCapture, parse_kallsyms
+            from kreld.kallsyms import KallsymsText  # only when scanning
+            from kreld.snapshot import take_snapshot
+            from kreld.symbols import SymbolCapture
 
-            snap, _notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
+            try:  # one read, for the snapshot and the kernel's table
+                ks: KallsymsText | None = KallsymsText.read(self.root)
+            except KreldError:
+                ks = None  # the snapshot reads it again and says why
+            snap, _notes = take_snapshot(
+                self.root, self.cfg.debuginfo_dirs, ks.data if ks else None
+            )
             with Store(self.cfg.state_dir) as store:
                 stored, added, changed = store.record_boot(snap)
-                if not stored.restricted and store.boot_symbols(stored.boot_id) is None:
-                    capture = SymbolCapture(store, self.root, stored, None)
-                    capture.capture_kernel(parse_kallsyms(self.root.read_bytes(KALLSYMS)))
+                if ks and not stored.restricted and store.boot_symbols(stored.boot_id) is None:
+                    SymbolCapture(store, self.root, stored, None).capture_kernel(ks)
             return {"boot": stored.to_json(), "new": added, "updated": changed}
         try:
             return self.service().handle(method, params)

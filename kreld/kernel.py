@@ -97,9 +97,11 @@ def scan_kallsyms_anchors(data: bytes) -> dict[str, int]:
     return found
 
 
-def read_anchors(root: Root) -> tuple[Anchors, bool]:
-    """The anchors, and whether kallsyms showed zeros where addresses belong."""
-    data = root.read_bytes(consts.KALLSYMS)
+def read_anchors(root: Root, data: bytes | None = None) -> tuple[Anchors, bool]:
+    """The anchors, and whether kallsyms showed zeros where addresses belong
+    (from *data*, a read of kallsyms already made, if given)."""
+    if data is None:
+        data = root.read_bytes(consts.KALLSYMS)
     anchors = Anchors.from_symbols(scan_kallsyms_anchors(data))
     # Zeros throughout: the first field of the first line is all zeros.
     first = data.split(b" ", 1)[0]

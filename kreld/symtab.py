@@ -26,8 +26,9 @@ from __future__ import annotations
 import bisect
 import hashlib
 import struct
+import sys
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -59,40 +60,77 @@ class Entry:
     name: str
 
 
+class Columns:
+    """A table being built column by column: what :func:`pack_columns` packs.
+
+    Columns are compact arrays, so a kernel's 120,000 symbols never become
+    as many Python tuples (the first capture's memory peak)."""
+
+    __slots__ = ("name_end", "names", "secs", "types", "values")
+
+    def __init__(self) -> None:
+        self.values = array("q")
+        self.secs = array("H")
+        self.types = bytearray()
+        self.names = bytearray()
+        self.name_end = array("I")
+
+    def add(self, section: int, value: int, typ: int, name: bytes) -> None:
+        self.values.append(value)
+        self.secs.append(section)
+        self.types.append(typ)
+        self.names += name
+        self.name_end.append(len(self.names))
+
+
+def _le(a: array[int]) -> array[int] | bytes:
+    """*a* as little-endian bytes (a copy only on a big-endian host)."""
+    if sys.byteorder == "little":
+        return a
+    b = array(a.typecode, a)
+    b.byteswap()
+    return b.tobytes()
+
+
+def pack_columns(cols: Columns, sections: Sequence[str], source: int = FROM_KALLSYMS) -> bytes:
+    """Pack a table's columns (entries in their given order)."""
+    n = len(cols.values)
+    # (key << 32 | entry): one int per searchable entry, sorted by key, ties in
+    # file order; of symbols sharing an address only the first is found.
+    keyed = [
+        ((sec << 40) + value + _KEY_SPAN) << 32 | i
+        for i, (sec, value) in enumerate(zip(cols.secs, cols.values, strict=True))
+        if -_KEY_SPAN <= value < _KEY_SPAN
+    ]
+    keyed.sort()
+    keys, order = array("q"), array("I")
+    last = -1
+    for k in keyed:
+        key = k >> 32
+        if key != last:
+            keys.append(key)
+            order.append(k & 0xFFFFFFFF)
+            last = key
+    del keyed
+    secblob = b"\0".join(s.encode() for s in sections)
+    head = _HEADER.pack(MAGIC, n, len(keys), len(sections), len(cols.names), len(secblob), source)
+    parts: list[bytes | bytearray | array[int]] = [head, secblob, b"\0" * _pad8(len(secblob))]
+    parts += [_le(cols.values), _le(keys), _le(order), _le(cols.name_end)]
+    size = sum(len(p) * (p.itemsize if isinstance(p, array) else 1) for p in parts)
+    parts += [b"\0" * _pad8(size), _le(cols.secs), cols.types, cols.names]
+    return b"".join(parts)
+
+
 def pack(
-    entries: Sequence[tuple[int, int, int, bytes]],
+    entries: Iterable[tuple[int, int, int, bytes]],
     sections: Sequence[str],
     source: int = FROM_KALLSYMS,
 ) -> bytes:
     """Pack ``(section, value, type byte, name)`` entries, in their given order."""
-    n = len(entries)
-    names = b"".join(e[3] for e in entries)
-    secblob = b"\0".join(s.encode() for s in sections)
-    searchable = [
-        (e[0] * (1 << 40) + e[1] + _KEY_SPAN, i)
-        for i, e in enumerate(entries)
-        if -_KEY_SPAN <= e[1] < _KEY_SPAN
-    ]
-    searchable.sort()  # ties: file order, from the index
-    # Of symbols sharing an address only the first in file order is found.
-    searchable = [s for j, s in enumerate(searchable) if j == 0 or s[0] != searchable[j - 1][0]]
-    out = bytearray(
-        _HEADER.pack(MAGIC, n, len(searchable), len(sections), len(names), len(secblob), source)
-    )
-    out += secblob + b"\0" * _pad8(len(secblob))
-    out += struct.pack(f"<{n}q", *(e[1] for e in entries))
-    out += struct.pack(f"<{len(searchable)}q", *(k for k, _ in searchable))
-    out += struct.pack(f"<{len(searchable)}I", *(i for _, i in searchable))
-    ends, pos = [], 0
-    for e in entries:
-        pos += len(e[3])
-        ends.append(pos)
-    out += struct.pack(f"<{n}I", *ends)
-    out += b"\0" * _pad8(len(out))
-    out += struct.pack(f"<{n}H", *(e[0] for e in entries))
-    out += bytes(e[2] for e in entries)
-    out += names
-    return bytes(out)
+    cols = Columns()
+    for sec, value, typ, name in entries:
+        cols.add(sec, value, typ, name)
+    return pack_columns(cols, sections, source)
 
 
 def digest(packed: bytes) -> str:
@@ -267,16 +305,17 @@ def parse_kallsyms(data: bytes) -> Kallsyms:
 
 
 def kernel_table(
-    core: Sequence[tuple[int, bytes, bytes]], text: int, source: int = FROM_KALLSYMS
+    core: Iterable[tuple[int, bytes, bytes]], text: int, source: int = FROM_KALLSYMS
 ) -> bytes:
-    entries = []
+    """The kernel's table; *core* is read once, in order (it may be a stream)."""
+    cols = Columns()
     for value, typ, name in core:
         rel = value - text
         if -_RELOCATED_RANGE <= rel < _RELOCATED_RANGE and typ not in (b"a", b"A"):
-            entries.append((0, rel, typ[0], name))
+            cols.add(0, rel, typ[0], name)
         else:
-            entries.append((ABSOLUTE, value, typ[0], name))
-    return pack(entries, [], source)
+            cols.add(ABSOLUTE, value, typ[0], name)
+    return pack_columns(cols, [], source)
 
 
 def module_table(
