@@ -1,27 +1,31 @@
-"""``kreldctl``: snapshot, inspect and query what kreld recorded."""
+"""``kreldctl``: snapshot, inspect and query what kreld recorded.
+
+A command imports what it uses, when it uses it: the store (lmdb) only when
+it reads the store, the client only when it talks to the daemon, the
+snapshot's readers only for ``snapshot``.  ``kreldctl --help`` loads none of
+them (tests/test_cli.py checks which modules each loads).
+"""
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from kreld.client import Client, ConnectError, error_from_reply
 from kreld.config import Config
 from kreld.errors import ExitCode, InvalidArgument, KreldError
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr, parse_addr
 from kreld.options import add_common, resolve_config
-from kreld.queries import loaded_at
-from kreld.service import MAX_RESOLVE_ADDRESSES, Service
-from kreld.store import Store
-from kreld.varlink import VarlinkError
+
+if TYPE_CHECKING:
+    from kreld.client import Client
+    from kreld.service import Service
 
 EPILOG = """\
 exit status:
@@ -95,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_time(text: str, clock: Clock) -> int:
     """``--at`` as nanoseconds on *clock*."""
+    import datetime as dt
+
     s = text.strip()
     try:
         if s.endswith("s"):
@@ -141,6 +147,8 @@ def symbol_of(r: dict[str, Any]) -> str:
 
 
 def fmt_realtime(ns: int) -> str:
+    import datetime as dt
+
     return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
@@ -206,6 +214,10 @@ class LocalBackend:
 
     def service(self) -> Service:
         if self._service is None:
+            from kreld.queries import loaded_at
+            from kreld.service import Service
+            from kreld.store import Store
+
             store = Store(self.cfg.state_dir, readonly=True)
 
             def current() -> BootSnapshot:
@@ -237,6 +249,7 @@ class LocalBackend:
         if method == "Snapshot":
             from kreld.kallsyms import KallsymsText  # only when scanning
             from kreld.snapshot import take_snapshot
+            from kreld.store import Store
             from kreld.symbols import SymbolCapture
 
             try:  # one read, for the snapshot and the kernel's table
@@ -251,12 +264,18 @@ class LocalBackend:
                 if ks and not stored.restricted and store.boot_symbols(stored.boot_id) is None:
                     SymbolCapture(store, self.root, stored, None).capture_kernel(ks)
             return {"boot": stored.to_json(), "new": added, "updated": changed}
+        from kreld.varlink import VarlinkError
+
         try:
             return self.service().handle(method, params)
         except VarlinkError as e:
+            from kreld.client import error_from_reply
+
             raise error_from_reply(e.name, e.parameters) from e
 
     def stream(self, method: str, **params: Any) -> Iterator[dict[str, Any]]:
+        from kreld.client import ConnectError
+
         raise ConnectError(f"{self.cfg.socket}: {method} needs a running kreld")
 
 
@@ -278,6 +297,8 @@ class Ctl:
             if self.args.state_dir is not None and self.args.socket is None:
                 self._backend = LocalBackend(self.cfg)
             else:
+                from kreld.client import Client, ConnectError
+
                 try:
                     self._backend = Client(self.cfg.socket, timeout=60)
                 except ConnectError:
@@ -410,6 +431,8 @@ class Ctl:
             addrs.extend(addresses_in(line))
         at = self._at()
         results: list[dict[str, Any]] = []
+        from kreld.service import MAX_RESOLVE_ADDRESSES
+
         step = MAX_RESOLVE_ADDRESSES
         for i in range(0, len(addrs), step):
             results += self.call("Resolve", addresses=addrs[i : i + step], **at)["results"]
@@ -442,6 +465,8 @@ class Ctl:
             current: str | None = read_boot_id(Root(Path(self.cfg.root)))
         except KreldError:
             current = None
+        from kreld.store import Store
+
         with Store(self.cfg.state_dir) as store:
             before = store.size_bytes()
             removed = store.gc(keep_boots, keep_days, current, time.time_ns())
@@ -458,7 +483,7 @@ class Ctl:
 
     def status(self) -> int:
         st = self.call("Status")
-        st.setdefault("daemon", isinstance(self.backend(), Client))
+        st.setdefault("daemon", not isinstance(self.backend(), LocalBackend))
         if self.args.json:
             self.emit_json(st)
             return 0
@@ -479,7 +504,7 @@ class Ctl:
 
     def watch(self) -> int:
         backend = self.backend()
-        if isinstance(backend, Client):
+        if not isinstance(backend, LocalBackend):
             backend.sock.settimeout(None)  # events may be hours apart
         for msg in backend.stream("Subscribe"):
             if self.args.json:

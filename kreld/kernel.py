@@ -8,7 +8,6 @@ pointers (zeros) come back as ``None``.
 from __future__ import annotations
 
 import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +38,8 @@ class Root:
 
 
 def read_boot_id(root: Root) -> str:
+    import uuid  # not for kreldctl --help
+
     raw = root.read_text(consts.BOOT_ID)
     try:
         return str(uuid.UUID(raw))

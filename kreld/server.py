@@ -19,7 +19,6 @@ import stat
 import struct
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from kreld.varlink import (
     reply,
 )
 
-INTERFACE_DESCRIPTION = resources.files("kreld").joinpath("io.kreld.varlink").read_text()
+INTERFACE_DESCRIPTION = Path(__file__).with_name("io.kreld.varlink").read_text()
 SERVICE_DESCRIPTION = """\
 # The varlink service interface
 interface org.varlink.service

@@ -17,7 +17,6 @@ reading a module's sections: those vanish with the module, a table does not.
 from __future__ import annotations
 
 import io
-import lzma
 import os
 import queue
 import struct
@@ -63,6 +62,8 @@ def _decompress(path: Path) -> bytes | None:
     except OSError:
         return None
     if path.name.endswith(".xz"):
+        import lzma
+
         try:
             return lzma.decompress(raw)
         except lzma.LZMAError:
