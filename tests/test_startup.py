@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import kreldctl
+from conftest import kreldctl, start
 from faketree import FakeTree
 
 MOD_A = 0xFFFFFFFFC0400000
@@ -69,19 +69,11 @@ def test_a_daemon_start_reads_kallsyms_once(
     tree.add_module("beta", MOD_B)
     kallsyms = tree.root / "proc/kallsyms"
     with open(kallsyms, "ab") as f:
-        f.write(
-            f"{MOD_A + 0x10:016x} t alpha_fn\t[alpha]\n{MOD_B + 0x20:016x} T beta_fn\t[beta]\n".encode()
-        )
+        f.write(f"{MOD_A + 0x10:016x} t alpha_fn\t[alpha]\n".encode())
+        f.write(f"{MOD_B + 0x20:016x} T beta_fn\t[beta]\n".encode())
     opens = OpenCounter(kallsyms)
     try:
-        d = daemon_factory(
-            "--root",
-            str(tree.root),
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--socket",
-            str(tmp_path / "kreld.sock"),
-        ).start()
+        d = start(daemon_factory, tree, tmp_path / "state", tmp_path / "kreld.sock")
         d.wait_for("kernel_symbols")
         d.wait_for("module_symbols", module="alpha", source="kallsyms")
         d.wait_for("module_symbols", module="beta", source="kallsyms")
@@ -101,14 +93,7 @@ def test_a_load_after_the_start_reads_kallsyms_again(
     kallsyms = tree.root / "proc/kallsyms"
     opens = OpenCounter(kallsyms)
     try:
-        d = daemon_factory(
-            "--root",
-            str(tree.root),
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--socket",
-            str(tmp_path / "kreld.sock"),
-        ).start()
+        d = start(daemon_factory, tree, tmp_path / "state", tmp_path / "kreld.sock")
         d.wait_for("kernel_symbols")
         time.sleep(0.3)
         assert opens.count() == 1
