@@ -64,6 +64,7 @@ from common import (
     log,
     now_ns,
     percentile,
+    real_kallsyms,
     run_quiet,
     venv_python,
     venv_tool,
@@ -433,17 +434,6 @@ class Churn:
     burst: int
     life: float
     gap: float
-
-
-def real_kallsyms(tree: Any) -> int:
-    """Give *tree* this machine's kallsyms (or one as long, if it is restricted)."""
-    real = Path("/proc/kallsyms").read_bytes()
-    first = real.split(b" ", 1)[0]
-    if first and first.strip(b"0"):
-        tree.write("proc/kallsyms", real)
-    else:
-        tree.grow_kallsyms(real.count(b"\n"))
-    return int((tree.root / "proc/kallsyms").read_bytes().count(b"\n"))
 
 
 def churn_run(quick: bool) -> dict[str, Any]:

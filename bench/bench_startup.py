@@ -34,6 +34,7 @@ from common import (
     load_faketree,
     log,
     percentile,
+    real_kallsyms,
     run_quiet,
     venv_python,
     venv_tool,
@@ -94,13 +95,7 @@ def first_capture_peak(tmp: Path) -> dict[str, int]:
 def real_sized_tree(tmp: Path) -> tuple[Path, int]:
     """A fake tree whose kallsyms is this machine's (or as long, if unreadable)."""
     tree = load_faketree().FakeTree(tmp / "root")
-    real = Path("/proc/kallsyms").read_bytes()
-    first = real.split(b" ", 1)[0]
-    if first and first.strip(b"0"):
-        (tmp / "root/proc/kallsyms").write_bytes(real)
-    else:  # restricted here: a kallsyms as long, anchors and all
-        tree.grow_kallsyms(real.count(b"\n"))
-    return tmp / "root", (tmp / "root/proc/kallsyms").read_bytes().count(b"\n")
+    return tree.root, real_kallsyms(tree)
 
 
 def run(quick: bool) -> list[Result]:
