@@ -17,7 +17,7 @@ second and tens of MB).  So:
 module's, then other bracketed owners (ftrace trampolines, ``[bpf]``):
 ``update_iter()`` in kernel/kallsyms.c walks the ``kallsyms_num_syms`` core
 entries before ``get_ksymbol_mod()`` and the rest.  A core line has no tab, so
-the first ``\\t[`` starts the tail.
+the first tab starts the tail.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class KallsymsText:
 
     @classmethod
     def of(cls, data: bytes, taken: int = 0) -> KallsymsText:
-        tab = data.find(b"\t[")
+        tab = data.find(b"\t")  # one byte: memchr, not a search of a pattern
         tail = len(data) if tab < 0 else data.rfind(b"\n", 0, tab) + 1
         return cls(data, tail, taken)
 
