@@ -200,7 +200,6 @@ class SymbolCapture:
         # True while capture should wait (the tracker has modules to read).
         self.defer = defer
         self._initial: KallsymsText | None = None
-        self.reads = 0  # reads of kallsyms by the worker
 
     @property
     def events(self) -> int:
@@ -317,7 +316,6 @@ class SymbolCapture:
         except KernelReadError as e:
             self.log.warning("kallsyms_unreadable", error=str(e))
             return None
-        self.reads += 1
         return ks
 
     def capture_kernel(self, ks: KallsymsText | None) -> None:
