@@ -18,6 +18,7 @@ Run alone: ``.venv/bin/python bench/bench_startup.py [--quick]``.
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import sys
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from bench_scale import Notify, spawn_ns, start_daemon
 from common import (
+    REPO,
     Kreld,
     Result,
     bench_main,
@@ -110,6 +112,9 @@ def run(quick: bool) -> list[Result]:
 def _run(tmp: Path, n: int) -> list[Result]:
     results: list[Result] = []
     notes: list[str] = []
+    # As installed: pip compiles a package's bytecode; a checkout run with
+    # PYTHONDONTWRITEBYTECODE would compile every edited module at each start.
+    compileall.compile_dir(str(REPO / "kreld"), quiet=1)
     py = venv_python()
     cfg = tmp / "kreld.toml"
     cfg.write_text("")
