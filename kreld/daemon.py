@@ -116,9 +116,6 @@ def policy_of(cfg: Config, log: Any) -> Policy:
     return Policy(frozenset(gids), frozenset(cfg.allowed_uids))
 
 
-# Seconds a thread may hold the GIL while another waits (Python's default: 0.005).
-SWITCH_INTERVAL = 0.0005
-
 # Descriptors kept for the store, the sources, sysfs reads and the log.
 RESERVED_FDS = 64
 
@@ -453,10 +450,6 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(KreldError):
         klog.journal_context["KRELD_BOOT_ID"] = read_boot_id(Root(Path(cfg.root)))
     raise_fd_limit()
-    # The tracker reads sysfs in many short syscalls, each giving up the GIL;
-    # a busy thread would keep it for the default 5 ms each time (the convoy
-    # effect), long enough for a short-lived module to go unread.
-    sys.setswitchinterval(SWITCH_INTERVAL)
     try:
         daemon = Daemon(cfg, args, log)
     except KreldError as e:
