@@ -28,7 +28,8 @@ from systemd import daemon as sd
 from kreld import __version__
 from kreld import log as klog
 from kreld.config import Config
-from kreld.errors import ExitCode, KreldError
+from kreld.errors import ExitCode, KernelReadError, KreldError
+from kreld.kallsyms import KallsymsText
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp, hexaddr
 from kreld.options import add_common, resolve_config
@@ -167,10 +168,11 @@ class Daemon:
 
     # -- startup ----------------------------------------------------------------
 
-    def record_boot(self) -> tuple[BootSnapshot, bool, bool]:
-        """Snapshot the kernel and record what is new (also the Snapshot method)."""
+    def record_boot(self, kallsyms: bytes | None = None) -> tuple[BootSnapshot, bool, bool]:
+        """Snapshot the kernel and record what is new (also the Snapshot method);
+        *kallsyms*: a read of it already made."""
         with self._snapshot_lock:
-            snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
+            snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs, kallsyms)
             stored, added, changed = self.store.record_boot(snap)
             self.boot = stored
             # What kreld can read now; the boot's record keeps what it learnt
@@ -185,7 +187,12 @@ class Daemon:
         return self.boot
 
     def start_tracking(self) -> None:
-        stored, _, _ = self.record_boot()
+        # One read of kallsyms per start: the snapshot and the symbol capture share it.
+        try:
+            ks: KallsymsText | None = KallsymsText.read(self.root)
+        except KernelReadError:
+            ks = None  # the snapshot reads it again and records why
+        stored, _, _ = self.record_boot(ks.data if ks else None)
         tracker = ModuleTracker(
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
@@ -208,10 +215,11 @@ class Daemon:
             s.start(self.stop_threads)
         tracker.startup()
         self.symbols = SymbolCapture(
-            self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs
+            self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs, tracker.busy
         )
         tracker.listeners.append(self.symbols.on_event)
-        self.symbols.start(self.stop_threads, tracker.loaded())
+        self.symbols.start(self.stop_threads, tracker.loaded(), ks)
+        del ks
         self.tracker_thread = threading.Thread(
             target=tracker.run, args=(self.stop_threads,), name="tracker", daemon=True
         )

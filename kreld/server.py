@@ -20,7 +20,6 @@ import struct
 import sys
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from kreld.varlink import (
     reply,
 )
 
-INTERFACE_DESCRIPTION = resources.files("kreld").joinpath("io.kreld.varlink").read_text()
+INTERFACE_DESCRIPTION = Path(__file__).with_name("io.kreld.varlink").read_text()
 SERVICE_DESCRIPTION = """\
 # The varlink service interface
 interface org.varlink.service
