@@ -30,6 +30,7 @@ from kreld.errors import (
     StoreCorrupt,
     StoreError,
     StoreFull,
+    StoreLocked,
     SymbolsUnavailable,
 )
 
@@ -70,6 +71,8 @@ def error_from_reply(name: str, p: dict[str, Any]) -> KreldError:
             return StoreError(s("path"), s("reason"))
         case "io.kreld.StoreFull":
             return StoreFull(s("path"), s("reason"))
+        case "io.kreld.StoreLocked":
+            return StoreLocked(s("path"), s("reason"))
         case "io.kreld.StoreError":
             return StoreError(s("path"), s("reason"))
         case "io.kreld.SymbolsUnavailable":
@@ -148,7 +151,12 @@ class Client:
             if end >= 0:
                 raw = bytes(buf[:end])
                 del buf[: end + 1]
-                obj = json.loads(raw)
+                try:
+                    obj = json.loads(raw)
+                except ValueError as e:  # also a reply that is not UTF-8
+                    raise RemoteError(
+                        "io.kreld.Protocol", {"reason": f"reply is not JSON: {e}"}
+                    ) from e
                 if not isinstance(obj, dict):
                     raise RemoteError("io.kreld.Protocol", {"reason": "reply is not an object"})
                 return obj
