@@ -22,6 +22,7 @@ from kreld.options import add_common, resolve_config
 from kreld.queries import loaded_at
 from kreld.service import MAX_RESOLVE_ADDRESSES, Service
 from kreld.store import Store
+from kreld.storelock import damaged_stores, writer_lock
 from kreld.varlink import VarlinkError
 
 EPILOG = """\
@@ -33,6 +34,7 @@ exit status:
   4  permission denied, or kernel addresses restricted
   5  the store is unusable: missing, corrupt, foreign or from a newer kreld
   6  the configuration is invalid
+  7  snapshot without a daemon: another kreld writes to the store (holds its lock)
 """
 
 
@@ -223,6 +225,8 @@ class LocalBackend:
                     "loaded_modules": len(loaded()),
                     "store_bytes": store.size_bytes(),
                     **counts,
+                    "damaged_stores": damaged_stores(self.cfg.state_dir),
+                    "damaged_databases": sorted(store.lost),
                 }
 
             self._service = Service(
@@ -240,7 +244,8 @@ class LocalBackend:
             from kreld.symbols import SymbolCapture, parse_kallsyms
 
             snap, _notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
-            with Store(self.cfg.state_dir) as store:
+            # No daemon answered: write as one, under its lock (StoreLocked if one runs).
+            with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
                 stored, added, changed = store.record_boot(snap)
                 if not stored.restricted and store.boot_symbols(stored.boot_id) is None:
                     capture = SymbolCapture(store, self.root, stored, None)
@@ -468,6 +473,9 @@ class Ctl:
                         f"{'source':<{width}}  {src['name']}: {state}, {src['events']} events",
                         file=self.out,
                     )
+            elif isinstance(v, list):  # damaged_stores: one line each, none when empty
+                for item in v:
+                    print(f"{k:<{width}}  {item}", file=self.out)
             else:
                 print(f"{k:<{width}}  {v}", file=self.out)
         return 0

@@ -30,7 +30,6 @@ from kreld.errors import (
     StoreCorrupt,
     StoreError,
     StoreFull,
-    StoreLocked,
     SymbolsUnavailable,
 )
 
@@ -71,8 +70,6 @@ def error_from_reply(name: str, p: dict[str, Any]) -> KreldError:
             return StoreError(s("path"), s("reason"))
         case "io.kreld.StoreFull":
             return StoreFull(s("path"), s("reason"))
-        case "io.kreld.StoreLocked":
-            return StoreLocked(s("path"), s("reason"))
         case "io.kreld.StoreError":
             return StoreError(s("path"), s("reason"))
         case "io.kreld.SymbolsUnavailable":

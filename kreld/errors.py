@@ -152,9 +152,11 @@ class StoreDamaged(StoreCorrupt):
 
 
 class StoreLocked(StoreError):
-    """Another kreld writes to this store (it holds the store's lock)."""
+    """Another kreld writes to this store (it holds the store's lock).
 
-    varlink_name = "io.kreld.StoreLocked"
+    A startup and kreldctl error, never a reply: the daemon that holds the
+    lock is the one answering (on the wire it would be a StoreError)."""
+
     exit_code = ExitCode.STORE_LOCKED
 
 

@@ -505,6 +505,8 @@ class Store:
         def fn(txn: Any) -> dict[str, int]:
             out = {}
             for name in (b"boots", b"builds", b"incarnations", b"open"):
+                if name.decode() in self.lost:  # a damaged store read as far as it is whole
+                    continue
                 db = self.dbs[name]
                 out[name.decode()] = 0 if db is None else txn.stat(db)["entries"]
             return out
