@@ -31,6 +31,11 @@ reference must lie inside the file, be the page it claims to be and hold
 nodes inside its bounds; the walk visits each page at most once and at most
 ``mm_last_pg`` pages).  A file found whole is remembered by its identity
 (device, inode, size, mtime) for the life of the process.
+
+A writer is refused any damage.  A reader (kreldctl, or a store kreld set
+aside) is refused only a damaged main tree: a named database with a page
+past the end is left unread (:class:`~kreld.errors.StoreCorrupt` when a
+call needs it) and the whole ones are read; readers never read the freeDB.
 """
 
 from __future__ import annotations
@@ -63,7 +68,10 @@ _NODE = struct.Struct("<HHHH")
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 
+# Files found whole, by identity: for a writer (every tree walked), and for a
+# reader (the freeDB, which readers never read, left out).
 _whole: set[tuple[int, int, int, int]] = set()
+_readable: set[tuple[int, int, int, int]] = set()
 
 
 @dataclass(frozen=True)
@@ -273,7 +281,7 @@ def check_datafile(store: Path, readonly: bool = False) -> frozenset[str]:
     try:
         st = os.fstat(fd)
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if identity in _whole:
+        if identity in _whole or (readonly and identity in _readable):
             return frozenset()
         head = os.pread(fd, 65536 + _HEAD, 0)
         meta = newest_meta(store / "data.mdb", head, st.st_size)
@@ -282,7 +290,7 @@ def check_datafile(store: Path, readonly: bool = False) -> frozenset[str]:
             walk.trees()
             if walk.lost:
                 return frozenset(walk.lost)
-        _whole.add(identity)
+        (_readable if readonly else _whole).add(identity)
         return frozenset()
     except OSError as e:
         raise StoreError(str(store), f"cannot read data.mdb: {e.strerror}") from e
