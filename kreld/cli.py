@@ -34,7 +34,7 @@ exit status:
   4  permission denied, or kernel addresses restricted
   5  the store is unusable: missing, corrupt, foreign or from a newer kreld
   6  the configuration is invalid
-  7  snapshot without a daemon: another kreld writes to the store (holds its lock)
+  7  snapshot without a daemon, or gc: another kreld writes to the store (holds its lock)
 """
 
 
@@ -442,7 +442,7 @@ class Ctl:
             current: str | None = read_boot_id(Root(Path(self.cfg.root)))
         except KreldError:
             current = None
-        with Store(self.cfg.state_dir) as store:
+        with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
             before = store.size_bytes()
             removed = store.gc(keep_boots, keep_days, current, time.time_ns())
         removed["store_bytes"] = before

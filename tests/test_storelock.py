@@ -129,12 +129,13 @@ def test_after_kill_9_of_the_daemon_a_new_one_starts_at_once(
     assert again.stop() == 0
 
 
-def test_kreldctl_reads_beside_a_daemon_and_its_snapshot_without_the_daemon_is_locked_out(
+def test_kreldctl_reads_beside_a_daemon_and_its_writes_without_the_daemon_are_locked_out(
     daemon_factory: Any, tree: FakeTree, tmp_path: Path, sockdir: Path
 ) -> None:
     """Readers never take the lock: `kreldctl --state-dir` reads while kreld
     runs.  `kreldctl snapshot` goes through the daemon when it answers; told
-    to write the store directly while a daemon holds it, it exits 7."""
+    to write the store directly while a daemon holds it, it exits 7, and so
+    does `kreldctl gc`."""
     state, sock = tmp_path / "state", sockdir / "kreld.sock"
     d = start(daemon_factory, tree, state, sock)
     boots = json.loads(kreldctl("--state-dir", str(state), "boots", "--json").stdout)
@@ -149,6 +150,13 @@ def test_kreldctl_reads_beside_a_daemon_and_its_snapshot_without_the_daemon_is_l
     )
     assert cp.returncode == 7, cp.stderr
     assert "another kreld" in cp.stderr and str(d.proc.pid) in cp.stderr
+    gc = subprocess.run(
+        [_bin("kreldctl"), "--state-dir", str(state), "gc", "--keep-boots", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert gc.returncode == 7, gc.stderr
     assert d.stop() == 0
     # With no daemon, kreldctl snapshot takes the lock itself and writes.
     kreldctl("--root", str(tree.root), "--state-dir", str(state), "snapshot")
