@@ -105,6 +105,10 @@ def _meta_at(buf: bytes, off: int) -> Meta | None:
 def newest_meta(path: Path, head: bytes, size: int) -> Meta:
     """The meta page LMDB opens with; StoreCorrupt if the file is not LMDB's,
     StoreDamaged if it is but its second meta page is cut off."""
+    if size == 0:
+        # What mdb_env_open leaves when killed before it wrote the meta pages
+        # (LMDB itself would initialise it as a new environment).
+        raise StoreDamaged(str(path.parent), "data.mdb is empty: its creation was cut short")
     if size < _HEAD:
         raise StoreCorrupt(
             str(path.parent), f"data.mdb is {size} bytes: not an LMDB file (or truncated)"

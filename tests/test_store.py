@@ -20,6 +20,7 @@ from kreld import consts
 from kreld.errors import StoreCorrupt, StoreError, StoreTooNew
 from kreld.model import Anchors, BootSnapshot, KaslrOffset, OffsetSource, Timestamp
 from kreld.store import Store
+from kreld.storelock import LOCK_NAME
 
 TEXT = 0xFFFFFFFF9D000000
 LINK = 0xFFFFFFFF81000000
@@ -268,11 +269,12 @@ REFUSED = [
 
 
 def digests(d: Path) -> dict[str, str]:
-    """sha256 of every file but LMDB's lock file (which any opener may touch)."""
+    """sha256 of every file but the lock files: LMDB's (which any opener may
+    touch) and kreld's writer lock (which a writer takes before opening)."""
     return {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(d.iterdir())
-        if p.name != "lock.mdb"
+        if p.name not in ("lock.mdb", LOCK_NAME)
     }
 
 

@@ -85,6 +85,23 @@ def test_a_daemon_on_a_damaged_kreld_store_sets_it_aside_keeps_recording_and_say
     assert d.stop() == 0
 
 
+def test_an_empty_data_mdb_left_by_a_creation_cut_short_is_set_aside_and_kreld_starts(
+    daemon_factory: Any, tree: FakeTree, tmp_path: Path, sockdir: Path
+) -> None:
+    """A kreld killed inside LMDB's creation of its store leaves an empty
+    data.mdb: the next kreld sets it aside, not refuses it for good."""
+    state, sock = tmp_path / "state", sockdir / "kreld.sock"
+    state.mkdir(mode=0o700)
+    (state / "data.mdb").write_bytes(b"")
+    d = start(daemon_factory, tree, state, sock)
+    aside = Path(d.wait_for("store_set_aside")["moved_to"])
+    assert (aside / "data.mdb").stat().st_size == 0
+    with Client(str(sock)) as c:
+        st = c.call("Status")
+    assert st["damaged_stores"] == [str(aside)] and st["boots"] == 1
+    assert d.stop() == 0
+
+
 def test_a_second_daemon_on_the_same_store_exits_7_while_the_first_runs_and_records_once(
     daemon_factory: Any, tree: FakeTree, tmp_path: Path, sockdir: Path
 ) -> None:

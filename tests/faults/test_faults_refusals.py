@@ -91,11 +91,6 @@ def garbage(d: Path) -> None:
     (d / "data.mdb").write_bytes(os.urandom(64 << 10))
 
 
-def empty(d: Path) -> None:
-    d.mkdir()
-    (d / "data.mdb").write_bytes(b"")
-
-
 def foreign_named(d: Path) -> None:
     env = lmdb.open(str(d), max_dbs=4)
     users = env.open_db(b"users")
@@ -121,11 +116,10 @@ def schema_99(d: Path) -> None:
     env.close()
 
 
-# A kreld store cut short after its meta pages is set aside instead
-# (test_storelock.py::test_a_daemon_on_a_damaged_kreld_store_sets_it_aside_...).
+# A kreld store cut short after its meta pages, or empty (its creation cut
+# short), is set aside instead (test_storelock.py).
 UNUSABLE = [
     pytest.param(truncated(100), "StoreCorrupt", "not an LMDB file", id="truncated-100b"),
-    pytest.param(empty, "StoreCorrupt", "not an LMDB file", id="empty"),
     pytest.param(garbage, "StoreCorrupt", "not an LMDB file", id="garbage"),
     pytest.param(foreign_named, "StoreCorrupt", "not a kreld store", id="foreign"),
     pytest.param(foreign_plain, "StoreCorrupt", "not a kreld store", id="foreign-plain"),
