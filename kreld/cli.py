@@ -39,6 +39,7 @@ exit status:
   4  permission denied, or kernel addresses restricted
   5  the store is unusable: missing, corrupt, foreign or from a newer kreld
   6  the configuration is invalid
+  7  snapshot without a daemon, or gc: another kreld writes to the store (holds its lock)
 """
 
 
@@ -241,6 +242,7 @@ class LocalBackend:
             from kreld.queries import loaded_at
             from kreld.service import Service
             from kreld.store import Store
+            from kreld.storelock import damaged_stores
 
             store = Store(self.cfg.state_dir, readonly=True)
 
@@ -258,6 +260,8 @@ class LocalBackend:
                     "loaded_modules": len(loaded()),
                     "store_bytes": store.size_bytes(),
                     **counts,
+                    "damaged_stores": damaged_stores(self.cfg.state_dir),
+                    "damaged_databases": sorted(store.lost),
                 }
 
             self._service = Service(
@@ -283,7 +287,10 @@ class LocalBackend:
             snap, _notes = take_snapshot(
                 self.root, self.cfg.debuginfo_dirs, ks.data if ks else None
             )
-            with Store(self.cfg.state_dir) as store:
+            from kreld.storelock import writer_lock
+
+            # No daemon answered: write as one, under its lock (StoreLocked if one runs).
+            with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
                 stored, added, changed = store.record_boot(snap)
                 if ks and not stored.restricted and store.boot_symbols(stored.boot_id) is None:
                     SymbolCapture(store, self.root, stored, None).capture_kernel(ks)
@@ -560,8 +567,9 @@ class Ctl:
         except KreldError:
             current = None
         from kreld.store import Store
+        from kreld.storelock import writer_lock
 
-        with Store(self.cfg.state_dir) as store:
+        with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
             before = store.size_bytes()
             removed = store.gc(keep_boots, keep_days, current, time.time_ns())
         removed["store_bytes"] = before
@@ -602,6 +610,9 @@ class Ctl:
                         f"{'source':<{width}}  {src['name']}: {state}, {src['events']} events",
                         file=self.out,
                     )
+            elif isinstance(v, list):  # damaged_stores: one line each, none when empty
+                for item in v:
+                    print(f"{k:<{width}}  {item}", file=self.out)
             else:
                 print(f"{k:<{width}}  {v}", file=self.out)
         return 0

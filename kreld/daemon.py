@@ -40,7 +40,7 @@ from kreld.server import ACCEPT_HEADROOM, Limits, Policy, Server, bind_socket, g
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
 from kreld.sources import UeventSource, WatchSource
-from kreld.store import Store
+from kreld.storelock import WriterLock, damaged_stores, open_writable
 from kreld.symbols import SymbolCapture
 from kreld.tracker import ModuleTracker
 
@@ -56,6 +56,7 @@ exit status:
   2  the command line is wrong
   5  the store is unusable: corrupt, truncated, foreign or from a newer kreld
   6  the configuration is invalid (the message names the file and key)
+  7  another kreld writes to this store (it holds the store's lock)
 """
 
 # Keys that take effect only when kreld starts again.
@@ -154,7 +155,12 @@ class Daemon:
         self.started = time.monotonic_ns()
         self.stop_threads = threading.Event()
         self.root = Root(Path(cfg.root))
-        self.store = Store(cfg.state_dir)
+        self.lock = WriterLock(cfg.state_dir)
+        try:
+            self.store = open_writable(Path(cfg.state_dir), log)
+        except BaseException:
+            self.lock.release()
+            raise
         self.sources: list[Any] = []
         self.symbols: SymbolCapture | None = None
         self.tracker: ModuleTracker | None = None
@@ -183,7 +189,8 @@ class Daemon:
         return stored, added, changed
 
     def current_boot(self) -> BootSnapshot:
-        assert self.boot is not None
+        if self.boot is None:
+            raise KreldError("the boot is not recorded yet")
         return self.boot
 
     def start_tracking(self) -> None:
@@ -253,19 +260,20 @@ class Daemon:
         return sock
 
     def status(self) -> dict[str, Any]:
-        assert self.boot is not None and self.tracker is not None
+        boot, tracker = self.current_boot(), self.started_tracker()
         counts = self.store.counts()
         return {
             "version": __version__,
             "uptime_ns": time.monotonic_ns() - self.started,
-            "boot_id": self.boot.boot_id,
+            "boot_id": boot.boot_id,
             "boots": counts["boots"],
             "builds": counts["builds"],
             "incarnations": counts["incarnations"],
-            "loaded_modules": len(self.tracker.loaded()),
+            "loaded_modules": len(tracker.loaded()),
             "store_bytes": self.store.size_bytes(),
             "restricted": self.reading[0],
             "restricted_reason": self.reading[1],
+            "damaged_stores": damaged_stores(self.cfg.state_dir),
             "sources": [
                 {
                     "name": s.name,
@@ -280,12 +288,17 @@ class Daemon:
                 {
                     "name": "tracker",
                     "healthy": self.healthy(),
-                    "events": self.tracker.reconciliations,
+                    "events": tracker.reconciliations,
                     "last_error": None,
                 }
             ],
             "publish": None if self.publisher is None else self.publisher.health(),
         }
+
+    def started_tracker(self) -> ModuleTracker:
+        if self.tracker is None:
+            raise KreldError("module tracking has not started")
+        return self.tracker
 
     def healthy(self) -> bool:
         return self.tracker_thread is not None and self.tracker_thread.is_alive()
@@ -296,6 +309,7 @@ class Daemon:
             f"boot {st['boot_id'][:8]}: {st['loaded_modules']} modules loaded, "
             f"{st['incarnations']} incarnations in {st['boots']} boots"
             + (", addresses restricted" if st["restricted"] else "")
+            + (", a damaged store was set aside" if st["damaged_stores"] else "")
         )
 
     # -- the main loop -------------------------------------------------------------
@@ -313,12 +327,12 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
 
         self.start_tracking()
-        assert self.tracker is not None and self.boot is not None
+        tracker = self.started_tracker()
         service = Service(
             self.store,
             current_boot=self.current_boot,
             current_id=lambda: self.current_boot().boot_id,
-            loaded=self.tracker.loaded,
+            loaded=tracker.loaded,
             snapshot=self.record_boot,
             status=self.status,
         )
@@ -326,7 +340,7 @@ class Daemon:
             service, policy_of(self.cfg, self.log), limits_of(self.cfg, self.log), self.log
         )
         await self.server.start(self.listening_socket())
-        self.tracker.listeners.append(self.server.publish)
+        tracker.listeners.append(self.server.publish)
         sd.notify(f"READY=1\nSTATUS={self.status_line()}")
         self.log.info(
             "ready", state_dir=self.cfg.state_dir, root=self.cfg.root, socket=self.cfg.socket
@@ -371,9 +385,8 @@ class Daemon:
             await asyncio.sleep(86400)
 
     def gc(self) -> dict[str, int]:
-        assert self.boot is not None
         return self.store.gc(
-            self.cfg.keep_boots, self.cfg.keep_days, self.boot.boot_id, time.time_ns()
+            self.cfg.keep_boots, self.cfg.keep_days, self.current_boot().boot_id, time.time_ns()
         )
 
     async def _status_updates(self) -> None:
@@ -446,6 +459,7 @@ class Daemon:
             except OSError:
                 pass
         self.store.close()
+        self.lock.release()
 
 
 def _watchdog_usec() -> int:

@@ -235,7 +235,8 @@ class Server:
             return
         event = {"event": kind, "module": inc.to_json()}
         for c in list(self.subscribers):
-            assert c.queue is not None
+            if c.queue is None:  # not a subscriber (cannot happen: set before it is added)
+                continue
             try:
                 c.queue.put_nowait(event)
             except asyncio.QueueFull:
