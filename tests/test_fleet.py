@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from conftest import Daemon, _bin, kreldctl, wait_until
 from faketree import FakeTree
+from perffile import PerfFile
 from s3server import ACCESS_KEY, SECRET_KEY, S3Server, running_s3, weed_binary
 
 from kreld import fleet
@@ -198,6 +199,17 @@ def test_two_hosts_publish_and_a_reader_with_only_the_bucket_resolves_a_module_o
             input=lines, capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip
         assert cp.stdout == f"{kernel_addr} start_kernel+0x10\n"
+        # A perf.data recorded on this host finds its boot in the bucket, among both
+        # hosts' boots, with no --boot: the export equals the host's own store's.
+        rec = PerfFile(
+            text=h.tree.text, kernel_build_id=kernel, osrelease=h.tree.release,
+            hostname=h.tree.hostname, modules=[(mod, int(addr, 16) & ~0xFFF, 0x4000)],
+        ).write(h.state.parent / "perf.data")  # fmt: skip
+        via_bucket = from_bucket(url, "export", "kallsyms", "--for", str(rec))
+        assert f"boot {h.tree.boot_id}" in via_bucket.stderr
+        assert "1 of 1 module maps matched" in via_bucket.stderr
+        for_local = kreldctl("--state-dir", str(h.state), "export", "kallsyms", "--for", str(rec))
+        assert via_bucket.stdout == for_local.stdout and "start_kernel" in for_local.stdout
     # One kernel table for the two hosts.
     assert names(url, "tables/k/") == [f"tables/k/{kernel}"]
 
