@@ -86,3 +86,11 @@ def test_the_symbol_worker_lets_go_of_the_raw_kallsyms_once_captured(
         finally:
             stop.set()
     assert json.dumps(stored.to_json())  # the boot stays usable
+
+
+def test_importing_the_daemon_loads_no_fleet_publishing() -> None:
+    """kreld.publish (zstandard, the S3 client) only when ``[publish]`` is set."""
+    mods = imported_by("import kreld.daemon")
+    assert "kreld.daemon" in mods
+    assert mods & {"kreld.publish", "kreld.fleet", "kreld.pubstate", "kreld.s3"} == set()
+    assert mods & {"zstandard", "configparser", "obstore"} == set()
