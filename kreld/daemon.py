@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from systemd import daemon as sd
 
-from kreld import __version__
+from kreld import __version__, heap
 from kreld import log as klog
 from kreld.config import Config
 from kreld.errors import ExitCode, KernelReadError, KreldError
@@ -493,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.exit_code)
     klog.configure(args.log_level or cfg.log_level, args.log_format or cfg.log_format)
     log = klog.get()
+    heap.tune()  # before the first large buffer: see kreld.heap
     # Every journal entry carries the boot; if it cannot be read, the snapshot
     # says why below.
     with contextlib.suppress(KreldError):
