@@ -83,7 +83,7 @@ def run(quick: bool) -> list[Result]:
             idle = settle(again.proc.pid, 3 if quick else 5)
             with Client(str(tmp / "s.sock"), timeout=120) as c:
                 anchors = c.call("GetBoot")["boot"]["anchors"]
-                text, etext = int(anchors["_text"], 16), int(anchors["_etext"], 16)
+                text, etext = int(anchors["text"], 16), int(anchors["etext"], 16)
                 rng = random.Random(13)
                 named = 0
                 for _ in range(calls):

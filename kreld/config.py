@@ -211,17 +211,37 @@ def _apply(cfg: Config, data: Mapping[str, Any], file: str) -> Config:
     return replace(cfg, **changes, sources=(*cfg.sources, file))
 
 
-def _load_file(path: Path) -> dict[str, Any]:
-    import tomllib  # with datetime: only when there is a file to read
+def _only_comments(raw: bytes) -> bool:
+    """Whether *raw* is plainly an empty TOML document: blank lines and
+    printable ``#`` comments only (anything else goes to the parser)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    for line in text.splitlines():
+        line = line.strip(" \t")
+        if line and not (line.startswith("#") and line.replace("\t", " ").isprintable()):
+            return False
+    return True
 
+
+def _load_file(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(str(path), f"cannot read: {e.strerror}") from e
+    if _only_comments(raw):
+        return {}  # the packaged file, all comments: no need to load tomllib
+    import tomllib  # with datetime: only when there is a file with settings
+
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(path), f"not valid TOML: not UTF-8: {e}") from e
     except tomllib.TOMLDecodeError as e:
         # The message carries "(at line N, column M)".
         raise ConfigError(str(path), f"not valid TOML: {e}") from e
-    except OSError as e:
-        raise ConfigError(str(path), f"cannot read: {e.strerror}") from e
 
 
 def load_config(path: str | None) -> Config:

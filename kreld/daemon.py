@@ -21,11 +21,11 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from systemd import daemon as sd
 
-from kreld import __version__
+from kreld import __version__, heap
 from kreld import log as klog
 from kreld.config import Config
 from kreld.errors import ExitCode, KernelReadError, KreldError
@@ -33,9 +33,6 @@ from kreld.kallsyms import KallsymsText
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp, hexaddr
 from kreld.options import add_common, resolve_config
-from kreld.publish import Publisher, check_config
-from kreld.publish import configure as configure_publishing
-from kreld.s3 import leave
 from kreld.server import ACCEPT_HEADROOM, Limits, Policy, Server, bind_socket, group_id
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
@@ -43,6 +40,9 @@ from kreld.sources import UeventSource, WatchSource
 from kreld.storelock import WriterLock, damaged_stores, open_writable
 from kreld.symbols import SymbolCapture
 from kreld.tracker import ModuleTracker
+
+if TYPE_CHECKING:
+    from kreld.publish import Publisher
 
 EPILOG = """\
 signals:
@@ -147,6 +147,24 @@ def limits_of(cfg: Config, log: Any | None = None) -> Limits:
     return Limits(cfg.max_message_bytes, conns, cfg.idle_timeout, cfg.subscribe_queue)
 
 
+def check_config(cfg: Config) -> None:
+    """:func:`kreld.publish.check_config`, imported only when ``[publish]`` is
+    set: fleet publishing (zstandard, the S3 client) is not every host's."""
+    if cfg.publish_url:
+        from kreld.publish import check_config as check_publishing
+
+        check_publishing(cfg)
+
+
+def leave(rc: int) -> int:
+    """*rc*, or an exit at once where the S3 client ran (see :func:`kreld.s3.leave`)."""
+    if "kreld.s3" not in sys.modules:
+        return rc
+    from kreld.s3 import leave as leave_s3
+
+    return leave_s3(rc)
+
+
 class Daemon:
     def __init__(self, cfg: Config, args: argparse.Namespace, log: Any) -> None:
         self.cfg = cfg
@@ -237,9 +255,12 @@ class Daemon:
             method=watch.method,
             uevents=any(isinstance(s, UeventSource) for s in self.sources),
         )
-        self.publisher = configure_publishing(
-            None, self.cfg, self.store, self.root, self.current_id, self.log, self.stop_threads
-        )
+        if self.cfg.publish_url:  # fleet publishing, imported only when set
+            from kreld.publish import configure as configure_publishing
+
+            self.publisher = configure_publishing(
+                None, self.cfg, self.store, self.root, self.current_id, self.log, self.stop_threads
+            )
 
     def current_id(self) -> str:
         return self.current_boot().boot_id
@@ -426,6 +447,9 @@ class Daemon:
             self.server.limits = limits_of(applied, self.log)
         if self.tracker is not None:
             self.tracker.recheck_interval = applied.poll_interval
+        if self.tracker is not None and (self.publisher is not None or applied.publish_url):
+            from kreld.publish import configure as configure_publishing
+
             self.publisher = configure_publishing(
                 self.publisher,
                 applied,
@@ -483,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.exit_code)
     klog.configure(args.log_level or cfg.log_level, args.log_format or cfg.log_format)
     log = klog.get()
+    heap.tune()  # before the first large buffer: see kreld.heap
     # Every journal entry carries the boot; if it cannot be read, the snapshot
     # says why below.
     with contextlib.suppress(KreldError):

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kreld import consts
+from kreld import consts, uuids
 from kreld.elfnote import find_build_id
 from kreld.errors import KernelReadError, NoteError
 from kreld.model import Anchors
@@ -38,11 +38,9 @@ class Root:
 
 
 def read_boot_id(root: Root) -> str:
-    import uuid  # not for kreldctl --help
-
     raw = root.read_text(consts.BOOT_ID)
     try:
-        return str(uuid.UUID(raw))
+        return uuids.canonical(raw)
     except ValueError as e:
         raise KernelReadError(str(root / consts.BOOT_ID), f"not a UUID: {raw[:64]!r}") from e
 

@@ -22,7 +22,6 @@ are zigzag varints of the difference from it, on each clock.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -57,6 +56,8 @@ _KNOWN_FLAGS = (1 << 16) - 1
 
 
 def layout_key(names: Sequence[str]) -> bytes:
+    import hashlib  # loads OpenSSL: only when a record is written
+
     return hashlib.sha1("\0".join(names).encode()).digest()[:_LAYOUT_KEY_LEN]
 
 

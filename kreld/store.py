@@ -31,7 +31,6 @@ import os
 import stat
 import struct
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from kreld import consts, records
+from kreld import consts, records, uuids
 from kreld.errors import (
     AmbiguousBoot,
     NoSuchBoot,
@@ -103,7 +102,7 @@ def _decoded(path: Path, what: str, fn: Callable[[], T]) -> T:
 
 
 def boot_key(boot_id: str) -> bytes:
-    return uuid.UUID(boot_id).bytes
+    return uuids.to_bytes(boot_id)
 
 
 def inc_key(boot_id: str, seq: int) -> bytes:
@@ -622,7 +621,7 @@ class Store:
                 )
             return names
 
-        boot_id = str(uuid.UUID(bytes=bytes(key[:16])))
+        boot_id = uuids.to_text(bytes(key[:16]))
         try:
             return records.decode(raw, boot_id, int(_SEQ.unpack(key[16:24])[0]), layout)
         except _UNREADABLE as e:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from kreld import heap
 from kreld.elf import elf_symbol_entries, elf_symbols, gnu_build_id, module_symbol_letter
 from kreld.errors import KernelReadError, KreldError
 from kreld.kallsyms import KallsymsText, Line
@@ -270,6 +271,7 @@ class SymbolCapture:
                 self.healthy = False
                 self.last_error = str(e)
                 held = [*held, *batch]
+                ks = None
                 retry_at = time.monotonic() + backoff
                 self.log.error(
                     "symbol_capture_failed",
@@ -284,6 +286,11 @@ class SymbolCapture:
                 self.healthy = True
                 self.log.info("symbol_capture_recovered", last_error=self.last_error)
             backoff = RETRY_FIRST
+            if ks is not None:
+                # The raw text (megabytes) must not outlive its batch: drop it
+                # and give the heap it grew back (see kreld.heap).
+                ks = None
+                heap.trim()
             if self._pending.empty() and not held:
                 self.idle.set()
 

@@ -24,7 +24,6 @@ Layout (little-endian; every array starts 8-byte aligned)::
 from __future__ import annotations
 
 import bisect
-import hashlib
 import struct
 import sys
 from array import array
@@ -153,6 +152,8 @@ def pack(
 
 
 def digest(packed: bytes) -> str:
+    import hashlib  # loads OpenSSL: only when a table is stored
+
     return hashlib.sha256(packed).hexdigest()
 
 

@@ -1,0 +1,135 @@
+"""Issue 13 (startup and memory): what kreld leaves out, and what it lets go."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import kreldctl
+from faketree import FakeTree
+from test_startup import HEAVY, imported_by, run_cli
+
+from kreld import uuids
+from kreld.config import load_config
+from kreld.errors import ConfigError
+from kreld.kallsyms import KallsymsText
+from kreld.kernel import Root
+from kreld.snapshot import take_snapshot
+from kreld.store import Store
+from kreld.symbols import SymbolCapture
+
+COMMENTS = "# kreld's configuration: every key at its default.\n\n  #[log]\n\t# level = 'info'\n"
+
+
+def test_uuids_read_and_print_what_the_uuid_module_does() -> None:
+    for text in [
+        "{12345678-1234-5678-1234-567812345678}",
+        "12345678123456781234567812345678",
+        "urn:uuid:12345678-1234-5678-1234-567812345678",
+        "ABCDEF00-1234-5678-1234-567812345678",
+    ]:
+        assert uuids.canonical(text) == str(uuid.UUID(text))
+        assert uuids.to_bytes(text) == uuid.UUID(text).bytes
+    for _ in range(200):
+        u = uuid.uuid4()
+        assert uuids.to_text(u.bytes) == str(u)
+    for bad in ["", "x" * 32, "1234", "12345678-1234-5678-1234-5678123456789", " " + "a" * 31]:
+        with pytest.raises(ValueError):
+            uuids.to_bytes(bad)
+
+
+def test_a_config_of_only_comments_is_the_defaults_and_a_setting_after_them_counts(
+    tmp_path: Path,
+) -> None:
+    cfg = tmp_path / "kreld.toml"
+    cfg.write_text(COMMENTS)
+    assert load_config(str(cfg)).log_level == load_config(None).log_level
+    cfg.write_text(COMMENTS + "[log]\nlevel = 'debug'\n")
+    assert load_config(str(cfg)).log_level == "debug"
+    cfg.write_bytes(b"# \xff\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(str(cfg))
+
+
+def test_kreldctl_show_with_a_commented_config_loads_no_toml_hash_uuid_or_logging(
+    tree: FakeTree, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "kreld.toml"
+    cfg.write_text(COMMENTS)
+    common = ["--config", str(cfg), "--root", str(tree.root), "--state-dir", str(tmp_path / "s")]
+    kreldctl("snapshot", *common)
+    mods = imported_by(run_cli(["show", "--json", *common]))
+    assert {"kreld.store", "lmdb"} <= mods  # it did read the store
+    assert mods & {"tomllib", "uuid", "hashlib", "_hashlib", "ssl"} == set()
+    assert {m.split(".")[0] for m in mods} & HEAVY == set()
+
+
+def test_the_symbol_worker_lets_go_of_the_raw_kallsyms_once_captured(
+    tree: FakeTree, tmp_path: Path
+) -> None:
+    root = Root(tree.root)
+    snap, _ = take_snapshot(root, [], None)
+    stop = threading.Event()
+    with Store(str(tmp_path / "state")) as store:
+        stored, _, _ = store.record_boot(snap)
+        capture = SymbolCapture(store, root, stored, None)
+        capture.start(stop, [], KallsymsText.read(root))
+        try:
+            assert capture.idle.wait(30)
+            assert store.boot_symbols(stored.boot_id) is not None  # it did capture
+            gc.collect()
+            assert [o for o in gc.get_objects() if isinstance(o, KallsymsText)] == []
+        finally:
+            stop.set()
+    assert json.dumps(stored.to_json())  # the boot stays usable
+
+
+def test_importing_the_daemon_loads_no_fleet_publishing() -> None:
+    """kreld.publish (zstandard, the S3 client) only when ``[publish]`` is set."""
+    mods = imported_by("import kreld.daemon")
+    assert "kreld.daemon" in mods
+    assert mods & {"kreld.publish", "kreld.fleet", "kreld.pubstate", "kreld.s3"} == set()
+    assert mods & {"zstandard", "configparser", "obstore"} == set()
+
+
+HEAP_PROBE = """
+import sys
+from kreld import heap
+if sys.argv[1] == "tune":
+    assert heap.tune()
+def anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+big = bytearray(4 << 20)  # freed, a mapped block: glibc would raise its threshold
+del big
+before = anon()
+held, pins = [], []
+for _ in range(100):  # 30 MiB of 300 KiB buffers, each with a small block that outlives it
+    held.append(b"\\1" * (300 << 10))
+    pins.append(b"\\2" * (100 << 10))
+del held
+print(anon() - before)
+"""
+
+
+def test_the_daemons_heap_tuning_gives_freed_large_buffers_back() -> None:
+    """With glibc's threshold fixed (kreld.heap.tune, at the daemon's start),
+    freed 300 KiB buffers between blocks still in use leave the process;
+    without, glibc keeps them: less than half as much stays resident."""
+
+    def kept(mode: str) -> int:
+        cp = subprocess.run(
+            [sys.executable, "-c", HEAP_PROBE, mode], capture_output=True, text=True, check=True
+        )
+        return int(cp.stdout)
+
+    tuned, default = kept("tune"), kept("default")
+    assert default > 30 << 20  # the 30 MiB freed stayed: what the tuning is for
+    assert tuned < default / 2
