@@ -98,6 +98,11 @@ def _parse_time(m: re.Match[str]) -> int:
     return int(m.group(1)) * 1_000_000_000 + int(m.group(2).ljust(9, "0"))
 
 
+# How long before a load's recorded time a sample may still be in its init
+# (brd allocating its ram disks under emulation takes a good part of a second).
+INIT_WINDOW_NS = 10_000_000_000
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     symbol: str  # "func+0x1f", or "[unknown]" when no symbol covers it
@@ -108,9 +113,10 @@ class Symbolizer:
     """Names addresses of one boot at sample times, from its recorded loads.
 
     With an exact sample clock the load live at the sample's time holds the
-    address; otherwise (perf's ``local_clock()``) the loads the recording saw
-    come first, then the load whose lifetime lies nearest the sample's time
-    read as monotonic.
+    address (or, where none was, the load recorded there next, whose init was
+    running: see :meth:`_initializing`); otherwise (perf's ``local_clock()``)
+    the loads the recording saw come first, then the load whose lifetime lies
+    nearest the sample's time read as monotonic.
     """
 
     def __init__(self, match: BootMatch, tables: SymbolTables, kernel_key: str | None) -> None:
@@ -157,8 +163,22 @@ class Symbolizer:
         if t is None:
             return holders[0] if len(holders) == 1 else None
         if self.clock.exact:
-            return next((r for r in holders if self._live(r, t)), None)
+            live = next((r for r in holders if self._live(r, t)), None)
+            return live if live is not None else self._initializing(holders, t)
         return min(holders, key=lambda r: self._rank(r, t))
+
+    def _initializing(self, holders: list[Region], t: int) -> Region | None:
+        """A sample in module memory that no recorded load held at *t*: the module
+        was still running its init, which comes before the ``add`` uevent (on
+        current kernels) and so before the time kreld records the load at.  The
+        load recorded next at that address, if it came within INIT_WINDOW_NS."""
+        clock = self.clock.clock
+        later = [
+            (r.inc.loaded.on(clock), r)
+            for r in holders
+            if r.inc is not None and 0 < r.inc.loaded.on(clock) - t <= INIT_WINDOW_NS
+        ]
+        return min(later, key=lambda x: x[0])[1] if later else None
 
     def frame(self, address: int, t: int | None) -> Frame | None:
         r = self.region(address, t)

@@ -192,25 +192,28 @@ def script(*samples: tuple[int, int]) -> str:
 
 
 def test_symbolize_for_names_each_sample_by_the_load_live_at_its_time(world: World) -> None:
-    """-k monotonic: BASE_C+0x1c4 is late_ioctl+0x4 while late was loaded,
-    late2_ioctl+0x4 once late2 took its place, and nothing before either was
-    loaded; every other line is unchanged."""
+    """-k monotonic: BASE_C+0x1c4 is late_ioctl+0x4 while late was loaded and
+    50 ms before kreld saw it load (its init runs before the uevent),
+    late2_ioctl+0x4 once late2 took its place, and nothing a minute before
+    either was loaded; every other line is unchanged."""
     t = world.times
     clock = (1, time.time_ns(), t["start"])
     data = world.perf("late.data", SLIDES[1], [("brd", BASE_B), ("mx", BASE_A)], clock=clock)
     ip = BASE_C + 0x1C4
-    text = script((t["late"], ip), (t["late2"], ip), (t["start"], ip))
+    minute = 60 * 10**9
+    text = script((t["late"], ip), (t["late2"], ip), (t["start"], ip), (t["start"] - minute, ip))
     cp = world.ctl("symbolize", "--for", str(data), stdin=text)
     assert cp.returncode == 0, cp.stderr
     assert "approximate" not in cp.stderr
     got, want = cp.stdout.splitlines(), text.splitlines()
     assert len(got) == len(want)
     named = {i: g for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w}
-    assert sorted(named) == [0, 1, 5, 6]
+    assert sorted(named) == [0, 1, 5, 6, 10, 11]
     assert named[0].endswith(f"{ip:x} late_ioctl+0x4 ([late])")
     assert named[1] == f"\t{ip:16x} late_ioctl+0x4 ([late])"
     assert named[6] == f"\t{ip:16x} late2_ioctl+0x4 ([late2])"
-    assert "named 4 of 6 unknown kernel frames" in cp.stderr
+    assert named[11] == f"\t{ip:16x} late_ioctl+0x4 ([late])"  # in late's init
+    assert "named 6 of 8 unknown kernel frames" in cp.stderr
 
 
 def test_symbolize_for_without_a_kreld_clock_says_times_are_approximate(world: World) -> None:
