@@ -12,8 +12,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from kreld import perfctl
-from kreld.client import Client, ConnectError, error_from_reply, resolutions
+from kreld import methods, perfctl
+from kreld.client import Client, ConnectError, resolutions
 from kreld.config import Config
 from kreld.consts import KALLSYMS
 from kreld.errors import ExitCode, InvalidArgument, KreldError
@@ -22,10 +22,10 @@ from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr, parse_addr
 from kreld.options import add_common, resolve_config
 from kreld.perfdata import PerfHeader, read_perf_header
 from kreld.queries import loaded_at
+from kreld.requests import MAX_RESOLVE_ADDRESSES
 from kreld.s3 import leave
-from kreld.service import MAX_RESOLVE_ADDRESSES, Service
+from kreld.service import Service
 from kreld.store import Store
-from kreld.varlink import VarlinkError
 
 if TYPE_CHECKING:
     from kreld.bootsource import BootSource
@@ -274,10 +274,7 @@ class LocalBackend:
                     capture = SymbolCapture(store, self.root, stored, None)
                     capture.capture_kernel(parse_kallsyms(self.root.read_bytes(KALLSYMS)))
             return {"boot": stored.to_json(), "new": added, "updated": changed}
-        try:
-            return self.service().handle(method, params)
-        except VarlinkError as e:
-            raise error_from_reply(e.name, e.parameters) from e
+        return methods.call(self.service(), method, params)
 
     def stream(self, method: str, **params: Any) -> Iterator[dict[str, Any]]:
         raise ConnectError(f"{self.cfg.socket}: {method} needs a running kreld")

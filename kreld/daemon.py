@@ -27,7 +27,7 @@ from systemd import daemon as sd
 
 from kreld import __version__
 from kreld import log as klog
-from kreld.config import Config
+from kreld.config import RESTART_KEYS, Config
 from kreld.errors import ExitCode, KreldError
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp, hexaddr
@@ -58,7 +58,6 @@ exit status:
 """
 
 # Keys that take effect only when kreld starts again.
-RESTART_KEYS = ("state_dir", "socket", "root", "watch", "uevents", "socket_group", "debuginfo_dirs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -279,6 +278,13 @@ class Daemon:
             "publish": None if self.publisher is None else self.publisher.health(),
         }
 
+    def served_status(self) -> dict[str, Any]:
+        """Status as the socket answers it: with the server's connections."""
+        st = self.status()
+        if self.server is not None:
+            st |= self.server.counts()
+        return st
+
     def healthy(self) -> bool:
         return self.tracker_thread is not None and self.tracker_thread.is_alive()
 
@@ -312,7 +318,7 @@ class Daemon:
             current_id=lambda: self.current_boot().boot_id,
             loaded=self.tracker.loaded,
             snapshot=self.record_boot,
-            status=self.status,
+            status=self.served_status,
         )
         self.server = Server(
             service, policy_of(self.cfg, self.log), limits_of(self.cfg, self.log), self.log

@@ -19,13 +19,10 @@ from typing import Any
 
 import structlog
 
-LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
-FORMATS = ("auto", "console", "json", "journal")
+from kreld import consts
+
+LEVELS = {name: logging.getLevelNamesMapping()[name.upper()] for name in consts.LOG_LEVELS}
+FORMATS = consts.LOG_FORMATS
 
 # syslog priorities (sd-daemon.h / syslog.h)
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "warn": 4, "error": 3, "critical": 2}

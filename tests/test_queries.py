@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.queries import AddressMap
+from kreld.requests import Resolve, parse
 from kreld.service import Service
 from kreld.store import Store
 
@@ -144,7 +145,7 @@ def test_resolve_on_a_recorded_boot_reuses_its_map_until_an_event(tmp_path: Path
 
         def resolve(at: int) -> str | None:
             params = {"addresses": ["0xffffffffc0000010"], "boot_id": old.boot_id, "at": at}
-            reply = json.loads(svc.resolve_results(params))
+            reply = json.loads(svc.resolve(parse(Resolve, params)))  # type: ignore[arg-type]
             (r,) = reply["region"]
             return None if r < 0 else str(reply["regions"][r]["image"])
 
