@@ -492,7 +492,7 @@ def figure_boot_bytes(quick: bool, tmp: Path) -> list[Result]:
     t0 = time.monotonic()
     d1 = Kreld(args, work / "run1.log")
     try:
-        d1.wait_for(
+        d1.wait_until(
             lambda ev: (
                 count_events(ev, "kernel_symbols") >= 1
                 and count_events(ev, "module_symbols") >= N_MODULES
@@ -521,7 +521,7 @@ def figure_boot_bytes(quick: bool, tmp: Path) -> list[Result]:
     t0 = time.monotonic()
     d2 = Kreld(args, work / "run2.log")
     try:
-        d2.wait_for(
+        d2.wait_until(
             lambda ev: (
                 count_events(ev, "kernel_symbols") >= 1
                 and any(

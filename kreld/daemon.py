@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from systemd import daemon as sd
 
@@ -38,10 +38,13 @@ from kreld.s3 import leave
 from kreld.server import ACCEPT_HEADROOM, Limits, Policy, Server, bind_socket, group_id
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
-from kreld.sources import UeventSource, WatchSource
+from kreld.sources import EventSource, UeventSource, WatchSource
 from kreld.store import Store
 from kreld.symbols import SymbolCapture
 from kreld.tracker import ModuleTracker
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 EPILOG = """\
 signals:
@@ -82,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def log_boot(log: Any, snap: BootSnapshot, added: bool, changed: bool, notes: list[str]) -> None:
+def log_boot(
+    log: FilteringBoundLogger, snap: BootSnapshot, added: bool, changed: bool, notes: list[str]
+) -> None:
     """One event per fact."""
     log.info("boot", boot_id=snap.boot_id, new=added, updated=changed)
     log.info("kernel_release", release=snap.release, version=snap.version)
@@ -106,7 +111,7 @@ def log_boot(log: Any, snap: BootSnapshot, added: bool, changed: bool, notes: li
         log.warning("kernel_read_fault", fault=fault)
 
 
-def policy_of(cfg: Config, log: Any) -> Policy:
+def policy_of(cfg: Config, log: FilteringBoundLogger) -> Policy:
     gids = set()
     for name in cfg.allowed_groups:
         gid = group_id(name)
@@ -131,7 +136,7 @@ def raise_fd_limit() -> int:
     return soft
 
 
-def limits_of(cfg: Config, log: Any | None = None) -> Limits:
+def limits_of(cfg: Config, log: FilteringBoundLogger | None = None) -> Limits:
     """The server's limits; connections capped so clients can never take the
     descriptors module tracking needs (EMFILE there would blind it)."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -145,7 +150,7 @@ def limits_of(cfg: Config, log: Any | None = None) -> Limits:
 
 
 class Daemon:
-    def __init__(self, cfg: Config, args: argparse.Namespace, log: Any) -> None:
+    def __init__(self, cfg: Config, args: argparse.Namespace, log: FilteringBoundLogger) -> None:
         self.cfg = cfg
         self.args = args
         self.log = log
@@ -153,7 +158,7 @@ class Daemon:
         self.stop_threads = threading.Event()
         self.root = Root(Path(cfg.root))
         self.store = Store(cfg.state_dir)
-        self.sources: list[Any] = []
+        self.sources: list[EventSource] = []
         self.symbols: SymbolCapture | None = None
         self.tracker: ModuleTracker | None = None
         self.tracker_thread: threading.Thread | None = None

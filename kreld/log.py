@@ -18,6 +18,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import structlog
+from structlog.typing import FilteringBoundLogger
 
 from kreld import consts
 
@@ -118,5 +119,6 @@ def configure(level: str = "info", fmt: str = "auto") -> str:
     return chosen
 
 
-def get() -> Any:
-    return structlog.get_logger("kreld")
+def get() -> FilteringBoundLogger:
+    logger: FilteringBoundLogger = structlog.get_logger("kreld")
+    return logger

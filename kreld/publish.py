@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kreld import consts, fleet
 from kreld.config import Config
@@ -40,6 +40,9 @@ from kreld.pubstate import PubState, table_bytes
 from kreld.s3 import Bucket, open_bucket, require_fleet
 from kreld.store import Store
 from kreld.symtab import module_symbol_key
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 # The longest wait between failed rounds, in publishing intervals (and at most 5 min).
 BACKOFF_INTERVALS = 30
@@ -184,7 +187,7 @@ class Publisher:
         root: Root,
         target: Target | None,
         current_id: Callable[[], str],
-        log: Any,
+        log: FilteringBoundLogger,
         opener: Callable[[str, str], Bucket] = open_bucket,
     ) -> None:
         self.store = store
@@ -359,7 +362,7 @@ def configure(
     store: Store,
     root: Root,
     current_id: Callable[[], str],
-    log: Any,
+    log: FilteringBoundLogger,
     stop: threading.Event,
 ) -> Publisher | None:
     """Start publishing when *cfg* asks for it, or point a running publisher at the

@@ -130,11 +130,6 @@ class AddressMap:
         self.kernel_table = kernel_table
         self.kernel_build_id = boot.build_id
 
-    def region_of(self, address: int) -> Region | None:
-        """The region holding *address*, if one does."""
-        i = self._region_index(address)
-        return None if i < 0 else self.regions[i]
-
     def table_keys(self) -> set[str]:
         return {r.table for r in self.regions if r.table is not None}
 

@@ -20,13 +20,13 @@ import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kreld import consts
 from kreld.errors import KreldError, SocketError
 from kreld.interface import SERVICE_DESCRIPTION as SERVICE_DESCRIPTION
 from kreld.methods import METHODS, answer, lookup
-from kreld.model import Incarnation
+from kreld.model import Incarnation, ModuleEvent
 from kreld.requests import Subscribe, parse
 from kreld.service import Service
 from kreld.varlink import (
@@ -39,6 +39,9 @@ from kreld.varlink import (
     reply,
     reply_encoded,
 )
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 # Pending connections the kernel queues for us (capped by net.core.somaxconn).
 LISTEN_BACKLOG = 1024
@@ -120,7 +123,9 @@ class _Conn:
 class Server:
     """Accepts connections on a listening socket and speaks varlink."""
 
-    def __init__(self, service: Service, policy: Policy, limits: Limits, log: Any) -> None:
+    def __init__(
+        self, service: Service, policy: Policy, limits: Limits, log: FilteringBoundLogger
+    ) -> None:
         self.service = service
         self.policy = policy
         self.limits = limits
@@ -179,12 +184,12 @@ class Server:
 
     # -- module events from the tracker thread ------------------------------------
 
-    def publish(self, kind: str, inc: Incarnation) -> None:
+    def publish(self, kind: ModuleEvent, inc: Incarnation) -> None:
         """Thread-safe: hand an event to the loop."""
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._broadcast, kind, inc)
 
-    def _broadcast(self, kind: str, inc: Incarnation) -> None:
+    def _broadcast(self, kind: ModuleEvent, inc: Incarnation) -> None:
         self.service.invalidate()
         if not self.subscribers:
             return
@@ -395,7 +400,7 @@ def socket_answers(path: str) -> bool:
         s.close()
 
 
-def bind_socket(path: str, group: str, log: Any) -> socket.socket:
+def bind_socket(path: str, group: str, log: FilteringBoundLogger) -> socket.socket:
     """Bind a listening socket at *path*, mode 0660, group *group*.
 
     Refuses to take a path a live kreld answers on, and anything at the path

@@ -24,7 +24,6 @@ Layout (little-endian; every array starts 8-byte aligned)::
 from __future__ import annotations
 
 import bisect
-import hashlib
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -111,10 +110,6 @@ def pack(
     out += bytes(e[2] for e in entries)
     out += names
     return bytes(out)
-
-
-def digest(packed: bytes) -> str:
-    return hashlib.sha256(packed).hexdigest()
 
 
 class SymbolTables(Protocol):

@@ -78,8 +78,10 @@ def incarnation(
 
 
 def where(amap: AddressMap, addr: int) -> tuple[str, str] | None:
-    r = amap.region_of(addr)
-    return None if r is None else (r.image, r.section)
+    """The image and section Resolve places *addr* in."""
+    reply = json.loads(amap.resolve([addr]).to_json())
+    (r,) = reply["region"]
+    return None if r < 0 else (reply["regions"][r]["image"], reply["regions"][r]["section"])
 
 
 def test_freed_init_layout_of_one_module_does_not_capture_anothers_core() -> None:
