@@ -60,6 +60,7 @@ from elftools.elf.elffile import ELFFile
 
 from kreld import methods
 from kreld.client import Client
+from kreld.kallsyms import KallsymsText
 from kreld.kernel import Root
 from kreld.requests import Resolve, parse
 from kreld.service import Service
@@ -227,7 +228,7 @@ def figures_live(quick: bool, tmp: Path) -> list[Result]:
     store = Store(state)
     snap, _notes = take_snapshot(root)
     stored, _, _ = store.record_boot(snap)
-    SymbolCapture(store, root, stored, None).capture_kernel(parse_kallsyms(data))
+    SymbolCapture(store, root, stored, None).capture_kernel(KallsymsText.of(data))
     rec = store.boot_symbols(stored.boot_id)
     if rec is None:
         raise RuntimeError("kreld did not cache the kernel table for this boot")

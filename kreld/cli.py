@@ -1,4 +1,10 @@
-"""``kreldctl``: snapshot, inspect and query what kreld recorded."""
+"""``kreldctl``: snapshot, inspect and query what kreld recorded.
+
+A command imports what it uses, when it uses it: the store (lmdb) only when
+it reads the store, the client only when it talks to the daemon, the
+snapshot's readers only for ``snapshot``.  ``kreldctl --help`` loads none of
+them (tests/test_cli.py checks which modules each loads).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from kreld import methods, perfctl
-from kreld.client import Client, ConnectError, resolutions
 from kreld.config import Config
-from kreld.consts import KALLSYMS
 from kreld.ctl_args import addresses_in, build_parser, parse_time
 from kreld.ctl_render import (
     fmt_realtime,
@@ -29,16 +32,13 @@ from kreld.errors import ExitCode, InvalidArgument, KreldError
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Clock, Incarnation, parse_addr
 from kreld.options import resolve_config
-from kreld.perfdata import PerfHeader, read_perf_header
-from kreld.queries import loaded_at
-from kreld.requests import MAX_RESOLVE_ADDRESSES
-from kreld.s3 import leave
-from kreld.service import Service
-from kreld.store import Store
 
 if TYPE_CHECKING:
     from kreld.bootsource import BootSource
     from kreld.bucket import BucketBackend
+    from kreld.client import Client
+    from kreld.perfdata import PerfHeader
+    from kreld.service import Service
 
 
 class LocalBackend:
@@ -60,6 +60,10 @@ class LocalBackend:
 
     def service(self) -> Service:
         if self._service is None:
+            from kreld.queries import loaded_at
+            from kreld.service import Service
+            from kreld.store import Store
+
             store = Store(self.cfg.state_dir, readonly=True)
 
             def current() -> BootSnapshot:
@@ -89,19 +93,30 @@ class LocalBackend:
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         if method == "Snapshot":
-            from kreld.snapshot import take_snapshot  # pyelftools: only when scanning
-            from kreld.symbols import SymbolCapture, parse_kallsyms
+            from kreld.kallsyms import KallsymsText  # only when scanning
+            from kreld.snapshot import take_snapshot
+            from kreld.store import Store
+            from kreld.symbols import SymbolCapture
 
-            snap, _notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
+            try:  # one read, for the snapshot and the kernel's table
+                ks: KallsymsText | None = KallsymsText.read(self.root)
+            except KreldError:
+                ks = None  # the snapshot reads it again and says why
+            snap, _notes = take_snapshot(
+                self.root, self.cfg.debuginfo_dirs, ks.data if ks else None
+            )
             with Store(self.cfg.state_dir) as store:
                 stored, added, changed = store.record_boot(snap)
-                if not stored.restricted and store.boot_symbols(stored.boot_id) is None:
-                    capture = SymbolCapture(store, self.root, stored, None)
-                    capture.capture_kernel(parse_kallsyms(self.root.read_bytes(KALLSYMS)))
+                if ks and not stored.restricted and store.boot_symbols(stored.boot_id) is None:
+                    SymbolCapture(store, self.root, stored, None).capture_kernel(ks)
             return {"boot": stored.to_json(), "new": added, "updated": changed}
+        from kreld import methods
+
         return methods.call(self.service(), method, params)
 
     def stream(self, method: str, **params: Any) -> Iterator[dict[str, Any]]:
+        from kreld.client import ConnectError
+
         raise ConnectError(f"{self.cfg.socket}: {method} needs a running kreld")
 
 
@@ -127,6 +142,8 @@ class Ctl:
             if self.args.state_dir is not None and self.args.socket is None:
                 self._backend = LocalBackend(self.cfg)
             else:
+                from kreld.client import Client, ConnectError
+
                 try:
                     self._backend = Client(self.cfg.socket, timeout=60)
                 except ConnectError:
@@ -236,6 +253,8 @@ class Ctl:
             addrs = [hex(parse_addr(a)) for a in self.args.addresses]
         except ValueError as e:
             raise InvalidArgument("ADDR", str(e)) from e
+        from kreld.client import resolutions
+
         results = resolutions(addrs, self.call("Resolve", addresses=addrs, **self._at()))
         if self.args.json:
             self.emit_json(results)
@@ -246,12 +265,17 @@ class Ctl:
     def symbolize(self) -> int:
         if self.args.for_perf:
             header = self.perf_header()  # a bad file is told first
+            from kreld import perfctl
+
             return perfctl.symbolize_for(self.perf_store(), header, sys.stdin, self.out, self.err)
         addrs: list[str] = []
         for line in sys.stdin:
             addrs.extend(addresses_in(line))
         at = self._at()
         results: list[dict[str, Any]] = []
+        from kreld.client import resolutions
+        from kreld.requests import MAX_RESOLVE_ADDRESSES
+
         step = MAX_RESOLVE_ADDRESSES
         for i in range(0, len(addrs), step):
             batch = addrs[i : i + step]
@@ -269,6 +293,8 @@ class Ctl:
             raise InvalidArgument(
                 "--for", "the recording names its boot and times: no --boot, --at"
             )
+        from kreld.perfdata import read_perf_header
+
         return read_perf_header(self.args.for_perf)
 
     def perf_store(self) -> BootSource:
@@ -276,11 +302,15 @@ class Ctl:
         symbol tables."""
         if self.args.source:
             return cast("BucketBackend", self.backend()).store
+        from kreld.store import Store
+
         return Store(self.cfg.state_dir, readonly=True)
 
     def export(self) -> int:
         if self.args.for_perf:
             header = self.perf_header()  # a bad file is told first
+            from kreld import perfctl
+
             res = {"kallsyms": perfctl.export_for(self.perf_store(), header, self.err)}
         else:
             res = self.call("ExportKallsyms", **self._at())
@@ -306,6 +336,8 @@ class Ctl:
             current: str | None = read_boot_id(Root(Path(self.cfg.root)))
         except KreldError:
             current = None
+        from kreld.store import Store
+
         with Store(self.cfg.state_dir) as store:
             before = store.size_bytes()
             removed = store.gc(keep_boots, keep_days, current, time.time_ns())
@@ -322,7 +354,7 @@ class Ctl:
 
     def status(self) -> int:
         st = self.call("Status")
-        st.setdefault("daemon", isinstance(self.backend(), Client))
+        st.setdefault("daemon", not isinstance(self.backend(), LocalBackend))
         if self.args.json:
             self.emit_json(st)
             return 0
@@ -331,8 +363,8 @@ class Ctl:
 
     def watch(self) -> int:
         backend = self.backend()
-        if isinstance(backend, Client):
-            backend.sock.settimeout(None)  # events may be hours apart
+        if not isinstance(backend, LocalBackend) and not self.args.source:
+            cast("Client", backend).sock.settimeout(None)  # events may be hours apart
         for msg in backend.stream("Subscribe"):
             if self.args.json:
                 self.out.write(json.dumps(msg) + "\n")
@@ -347,6 +379,15 @@ class Ctl:
                 )
             self.out.flush()
         return 0
+
+
+def leave(rc: int) -> int:
+    """*rc*, or an exit at once where obstore was used (see :func:`kreld.s3.leave`)."""
+    if "kreld.s3" not in sys.modules:
+        return rc
+    from kreld.s3 import leave as leave_s3
+
+    return leave_s3(rc)
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -4,7 +4,6 @@ addresses."""
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import re
 from collections.abc import Callable
 
@@ -109,6 +108,8 @@ def add_from(p: argparse.ArgumentParser, suppress: bool = False) -> None:
 
 def parse_time(text: str, clock: Clock) -> int:
     """``--at`` as nanoseconds on *clock*."""
+    import datetime as dt
+
     s = text.strip()
     try:
         if s.endswith("s"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -16,6 +15,8 @@ def symbol_of(r: dict[str, Any]) -> str:
 
 
 def fmt_realtime(ns: int) -> str:
+    import datetime as dt
+
     return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 

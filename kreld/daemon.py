@@ -28,7 +28,8 @@ from systemd import daemon as sd
 from kreld import __version__
 from kreld import log as klog
 from kreld.config import RESTART_KEYS, Config
-from kreld.errors import ExitCode, KreldError
+from kreld.errors import ExitCode, KernelReadError, KreldError
+from kreld.kallsyms import KallsymsText
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp, hexaddr
 from kreld.options import add_common, resolve_config
@@ -38,7 +39,7 @@ from kreld.s3 import leave
 from kreld.server import ACCEPT_HEADROOM, Limits, Policy, Server, bind_socket, group_id
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
-from kreld.sources import EventSource, UeventSource, WatchSource
+from kreld.sources import EventSource, UeventSource, WatchSource, health
 from kreld.store import Store
 from kreld.symbols import SymbolCapture
 from kreld.tracker import ModuleTracker
@@ -171,10 +172,11 @@ class Daemon:
 
     # -- startup ----------------------------------------------------------------
 
-    def record_boot(self) -> tuple[BootSnapshot, bool, bool]:
-        """Snapshot the kernel and record what is new (also the Snapshot method)."""
+    def record_boot(self, kallsyms: bytes | None = None) -> tuple[BootSnapshot, bool, bool]:
+        """Snapshot the kernel and record what is new (also the Snapshot method);
+        *kallsyms*: a read of it already made."""
         with self._snapshot_lock:
-            snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
+            snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs, kallsyms)
             stored, added, changed = self.store.record_boot(snap)
             self.boot = stored
             # What kreld can read now; the boot's record keeps what it learnt
@@ -189,7 +191,12 @@ class Daemon:
         return self.boot
 
     def start_tracking(self) -> None:
-        stored, _, _ = self.record_boot()
+        # One read of kallsyms per start: the snapshot and the symbol capture share it.
+        try:
+            ks: KallsymsText | None = KallsymsText.read(self.root)
+        except KernelReadError:
+            ks = None  # the snapshot reads it again and records why
+        stored, _, _ = self.record_boot(ks.data if ks else None)
         tracker = ModuleTracker(
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
@@ -212,10 +219,11 @@ class Daemon:
             s.start(self.stop_threads)
         tracker.startup()
         self.symbols = SymbolCapture(
-            self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs
+            self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs, tracker.busy
         )
         tracker.listeners.append(self.symbols.on_event)
-        self.symbols.start(self.stop_threads, tracker.loaded())
+        self.symbols.start(self.stop_threads, tracker.loaded(), ks)
+        del ks
         self.tracker_thread = threading.Thread(
             target=tracker.run, args=(self.stop_threads,), name="tracker", daemon=True
         )
@@ -262,16 +270,7 @@ class Daemon:
             "store_bytes": self.store.size_bytes(),
             "restricted": self.reading[0],
             "restricted_reason": self.reading[1],
-            "sources": [
-                {
-                    "name": s.name,
-                    "healthy": s.healthy,
-                    "events": s.events,
-                    "last_error": s.last_error,
-                }
-                for s in [*self.sources, self.symbols]
-                if s is not None
-            ]
+            "sources": [health(s) for s in [*self.sources, self.symbols] if s is not None]
             + [
                 {
                     "name": "tracker",
@@ -292,14 +291,6 @@ class Daemon:
 
     def healthy(self) -> bool:
         return self.tracker_thread is not None and self.tracker_thread.is_alive()
-
-    def status_line(self) -> str:
-        st = self.status()
-        return (
-            f"boot {st['boot_id'][:8]}: {st['loaded_modules']} modules loaded, "
-            f"{st['incarnations']} incarnations in {st['boots']} boots"
-            + (", addresses restricted" if st["restricted"] else "")
-        )
 
     # -- the main loop -------------------------------------------------------------
 
@@ -330,7 +321,7 @@ class Daemon:
         )
         await self.server.start(self.listening_socket())
         self.tracker.listeners.append(self.server.publish)
-        sd.notify(f"READY=1\nSTATUS={self.status_line()}")
+        sd.notify(f"READY=1\nSTATUS={status_line(self.status())}")
         self.log.info(
             "ready", state_dir=self.cfg.state_dir, root=self.cfg.root, socket=self.cfg.socket
         )
@@ -384,7 +375,7 @@ class Daemon:
         last = ""
         while True:
             await asyncio.sleep(10)
-            line = self.status_line()
+            line = status_line(self.status())
             if line != last:
                 sd.notify(f"STATUS={line}")
                 last = line
@@ -449,6 +440,15 @@ class Daemon:
             except OSError:
                 pass
         self.store.close()
+
+
+def status_line(st: dict[str, Any]) -> str:
+    """The line systemctl status shows, from a Status answer."""
+    return (
+        f"boot {st['boot_id'][:8]}: {st['loaded_modules']} modules loaded, "
+        f"{st['incarnations']} incarnations in {st['boots']} boots"
+        + (", addresses restricted" if st["restricted"] else "")
+    )
 
 
 def _watchdog_usec() -> int:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
-INTERFACE_DESCRIPTION = resources.files("kreld").joinpath("io.kreld.varlink").read_text()
+INTERFACE_DESCRIPTION = Path(__file__).with_name("io.kreld.varlink").read_text()
 SERVICE_DESCRIPTION = """\
 # The varlink service interface
 interface org.varlink.service

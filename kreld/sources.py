@@ -22,8 +22,6 @@ from watchdog.events import (
     FileSystemEvent,
     FileSystemEventHandler,
 )
-from watchdog.observers.inotify import InotifyObserver
-from watchdog.observers.polling import PollingObserver
 
 from kreld.model import HintAction, SeenBy
 
@@ -37,8 +35,8 @@ class Notify(Protocol):
     def __call__(self, source: SeenBy, action: HintAction, name: str | None = None) -> None: ...
 
 
-class EventSource(Protocol):
-    """What the daemon starts, stops and reports on (Status ``sources``)."""
+class Health(Protocol):
+    """What Status says of a source of events (its ``sources`` member)."""
 
     name: str
     healthy: bool
@@ -46,6 +44,14 @@ class EventSource(Protocol):
 
     @property
     def events(self) -> int: ...
+
+
+def health(s: Health) -> dict[str, Any]:
+    return {"name": s.name, "healthy": s.healthy, "events": s.events, "last_error": s.last_error}
+
+
+class EventSource(Health, Protocol):
+    """What the daemon starts, stops and reports on."""
 
     def start(self, stop: threading.Event) -> None: ...
 
@@ -204,9 +210,15 @@ class WatchSource:
         self.method = method
         self.name = f"watch-{method}"
         self.seen_by = SeenBy.POLL if method == "poll" else SeenBy.INOTIFY
-        self.observer: Any = (
-            PollingObserver(timeout=interval) if method == "poll" else InotifyObserver()
-        )
+        self.observer: Any
+        if method == "poll":  # each observer's module only when it is the one used
+            from watchdog.observers.polling import PollingObserver
+
+            self.observer = PollingObserver(timeout=interval)
+        else:
+            from watchdog.observers.inotify import InotifyObserver
+
+            self.observer = InotifyObserver()
         self.observer.schedule(_Handler(self), path, recursive=False)
         self.events = 0
         self.healthy = True

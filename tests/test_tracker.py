@@ -358,6 +358,41 @@ def test_burst_of_250_modules_loaded_then_unloaded(env: Env) -> None:
     assert d.stop() == 0
 
 
+def test_bursts_of_short_lived_loads_beside_a_real_sized_kallsyms_all_get_their_sections(
+    ienv: Env,
+) -> None:
+    """20 loads, their 20 unloads 100 ms later, 10 times over, while kallsyms has
+    122,000 lines: every load is recorded with its section bases.  The symbol
+    capture each burst sets off never keeps the tracker from reading sysfs
+    before the modules go (it used to parse all of kallsyms per burst, and a
+    third of such loads came out "gone before it could be read").  (bench/
+    bench_modules.py runs the same with 50 ms, 30 times; 100 ms here leaves
+    room for a test machine's scheduler.)"""
+    env = ienv
+    env.tree.grow_kallsyms(122_000)
+    d = env.start()
+    d.wait_for("kernel_symbols", timeout=60)
+    names: list[str] = []
+    for cycle in range(10):
+        burst = [f"churn{cycle:02d}_{i:02d}" for i in range(20)]
+        for i, n in enumerate(burst):
+            env.load(n, BASE_A + (cycle * 20 + i) * 0x10000)
+        time.sleep(0.1)
+        for n in burst:
+            env.unload(n)
+        names += burst
+    wait_until("200 unloads", lambda: len(unloads_of(d.events(), set(names))) >= 200, 60)
+    hist = env.history()
+    check_history(hist)
+    assert sorted(i["name"] for i in hist) == names, "one incarnation per load"
+    lost = [i["name"] for i in hist if ".text" not in i["sections"]]
+    assert lost == [], f"{len(lost)} of 200 loads recorded without section bases"
+    for i in hist:
+        k = names.index(i["name"])
+        assert i["sections"][".text"] == f"{BASE_A + k * 0x10000:#x}"
+    assert d.stop() == 0
+
+
 def test_flapping_module_250_times_loses_nothing(ienv: Env) -> None:
     env = ienv
     d = env.start()
