@@ -63,6 +63,7 @@ class LocalBackend:
             from kreld.queries import loaded_at
             from kreld.service import Service
             from kreld.store import Store
+            from kreld.storelock import damaged_stores
 
             store = Store(self.cfg.state_dir, readonly=True)
 
@@ -80,6 +81,8 @@ class LocalBackend:
                     "loaded_modules": len(loaded()),
                     "store_bytes": store.size_bytes(),
                     **counts,
+                    "damaged_stores": damaged_stores(self.cfg.state_dir),
+                    "damaged_databases": sorted(store.lost),
                 }
 
             self._service = Service(
@@ -105,7 +108,10 @@ class LocalBackend:
             snap, _notes = take_snapshot(
                 self.root, self.cfg.debuginfo_dirs, ks.data if ks else None
             )
-            with Store(self.cfg.state_dir) as store:
+            from kreld.storelock import writer_lock
+
+            # No daemon answered: write as one, under its lock (StoreLocked if one runs).
+            with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
                 stored, added, changed = store.record_boot(snap)
                 if ks and not stored.restricted and store.boot_symbols(stored.boot_id) is None:
                     SymbolCapture(store, self.root, stored, None).capture_kernel(ks)
@@ -337,8 +343,9 @@ class Ctl:
         except KreldError:
             current = None
         from kreld.store import Store
+        from kreld.storelock import writer_lock
 
-        with Store(self.cfg.state_dir) as store:
+        with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
             before = store.size_bytes()
             removed = store.gc(keep_boots, keep_days, current, time.time_ns())
         removed["store_bytes"] = before

@@ -20,6 +20,7 @@ exit status:
   4  permission denied, or kernel addresses restricted
   5  the store is unusable: missing, corrupt, foreign or from a newer kreld
   6  the configuration is invalid
+  7  snapshot without a daemon, or gc: another kreld writes to the store (holds its lock)
 """
 
 

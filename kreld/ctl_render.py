@@ -130,5 +130,8 @@ def render_status(st: dict[str, Any], out: TextIO) -> None:
                     f"{'source':<{width}}  {src['name']}: {state}, {src['events']} events",
                     file=out,
                 )
+        elif isinstance(v, list):  # damaged_stores: one line each, none when empty
+            for item in v:
+                print(f"{k:<{width}}  {item}", file=out)
         else:
             print(f"{k:<{width}}  {v}", file=out)

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import resource
 import signal
 import socket
 import sys
@@ -36,11 +35,11 @@ from kreld.options import add_common, resolve_config
 from kreld.publish import Publisher, check_config
 from kreld.publish import configure as configure_publishing
 from kreld.s3 import leave
-from kreld.server import ACCEPT_HEADROOM, Limits, Policy, Server, bind_socket, group_id
+from kreld.server import Policy, Server, bind_socket, group_id, limits_of, raise_fd_limit
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
 from kreld.sources import EventSource, UeventSource, WatchSource, health
-from kreld.store import Store
+from kreld.storelock import WriterLock, damaged_stores, open_writable
 from kreld.symbols import SymbolCapture
 from kreld.tracker import ModuleTracker
 
@@ -59,9 +58,8 @@ exit status:
   2  the command line is wrong
   5  the store is unusable: corrupt, truncated, foreign or from a newer kreld
   6  the configuration is invalid (the message names the file and key)
+  7  another kreld writes to this store (it holds the store's lock)
 """
-
-# Keys that take effect only when kreld starts again.
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,33 +121,6 @@ def policy_of(cfg: Config, log: FilteringBoundLogger) -> Policy:
     return Policy(frozenset(gids), frozenset(cfg.allowed_uids))
 
 
-# Descriptors kept for the store, the sources, sysfs reads and the log.
-RESERVED_FDS = 64
-
-
-def raise_fd_limit() -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard one; returns the soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    return soft
-
-
-def limits_of(cfg: Config, log: FilteringBoundLogger | None = None) -> Limits:
-    """The server's limits; connections capped so clients can never take the
-    descriptors module tracking needs (EMFILE there would blind it)."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    conns = cfg.max_connections
-    room = soft - RESERVED_FDS - ACCEPT_HEADROOM
-    if soft != resource.RLIM_INFINITY and conns > room:
-        conns = max(1, room)
-        if log is not None:
-            log.warning("max_connections_capped", configured=cfg.max_connections, to=conns)
-    return Limits(cfg.max_message_bytes, conns, cfg.idle_timeout, cfg.subscribe_queue)
-
-
 class Daemon:
     def __init__(self, cfg: Config, args: argparse.Namespace, log: FilteringBoundLogger) -> None:
         self.cfg = cfg
@@ -158,7 +129,12 @@ class Daemon:
         self.started = time.monotonic_ns()
         self.stop_threads = threading.Event()
         self.root = Root(Path(cfg.root))
-        self.store = Store(cfg.state_dir)
+        self.lock = WriterLock(cfg.state_dir)
+        try:
+            self.store = open_writable(Path(cfg.state_dir), log)
+        except BaseException:
+            self.lock.release()
+            raise
         self.sources: list[EventSource] = []
         self.symbols: SymbolCapture | None = None
         self.tracker: ModuleTracker | None = None
@@ -187,7 +163,8 @@ class Daemon:
         return stored, added, changed
 
     def current_boot(self) -> BootSnapshot:
-        assert self.boot is not None
+        if self.boot is None:
+            raise KreldError("the boot is not recorded yet")
         return self.boot
 
     def start_tracking(self) -> None:
@@ -257,37 +234,36 @@ class Daemon:
         return sock
 
     def status(self) -> dict[str, Any]:
-        assert self.boot is not None and self.tracker is not None
+        boot, tracker = self.current_boot(), self.started_tracker()
         counts = self.store.counts()
         return {
             "version": __version__,
             "uptime_ns": time.monotonic_ns() - self.started,
-            "boot_id": self.boot.boot_id,
+            "boot_id": boot.boot_id,
             "boots": counts["boots"],
             "builds": counts["builds"],
             "incarnations": counts["incarnations"],
-            "loaded_modules": len(self.tracker.loaded()),
+            "loaded_modules": len(tracker.loaded()),
             "store_bytes": self.store.size_bytes(),
             "restricted": self.reading[0],
             "restricted_reason": self.reading[1],
+            "damaged_stores": damaged_stores(self.cfg.state_dir),
             "sources": [health(s) for s in [*self.sources, self.symbols] if s is not None]
             + [
                 {
                     "name": "tracker",
                     "healthy": self.healthy(),
-                    "events": self.tracker.reconciliations,
+                    "events": tracker.reconciliations,
                     "last_error": None,
                 }
             ],
             "publish": None if self.publisher is None else self.publisher.health(),
-        }
+        } | ({} if self.server is None else self.server.counts())  # connections, once served
 
-    def served_status(self) -> dict[str, Any]:
-        """Status as the socket answers it: with the server's connections."""
-        st = self.status()
-        if self.server is not None:
-            st |= self.server.counts()
-        return st
+    def started_tracker(self) -> ModuleTracker:
+        if self.tracker is None:
+            raise KreldError("module tracking has not started")
+        return self.tracker
 
     def healthy(self) -> bool:
         return self.tracker_thread is not None and self.tracker_thread.is_alive()
@@ -307,20 +283,20 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
 
         self.start_tracking()
-        assert self.tracker is not None and self.boot is not None
+        tracker = self.started_tracker()
         service = Service(
             self.store,
             current_boot=self.current_boot,
             current_id=lambda: self.current_boot().boot_id,
-            loaded=self.tracker.loaded,
+            loaded=tracker.loaded,
             snapshot=self.record_boot,
-            status=self.served_status,
+            status=self.status,
         )
         self.server = Server(
             service, policy_of(self.cfg, self.log), limits_of(self.cfg, self.log), self.log
         )
         await self.server.start(self.listening_socket())
-        self.tracker.listeners.append(self.server.publish)
+        tracker.listeners.append(self.server.publish)
         sd.notify(f"READY=1\nSTATUS={status_line(self.status())}")
         self.log.info(
             "ready", state_dir=self.cfg.state_dir, root=self.cfg.root, socket=self.cfg.socket
@@ -365,9 +341,8 @@ class Daemon:
             await asyncio.sleep(86400)
 
     def gc(self) -> dict[str, int]:
-        assert self.boot is not None
         return self.store.gc(
-            self.cfg.keep_boots, self.cfg.keep_days, self.boot.boot_id, time.time_ns()
+            self.cfg.keep_boots, self.cfg.keep_days, self.current_boot().boot_id, time.time_ns()
         )
 
     async def _status_updates(self) -> None:
@@ -440,6 +415,7 @@ class Daemon:
             except OSError:
                 pass
         self.store.close()
+        self.lock.release()
 
 
 def status_line(st: dict[str, Any]) -> str:
@@ -448,6 +424,7 @@ def status_line(st: dict[str, Any]) -> str:
         f"boot {st['boot_id'][:8]}: {st['loaded_modules']} modules loaded, "
         f"{st['incarnations']} incarnations in {st['boots']} boots"
         + (", addresses restricted" if st["restricted"] else "")
+        + (", a damaged store was set aside" if st["damaged_stores"] else "")
     )
 
 

@@ -4,9 +4,10 @@ Pure functions over the model and :class:`~kreld.perfdata.PerfHeader`.  The
 boot is the one whose kernel build-id and runtime ``_text`` both equal the
 recording's (KASLR makes ``_text`` nearly unique to a boot); boots that tie
 (KASLR off, or a slide that came up twice) are told apart by how many of the
-recording's module maps they have an incarnation at, then by how close their
-boot instant is to the recording's clock data.  kreld does not record the
-host name, so ``HOSTNAME`` cannot break ties.
+recording's module maps they have an incarnation at, then by whether their
+host's name is the recording's ``HOSTNAME`` (where the source knows each
+boot's host: a fleet bucket holds many hosts, a local store one), then by how
+close their boot instant is to the recording's clock data.
 
 perf takes a module's start from ``/proc/modules``: the base of the module's
 core allocation (``mod->core_layout.base``; since 6.4, commit ac3b43283923,
@@ -155,11 +156,13 @@ def match_boot(
     h: PerfHeader,
     boots: Sequence[BootSnapshot],
     incarnations: Callable[[str], Sequence[Incarnation]],
+    hostname: Callable[[str], str | None] | None = None,
 ) -> BootMatch:
     """The boot *h* was recorded on, and the module loads it saw.
 
-    *incarnations* gives a boot's recorded module loads (asked only of the
-    boots that match on kernel build and ``_text``).  Raises
+    *incarnations* gives a boot's recorded module loads, *hostname* its host's
+    name where the source knows it (both asked only of the boots that match on
+    kernel build and ``_text``).  Raises
     :class:`~kreld.errors.NoBootForRecording` naming the nearest candidates.
     """
     same_build = [b for b in boots if _same_build(h, b)]
@@ -184,7 +187,10 @@ def match_boot(
         incs = tuple(incarnations(b.boot_id))
         mods = choose_modules(h, incs, clock)
         matched = sum(1 for c in mods if c.inc is not None)
-        score = (-matched, _clock_gap(h, b), -b.first_seen.realtime)
+        other_host = h.hostname is not None and (
+            hostname is None or hostname(b.boot_id) != h.hostname
+        )
+        score = (-matched, other_host, _clock_gap(h, b), -b.first_seen.realtime)
         scored.append((score, BootMatch(b, mods, incs, clock)))
     return min(scored, key=lambda s: s[0])[1]
 

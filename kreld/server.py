@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import grp
 import os
+import resource
 import socket
 import stat
 import struct
@@ -43,12 +44,14 @@ from kreld.varlink import (
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+    from kreld.config import Config
+
 # Pending connections the kernel queues for us (capped by net.core.somaxconn).
 LISTEN_BACKLOG = 1024
 # Connections asyncio accepts in one go: each holds a descriptor until its
 # handler has run and its close has gone through (a few loop turns), so
 # the connection cap leaves ACCEPT_HEADROOM descriptors free for them
-# (kreld.daemon.limits_of()).
+# (limits_of()).
 ACCEPT_BATCH = 32
 ACCEPT_HEADROOM = 6 * ACCEPT_BATCH
 
@@ -59,6 +62,33 @@ class Limits:
     max_connections: int = consts.DEFAULT_MAX_CONNECTIONS
     idle_timeout: float = consts.DEFAULT_IDLE_TIMEOUT
     subscribe_queue: int = consts.DEFAULT_SUBSCRIBE_QUEUE
+
+
+# Descriptors kept for the store, the sources, sysfs reads and the log.
+RESERVED_FDS = 64
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one; returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
+def limits_of(cfg: Config, log: FilteringBoundLogger | None = None) -> Limits:
+    """The server's limits; connections capped so clients can never take the
+    descriptors module tracking needs (EMFILE there would blind it)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    conns = cfg.max_connections
+    room = soft - RESERVED_FDS - ACCEPT_HEADROOM
+    if soft != resource.RLIM_INFINITY and conns > room:
+        conns = max(1, room)
+        if log is not None:
+            log.warning("max_connections_capped", configured=cfg.max_connections, to=conns)
+    return Limits(cfg.max_message_bytes, conns, cfg.idle_timeout, cfg.subscribe_queue)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +225,8 @@ class Server:
             return
         event = {"event": kind, "module": inc.to_json()}
         for c in list(self.subscribers):
-            assert c.queue is not None
+            if c.queue is None:  # not a subscriber (cannot happen: set before it is added)
+                continue
             try:
                 c.queue.put_nowait(event)
             except asyncio.QueueFull:

@@ -17,6 +17,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from kreld import consts
@@ -341,6 +342,11 @@ class ModuleTracker:
             transients.append(self._new(gone_state, now, h.source, gone=now))
 
         if not (opened or updated or closed or transients):
+            # Nothing to commit, but hints may have paired (a load the directory
+            # showed before its event came): remember that, or a later load's
+            # hint would pair with the same incarnation and be lost.
+            with self.lock:
+                self._keep_pairs(paired, [])
             self._last_scan = now
             return
         # A load that came and went happened before the load of the same name
@@ -353,11 +359,7 @@ class ModuleTracker:
                     del self._open[name]
             for t, new in refreshed:
                 t.inc = new
-            for t in [*self._open.values(), *closed_tracked]:
-                t.hinted |= paired.get(id(t), set())
-            for deque_ in self._recent.values():
-                for t in deque_:
-                    t.hinted |= paired.get(id(t), set())
+            self._keep_pairs(paired, closed_tracked)
             for i, inc in enumerate(stored):
                 if i < len(transients):
                     self._remember(_Tracked(inc, {inc.seen_by}))
@@ -392,6 +394,13 @@ class ModuleTracker:
             + [(ModuleEvent.UPDATE, i) for i in updated]
             + [(ModuleEvent.UNLOAD, i) for i in closed]
         )
+
+    def _keep_pairs(self, paired: dict[int, set[SeenBy]], closed: list[_Tracked]) -> None:
+        """Record which sources' hints each tracked incarnation has used (lock held)."""
+        if not paired:
+            return
+        for t in [*self._open.values(), *closed, *chain.from_iterable(self._recent.values())]:
+            t.hinted |= paired.get(id(t), set())
 
     @staticmethod
     def _refresh(inc: Incarnation, state: ModuleState, now: Timestamp) -> Incarnation:

@@ -277,6 +277,22 @@ def test_a_tie_without_module_maps_is_broken_by_the_clock_data() -> None:
     assert match_boot(header(), boots, lambda _b: []).boot.boot_id == "new"
 
 
+def test_a_tie_between_hosts_is_broken_by_the_hostname_before_the_clock_data() -> None:
+    """Two boots at one _text on two hosts (a fleet bucket): the one whose host
+    is the recording's HOSTNAME wins, even against closer clock data; a source
+    that knows no hosts falls back to the clock data, and so does a recording
+    without HOSTNAME."""
+    day = 86_400 * 10**9
+    a, b = snap("on-a", LINK, 1000 * day), snap("on-b", LINK, 1001 * day)
+    hosts = {"on-a": "host-a", "on-b": "host-b"}
+    cd = ClockData(1, 1000 * day + 500 * 10**9, 500 * 10**9)  # at on-a's boot instant
+    h = header(hostname="host-b", clockid=1, clock_data=cd)
+    assert match_boot(h, [a, b], lambda _b: [], hosts.get).boot.boot_id == "on-b"
+    assert match_boot(h, [a, b], lambda _b: []).boot.boot_id == "on-a"
+    plain = header(clockid=1, clock_data=cd)
+    assert match_boot(plain, [a, b], lambda _b: [], hosts.get).boot.boot_id == "on-a"
+
+
 def test_two_loads_at_one_base_are_told_apart_by_the_record_start() -> None:
     """brd loaded, unloaded and loaded again at the same base: the load live
     when recording started (its clock data) is chosen; with no clock, the newest."""
