@@ -27,7 +27,7 @@ import uuid
 
 from common import Result, bench_main, log, now_ns
 
-from kreld import fleet
+from kreld import fleet, methods
 from kreld.bucket import BucketStore
 from kreld.model import BootSnapshot, Incarnation
 from kreld.s3 import Bucket
@@ -159,7 +159,9 @@ def run(quick: bool) -> list[Result]:
 
     def resolve(reader: BucketStore) -> dict[str, object]:
         svc = Service(reader, current_boot=lambda: snap, current_id=lambda: None, loaded=list)
-        res: dict[str, object] = svc.resolve({"addresses": [addr], "boot_id": boot_id[:12]})
+        res: dict[str, object] = methods.call(
+            svc, "Resolve", {"addresses": [addr], "boot_id": boot_id[:12]}
+        )
         return res
 
     cold = BucketStore(bucket)

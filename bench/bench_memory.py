@@ -66,7 +66,7 @@ def run(quick: bool) -> list[Result]:
     try:
         first = Kreld(args, tmp / "first.log")
         try:
-            first.wait_for(
+            first.wait_until(
                 lambda ev: any(e.get("event") == "kernel_symbols" for e in ev),
                 "kernel_symbols (the first start captures the table)",
             )

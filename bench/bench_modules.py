@@ -455,7 +455,7 @@ def churn_run(quick: bool) -> dict[str, Any]:
     ]
     out: dict[str, Any] = {"lines": lines, "phases": {}}
     try:
-        daemon.wait_for(
+        daemon.wait_until(
             lambda evs: any(e.get("event") == "kernel_symbols" for e in evs), "kernel_symbols"
         )
         time.sleep(1.0)

@@ -80,7 +80,7 @@ def first_capture_peak(tmp: Path) -> dict[str, int]:
     args = ["--config", str(cfg), "--state-dir", str(tmp / "mem-state"), "--root", "/"]
     d = Kreld([*args, "--socket", str(tmp / "mem.sock")], tmp / "mem.log")
     try:
-        d.wait_for(
+        d.wait_until(
             lambda evs: any(e.get("event") in ("kernel_symbols", "kernel_symbols_unavailable")
                             for e in evs),
             "kernel_symbols",

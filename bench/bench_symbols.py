@@ -10,7 +10,7 @@
   pairs, and (b) reading and parsing ``/proc/kallsyms`` with
   :func:`kreld.symtab.parse_kallsyms`.  Goal: >= 500x faster than pyelftools.
 * Addresses symbolized per second in batch: in-process
-  (``Service.resolve_results`` on a store whose kernel table is cached) and
+  (``Service.resolve`` on a store whose kernel table is cached) and
   over the socket (a ``kreld --root /`` of the bench's own, once ``Resolve``
   returns symbols), for 10,000 random kernel text addresses and for a
   realistic profile (10,000 samples drawn from 500 hot addresses).  Baseline:
@@ -58,9 +58,11 @@ from common import (
 )
 from elftools.elf.elffile import ELFFile
 
+from kreld import methods
 from kreld.client import Client
 from kreld.kallsyms import KallsymsText
 from kreld.kernel import Root
+from kreld.requests import Resolve, parse
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
 from kreld.store import Store
@@ -333,16 +335,16 @@ def throughput(
         log(f"symbols: kreld --root / answers Resolve with symbols after {ready_s:.1f} s")
         # Correctness first: both paths must name what the plain lookup names.
         want_r, want_h = plain.batch(rand), plain.batch(hot)
-        svc_reply = svc.resolve_results({"addresses": rand})
-        inproc_bad = disagreements(json.loads(svc_reply), want_r)
-        inproc_bad += disagreements(json.loads(svc.resolve_results({"addresses": hot})), want_h)
+        svc_reply = methods.call(svc, "Resolve", {"addresses": rand})
+        inproc_bad = disagreements(svc_reply, want_r)
+        inproc_bad += disagreements(methods.call(svc, "Resolve", {"addresses": hot}), want_h)
         sock_bad = disagreements(client.call("Resolve", addresses=rand), want_r)
         sock_bad += disagreements(client.call("Resolve", addresses=hot), want_h)
         n = 8 if quick else 30
         s = interleaved(
             {
-                "in-rand": lambda: svc.resolve_results({"addresses": rand}),
-                "in-hot": lambda: svc.resolve_results({"addresses": hot}),
+                "in-rand": lambda: svc.resolve(parse(Resolve, {"addresses": rand})),
+                "in-hot": lambda: svc.resolve(parse(Resolve, {"addresses": hot})),
                 "sock-rand": lambda: client.call("Resolve", addresses=rand),
                 "sock-hot": lambda: client.call("Resolve", addresses=hot),
                 "plain-rand": lambda: plain.batch(rand),
@@ -367,7 +369,7 @@ def throughput(
     )
     res = []
     for label, k, goal in (
-        ("in-process (Service.resolve_results), 10,000 random text addresses", "in-rand",
+        ("in-process (Service.resolve), 10,000 random text addresses", "in-rand",
          INPROC_GOAL),
         ("in-process, 10,000 samples of 500 hot addresses", "in-hot", INPROC_GOAL),
         ("over the socket (Client Resolve), 10,000 random text addresses", "sock-rand",
@@ -380,7 +382,7 @@ def throughput(
             Result(f"addresses/s symbolized {label}", r, "", rate(base), tag, desc,
                    f">= {goal:,}/s", r >= goal)
         )  # fmt: skip
-    res.append(encoding(json.loads(svc_reply), 10 * n))
+    res.append(encoding(svc_reply, 10 * n))
     p99 = {k: percentile(v, 99) for k, v in s.items()}
     res[0].notes.append(
         f"throughput: {n} batches of {BATCH} per variant, interleaved; addresses/s from the "
@@ -491,7 +493,7 @@ def figure_boot_bytes(quick: bool, tmp: Path) -> list[Result]:
     t0 = time.monotonic()
     d1 = Kreld(args, work / "run1.log")
     try:
-        d1.wait_for(
+        d1.wait_until(
             lambda ev: (
                 count_events(ev, "kernel_symbols") >= 1
                 and count_events(ev, "module_symbols") >= N_MODULES
@@ -520,7 +522,7 @@ def figure_boot_bytes(quick: bool, tmp: Path) -> list[Result]:
     t0 = time.monotonic()
     d2 = Kreld(args, work / "run2.log")
     try:
-        d2.wait_for(
+        d2.wait_until(
             lambda ev: (
                 count_events(ev, "kernel_symbols") >= 1
                 and any(

@@ -44,11 +44,16 @@ def venv_tool(name: str) -> str:
     return str(p) if p.exists() else name
 
 
-def load_faketree() -> ModuleType:
-    """``tests/faketree.py`` (FakeTree), which is not an installed module."""
+def _tests_on_path() -> None:
+    """Make the helpers in ``tests/`` (not an installed package) importable."""
     tests = str(REPO / "tests")
     if tests not in sys.path:
         sys.path.insert(0, tests)
+
+
+def load_faketree() -> ModuleType:
+    """``tests/faketree.py`` (FakeTree), which is not an installed module."""
+    _tests_on_path()
     import faketree
 
     return faketree
@@ -63,6 +68,10 @@ def real_kallsyms(tree: Any) -> int:
     else:
         tree.grow_kallsyms(real.count(b"\n"))
     return int((tree.root / "proc/kallsyms").read_bytes().count(b"\n"))
+
+
+_tests_on_path()
+from kreldproc import KreldProcess  # noqa: E402 (tests/ is on the path only now)
 
 
 def log(msg: str) -> None:
@@ -318,53 +327,18 @@ def proc_memory(pid: int) -> dict[str, int]:
     return out
 
 
-class Kreld:
-    """``kreld`` as a real subprocess logging JSON lines to a file."""
+class Kreld(KreldProcess):
+    """``kreld`` as a real subprocess logging JSON lines to a file, started at once
+    (the tests' harness, ``tests/kreldproc.py``)."""
 
     def __init__(self, args: list[str], log_path: Path) -> None:
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(
-            [venv_tool("kreld"), "--log-format", "json", *args],
-            stdout=self._log,
-            stderr=self._log,
-            start_new_session=True,
-        )
+        super().__init__(args, log_path, venv_tool("kreld"))
+        self.start(wait_ready=False)
 
-    def events(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
-
-    def wait_for(
+    def wait_until(
         self, done: Callable[[list[dict[str, Any]]], bool], what: str, timeout: float = 90
-    ) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if done(self.events()):
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kreld exited {self.proc.returncode}: {self.tail()}")
-            time.sleep(0.02)
-        raise RuntimeError(f"kreld: no {what} after {timeout} s: {self.tail()}")
+    ) -> list[dict[str, Any]]:
+        return super().wait_until(done, what, timeout)
 
-    def wait_ready(self, timeout: float = 60) -> None:
-        self.wait_for(lambda evs: any(e.get("event") == "ready" for e in evs), "ready", timeout)
-
-    def tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self._log.close()
-        return rc
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        return super().stop(sig, timeout)

@@ -195,17 +195,13 @@ class BucketBackend:
         return self.store.index()
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
-        from kreld.client import error_from_reply
-        from kreld.varlink import VarlinkError
+        from kreld import methods
 
         if method not in self.METHODS:
             raise InvalidArgument(
                 "--from", f"{method} needs a daemon or a local store; the bucket is read-only"
             )
-        try:
-            res = self.service.handlers[method](params)
-        except VarlinkError as e:
-            raise error_from_reply(e.name, e.parameters) from e
+        res = methods.call(self.service, method, params)
         if method == "ListBoots":
             for b in res["boots"]:
                 b["host"] = self.store.host(b["boot_id"]).to_json()

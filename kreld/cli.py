@@ -10,18 +10,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from kreld.config import Config
+from kreld.ctl_args import addresses_in, build_parser, parse_time
+from kreld.ctl_render import (
+    fmt_realtime,
+    render_boot,
+    render_modules,
+    render_resolved,
+    render_status,
+    render_table,
+    symbol_of,
+    warn_restricted,
+)
 from kreld.errors import ExitCode, InvalidArgument, KreldError
 from kreld.kernel import Root, read_boot_id
-from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr, parse_addr
-from kreld.options import add_common, resolve_config
+from kreld.model import BootSnapshot, Clock, Incarnation, parse_addr
+from kreld.options import resolve_config
 
 if TYPE_CHECKING:
     from kreld.bootsource import BootSource
@@ -29,195 +39,6 @@ if TYPE_CHECKING:
     from kreld.client import Client
     from kreld.perfdata import PerfHeader
     from kreld.service import Service
-
-EPILOG = """\
-exit status:
-  0  success
-  1  an error (the message says which)
-  2  usage: a malformed option, address or time
-  3  no such boot is recorded (or a boot prefix is ambiguous)
-  4  permission denied, or kernel addresses restricted
-  5  the store is unusable: missing, corrupt, foreign or from a newer kreld
-  6  the configuration is invalid
-  7  snapshot without a daemon, or gc: another kreld writes to the store (holds its lock)
-"""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kreldctl",
-        description="Inspect kernel and module relocations recorded by kreld.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_common(p)
-    add_from(p)
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def cmd(name: str, help: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help, description=help)
-        add_common(sp, suppress=True)
-        add_from(sp, suppress=True)
-        sp.add_argument("--json", action="store_true", help="print JSON (addresses as 0x strings)")
-        return sp
-
-    cmd("snapshot", "scan the running kernel now, record it, print it")
-    sp = cmd("show", "show one recorded boot (default: the current one)")
-    sp.add_argument("boot", nargs="?", metavar="BOOT", help="boot-id or a unique prefix of one")
-    cmd("boots", "list recorded boots, newest first")
-
-    def at_options(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--boot", metavar="BOOT", help="boot-id or prefix (default: current)")
-        sp.add_argument(
-            "--at",
-            metavar="T",
-            help="a time on --clock: nanoseconds, seconds with an 's' suffix, "
-            "or (realtime) an ISO-8601 date; default: now",
-        )
-        sp.add_argument(
-            "--clock",
-            choices=[c.value for c in Clock],
-            default=Clock.MONOTONIC.value,
-            help="the clock --at is on (default monotonic; perf samples on it only "
-            "with perf record -k monotonic, its default clock is local_clock())",
-        )
-
-    sp = cmd("modules", "list module incarnations loaded at a time")
-    at_options(sp)
-    sp.add_argument("--all", action="store_true", help="the boot's whole module history")
-    sp = cmd(
-        "symbolize", "symbolize addresses read from stdin (one per line, or perf script output)"
-    )
-    at_options(sp)
-    for_option(sp, "name the [unknown] kernel frames of its perf script output on stdin")
-    sp = cmd("export", "export a recorded boot's symbols for other tools")
-    sp.add_argument("what", choices=["kallsyms"], help="kallsyms: a file as /proc/kallsyms")
-    at_options(sp)
-    for_option(sp, "the boot and module loads it was recorded on (no --boot needed)")
-    sp.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
-    sp = cmd("gc", "remove boots beyond the retention policy and unused symbol tables")
-    sp.add_argument("--keep-boots", type=int, metavar="N", help="keep the N newest boots")
-    sp.add_argument("--keep-days", type=float, metavar="D", help="keep boots first seen in D days")
-    cmd("status", "the daemon's health, or the store's counts when no daemon runs")
-    cmd("watch", "print module loads and unloads as kreld records them (needs the daemon)")
-    sp = cmd("resolve", "say which image and section holds each address")
-    sp.add_argument("addresses", nargs="+", metavar="ADDR", help="hex address (0x optional)")
-    at_options(sp)
-    return p
-
-
-def for_option(sp: argparse.ArgumentParser, what: str) -> None:
-    sp.add_argument("--for", dest="for_perf", metavar="PERF.DATA", help=f"a perf.data: {what}")
-
-
-def add_from(p: argparse.ArgumentParser, suppress: bool = False) -> None:
-    p.add_argument(
-        "--from",
-        dest="source",
-        metavar="s3://BUCKET/PREFIX",
-        default=argparse.SUPPRESS if suppress else None,
-        help="read the fleet bucket kreld hosts publish to (read-only; docs/FLEET.md): "
-        "boots, show, modules, resolve, symbolize, export",
-    )
-
-
-def parse_time(text: str, clock: Clock) -> int:
-    """``--at`` as nanoseconds on *clock*."""
-    import datetime as dt
-
-    s = text.strip()
-    try:
-        if s.endswith("s"):
-            return int(float(s[:-1]) * 1e9)
-        return int(s)
-    except ValueError:
-        pass
-    if clock is Clock.REALTIME:
-        try:
-            when = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
-        except ValueError:
-            pass
-        else:
-            if when.tzinfo is None:
-                when = when.replace(tzinfo=dt.UTC)
-            return int(when.timestamp() * 1e9)
-    raise InvalidArgument("--at", f"not a time: {text!r}")
-
-
-_HEX_TOKEN = re.compile(r"(?<![0-9A-Za-z_])(?:0x)?([0-9a-fA-F]{8,16})(?![0-9A-Za-z_])")
-
-
-def addresses_in(line: str) -> list[str]:
-    """Addresses in a line: the line itself, or hex words of ``perf script`` output."""
-    s = line.strip()
-    if not s:
-        return []
-    try:
-        return [hexaddr(parse_addr(s)) or ""]
-    except ValueError:
-        pass
-    out = []
-    for m in _HEX_TOKEN.finditer(s):
-        value = int(m.group(1), 16)
-        if value >= 1 << 47:  # kernel half of the address space
-            out.append(f"{value:#x}")
-    return out
-
-
-def symbol_of(r: dict[str, Any]) -> str:
-    if "symbol" not in r:
-        return ""
-    return f"{r['symbol']}+{r['symbol_offset']}"
-
-
-def fmt_realtime(ns: int) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def warn_restricted(snap: BootSnapshot, err: TextIO) -> None:
-    if snap.restricted:
-        print(
-            f"warning: kernel addresses were restricted when boot {snap.boot_id} was recorded: "
-            f"{snap.restricted_reason}. No address is shown for them; run kreld with CAP_SYSLOG "
-            "(as root) and kernel.kptr_restrict < 2 to record them.",
-            file=err,
-        )
-
-
-def render_boot(snap: BootSnapshot, out: TextIO) -> None:
-    rows: list[tuple[str, str]] = [
-        ("Boot", snap.boot_id),
-        ("First seen", fmt_realtime(snap.first_seen.realtime)),
-        ("Release", snap.release),
-        ("Version", snap.version),
-        ("Build-id", snap.build_id or "unknown"),
-    ]
-    # Labelled with the kernel's symbol names; --json has the wire names (text, ...).
-    for name, value in snap.anchors.to_ints().items():
-        rows.append((name, hexaddr(value) or ("restricted" if snap.restricted else "unknown")))
-    if snap.kaslr is not None:
-        rows.append(("KASLR offset", f"{snap.kaslr.value:#x} (from {snap.kaslr.source.value})"))
-        rows.append(("  source", snap.kaslr.path))
-    else:
-        rows.append(("KASLR offset", "unknown (no vmcoreinfo, matching vmlinux or System.map)"))
-    if snap.restricted:
-        rows.append(("Restricted", snap.restricted_reason or "yes"))
-    for fault in snap.faults:
-        rows.append(("Fault", fault))
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}", file=out)
-
-
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
-    ]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip(), file=out)
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
 
 
 class LocalBackend:
@@ -295,14 +116,9 @@ class LocalBackend:
                 if ks and not stored.restricted and store.boot_symbols(stored.boot_id) is None:
                     SymbolCapture(store, self.root, stored, None).capture_kernel(ks)
             return {"boot": stored.to_json(), "new": added, "updated": changed}
-        from kreld.varlink import VarlinkError
+        from kreld import methods
 
-        try:
-            return self.service().handle(method, params)
-        except VarlinkError as e:
-            from kreld.client import error_from_reply
-
-            raise error_from_reply(e.name, e.parameters) from e
+        return methods.call(self.service(), method, params)
 
     def stream(self, method: str, **params: Any) -> Iterator[dict[str, Any]]:
         from kreld.client import ConnectError
@@ -435,36 +251,7 @@ class Ctl:
         if self.args.json:
             self.emit_json(mods)
             return 0
-        clock = Clock(params["clock"])
-        rows = []
-        for i in map(Incarnation.from_json, mods):
-            st = i.state
-            rows.append(
-                (
-                    st.name,
-                    str(i.seq),
-                    hexaddr(st.sections.get(".text")) or ("restricted" if st.restricted else "-"),
-                    str(len(st.sections)),
-                    (st.build_id or "-")[:16],
-                    f"{i.loaded.on(clock)}",
-                    "-" if i.unloaded is None else f"{i.unloaded.on(clock)}",
-                    i.seen_by.value,
-                )
-            )
-        render_table(
-            (
-                "MODULE",
-                "SEQ",
-                ".TEXT",
-                "SECTIONS",
-                "BUILD-ID",
-                f"LOADED({clock.value})",
-                f"UNLOADED({clock.value})",
-                "SEEN-BY",
-            ),
-            rows,
-            self.out,
-        )
+        render_modules(mods, Clock(params["clock"]), self.out)
         return 0
 
     def resolve(self) -> int:
@@ -478,18 +265,7 @@ class Ctl:
         if self.args.json:
             self.emit_json(results)
         else:
-            rows = []
-            for r in results:
-                if "image" not in r:
-                    rows.append((r["address"], "?", "", "", "", ""))
-                    continue
-                image = r["image"] if r.get("seq") is None else f"{r['image']} (seq {r['seq']})"
-                rows.append(
-                    (r["address"], image, r["section"], r["base"], "+" + r["offset"], symbol_of(r))
-                )
-            render_table(
-                ("ADDRESS", "IMAGE", "SECTION", "BASE", "OFFSET", "SYMBOL"), rows, self.out
-            )
+            render_resolved(results, self.out)
         return 0 if all("image" in r for r in results) else 1
 
     def symbolize(self) -> int:
@@ -504,7 +280,7 @@ class Ctl:
         at = self._at()
         results: list[dict[str, Any]] = []
         from kreld.client import resolutions
-        from kreld.service import MAX_RESOLVE_ADDRESSES
+        from kreld.requests import MAX_RESOLVE_ADDRESSES
 
         step = MAX_RESOLVE_ADDRESSES
         for i in range(0, len(addrs), step):
@@ -589,32 +365,7 @@ class Ctl:
         if self.args.json:
             self.emit_json(st)
             return 0
-        width = max(len(k) for k in st)
-        for k, v in st.items():
-            if v is None:  # restricted_reason when not restricted
-                continue
-            if k == "publish":
-                state = "ok" if v["healthy"] else f"FAILED: {v['last_error']}"
-                last = (
-                    "never" if v["last_success_ns"] is None else fmt_realtime(v["last_success_ns"])
-                )
-                print(
-                    f"{'publish':<{width}}  {v['url']}: {state}, last success {last}, "
-                    f"backlog {v['backlog']}, {v['objects']} objects ({v['bytes']} bytes) uploaded",
-                    file=self.out,
-                )
-            elif k == "sources":
-                for src in v:
-                    state = "ok" if src["healthy"] else f"FAILED: {src['last_error']}"
-                    print(
-                        f"{'source':<{width}}  {src['name']}: {state}, {src['events']} events",
-                        file=self.out,
-                    )
-            elif isinstance(v, list):  # damaged_stores: one line each, none when empty
-                for item in v:
-                    print(f"{k:<{width}}  {item}", file=self.out)
-            else:
-                print(f"{k:<{width}}  {v}", file=self.out)
+        render_status(st, self.out)
         return 0
 
     def watch(self) -> int:

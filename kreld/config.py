@@ -7,34 +7,34 @@ naming the file and the key: a typo must not silently fall back to a default.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from kreld import consts
 from kreld.errors import ConfigError
 
-_LOG_LEVELS = ("debug", "info", "warning", "error")
-_LOG_FORMATS = ("auto", "console", "json", "journal")
 _WATCH_METHODS = ("auto", "poll", "inotify")
+# Marks a setting SIGHUP cannot change: it takes effect at the next start.
+_RESTART = {"restart": True}
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    state_dir: str = consts.DEFAULT_STATE_DIR
-    socket: str = consts.DEFAULT_SOCKET
-    root: str = consts.DEFAULT_ROOT
-    debuginfo_dirs: tuple[str, ...] = ()
+    state_dir: str = field(default=consts.DEFAULT_STATE_DIR, metadata=_RESTART)
+    socket: str = field(default=consts.DEFAULT_SOCKET, metadata=_RESTART)
+    root: str = field(default=consts.DEFAULT_ROOT, metadata=_RESTART)
+    debuginfo_dirs: tuple[str, ...] = field(default=(), metadata=_RESTART)
     poll_interval: float = consts.DEFAULT_POLL_INTERVAL
-    watch: str = "auto"
-    uevents: bool = True
-    socket_group: str = "kreld"
+    watch: str = field(default="auto", metadata=_RESTART)
+    uevents: bool = field(default=True, metadata=_RESTART)
+    socket_group: str = field(default="kreld", metadata=_RESTART)
     allowed_groups: tuple[str, ...] = ("kreld",)
     allowed_uids: tuple[int, ...] = ()
-    max_message_bytes: int = 4 << 20
-    max_connections: int = 1024
-    idle_timeout: float = 60.0
-    subscribe_queue: int = 4096
+    max_message_bytes: int = consts.DEFAULT_MAX_MESSAGE_BYTES
+    max_connections: int = consts.DEFAULT_MAX_CONNECTIONS
+    idle_timeout: float = consts.DEFAULT_IDLE_TIMEOUT
+    subscribe_queue: int = consts.DEFAULT_SUBSCRIBE_QUEUE
     keep_boots: int = 0
     keep_days: float = 0.0
     log_level: str = "info"
@@ -43,6 +43,10 @@ class Config:
     publish_endpoint: str = ""
     publish_interval: float = consts.DEFAULT_PUBLISH_INTERVAL
     sources: tuple[str, ...] = field(default=(), compare=False)
+
+
+# The settings a reload keeps as they were (the daemon says which need a restart).
+RESTART_KEYS = tuple(f.name for f in fields(Config) if f.metadata.get("restart"))
 
 
 def _str(v: Any) -> str:
@@ -181,8 +185,8 @@ SCHEMA: Mapping[str, Mapping[str, tuple[str, Callable[[Any], Any]]]] = {
         "interval": ("publish_interval", _seconds(0.05, 86400)),
     },
     "log": {
-        "level": ("log_level", _choice(*_LOG_LEVELS)),
-        "format": ("log_format", _choice(*_LOG_FORMATS)),
+        "level": ("log_level", _choice(*consts.LOG_LEVELS)),
+        "format": ("log_format", _choice(*consts.LOG_FORMATS)),
     },
 }
 

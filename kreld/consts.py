@@ -33,6 +33,16 @@ HEARTBEAT_INTERVAL: Final = 30.0
 # Seconds between publishing rounds to object storage ([publish] interval).
 DEFAULT_PUBLISH_INTERVAL: Final = 10.0
 
+# What one peer may cost the server ([limits] in kreld.toml; kreld.server.Limits).
+DEFAULT_MAX_MESSAGE_BYTES: Final = 4 << 20
+DEFAULT_MAX_CONNECTIONS: Final = 1024
+DEFAULT_IDLE_TIMEOUT: Final = 60.0
+DEFAULT_SUBSCRIBE_QUEUE: Final = 4096
+
+# [log] level and format (--log-level, --log-format), least severe level first.
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+LOG_FORMATS: Final = ("auto", "console", "json", "journal")
+
 # Paths of kernel interfaces, relative to --root.
 BOOT_ID: Final = PurePosixPath("proc/sys/kernel/random/boot_id")
 OSRELEASE: Final = PurePosixPath("proc/sys/kernel/osrelease")

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import resource
 import signal
 import socket
 import sys
@@ -27,21 +26,23 @@ from systemd import daemon as sd
 
 from kreld import __version__, heap
 from kreld import log as klog
-from kreld.config import Config
+from kreld.config import RESTART_KEYS, Config
 from kreld.errors import ExitCode, KernelReadError, KreldError
 from kreld.kallsyms import KallsymsText
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp, hexaddr
 from kreld.options import add_common, resolve_config
-from kreld.server import ACCEPT_HEADROOM, Limits, Policy, Server, bind_socket, group_id
+from kreld.server import Policy, Server, bind_socket, group_id, limits_of, raise_fd_limit
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
-from kreld.sources import UeventSource, WatchSource
+from kreld.sources import EventSource, UeventSource, WatchSource, health
 from kreld.storelock import WriterLock, damaged_stores, open_writable
 from kreld.symbols import SymbolCapture
 from kreld.tracker import ModuleTracker
 
 if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
     from kreld.publish import Publisher
 
 EPILOG = """\
@@ -58,9 +59,6 @@ exit status:
   6  the configuration is invalid (the message names the file and key)
   7  another kreld writes to this store (it holds the store's lock)
 """
-
-# Keys that take effect only when kreld starts again.
-RESTART_KEYS = ("state_dir", "socket", "root", "watch", "uevents", "socket_group", "debuginfo_dirs")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def log_boot(log: Any, snap: BootSnapshot, added: bool, changed: bool, notes: list[str]) -> None:
+def log_boot(
+    log: FilteringBoundLogger, snap: BootSnapshot, added: bool, changed: bool, notes: list[str]
+) -> None:
     """One event per fact."""
     log.info("boot", boot_id=snap.boot_id, new=added, updated=changed)
     log.info("kernel_release", release=snap.release, version=snap.version)
@@ -109,7 +109,7 @@ def log_boot(log: Any, snap: BootSnapshot, added: bool, changed: bool, notes: li
         log.warning("kernel_read_fault", fault=fault)
 
 
-def policy_of(cfg: Config, log: Any) -> Policy:
+def policy_of(cfg: Config, log: FilteringBoundLogger) -> Policy:
     gids = set()
     for name in cfg.allowed_groups:
         gid = group_id(name)
@@ -118,33 +118,6 @@ def policy_of(cfg: Config, log: Any) -> Policy:
         else:
             gids.add(gid)
     return Policy(frozenset(gids), frozenset(cfg.allowed_uids))
-
-
-# Descriptors kept for the store, the sources, sysfs reads and the log.
-RESERVED_FDS = 64
-
-
-def raise_fd_limit() -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard one; returns the soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    return soft
-
-
-def limits_of(cfg: Config, log: Any | None = None) -> Limits:
-    """The server's limits; connections capped so clients can never take the
-    descriptors module tracking needs (EMFILE there would blind it)."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    conns = cfg.max_connections
-    room = soft - RESERVED_FDS - ACCEPT_HEADROOM
-    if soft != resource.RLIM_INFINITY and conns > room:
-        conns = max(1, room)
-        if log is not None:
-            log.warning("max_connections_capped", configured=cfg.max_connections, to=conns)
-    return Limits(cfg.max_message_bytes, conns, cfg.idle_timeout, cfg.subscribe_queue)
 
 
 def check_config(cfg: Config) -> None:
@@ -166,7 +139,7 @@ def leave(rc: int) -> int:
 
 
 class Daemon:
-    def __init__(self, cfg: Config, args: argparse.Namespace, log: Any) -> None:
+    def __init__(self, cfg: Config, args: argparse.Namespace, log: FilteringBoundLogger) -> None:
         self.cfg = cfg
         self.args = args
         self.log = log
@@ -179,7 +152,7 @@ class Daemon:
         except BaseException:
             self.lock.release()
             raise
-        self.sources: list[Any] = []
+        self.sources: list[EventSource] = []
         self.symbols: SymbolCapture | None = None
         self.tracker: ModuleTracker | None = None
         self.tracker_thread: threading.Thread | None = None
@@ -255,12 +228,16 @@ class Daemon:
             method=watch.method,
             uevents=any(isinstance(s, UeventSource) for s in self.sources),
         )
-        if self.cfg.publish_url:  # fleet publishing, imported only when set
-            from kreld.publish import configure as configure_publishing
+        if self.cfg.publish_url:
+            self.configure_publishing(self.cfg)
 
-            self.publisher = configure_publishing(
-                None, self.cfg, self.store, self.root, self.current_id, self.log, self.stop_threads
-            )
+    def configure_publishing(self, cfg: Config) -> None:
+        """Start, retarget or stop fleet publishing (imported only when used)."""
+        from kreld.publish import configure
+
+        self.publisher = configure(
+            self.publisher, cfg, self.store, self.root, self.current_id, self.log, self.stop_threads
+        )
 
     def current_id(self) -> str:
         return self.current_boot().boot_id
@@ -295,16 +272,7 @@ class Daemon:
             "restricted": self.reading[0],
             "restricted_reason": self.reading[1],
             "damaged_stores": damaged_stores(self.cfg.state_dir),
-            "sources": [
-                {
-                    "name": s.name,
-                    "healthy": s.healthy,
-                    "events": s.events,
-                    "last_error": s.last_error,
-                }
-                for s in [*self.sources, self.symbols]
-                if s is not None
-            ]
+            "sources": [health(s) for s in [*self.sources, self.symbols] if s is not None]
             + [
                 {
                     "name": "tracker",
@@ -314,7 +282,7 @@ class Daemon:
                 }
             ],
             "publish": None if self.publisher is None else self.publisher.health(),
-        }
+        } | ({} if self.server is None else self.server.counts())  # connections, once served
 
     def started_tracker(self) -> ModuleTracker:
         if self.tracker is None:
@@ -323,15 +291,6 @@ class Daemon:
 
     def healthy(self) -> bool:
         return self.tracker_thread is not None and self.tracker_thread.is_alive()
-
-    def status_line(self) -> str:
-        st = self.status()
-        return (
-            f"boot {st['boot_id'][:8]}: {st['loaded_modules']} modules loaded, "
-            f"{st['incarnations']} incarnations in {st['boots']} boots"
-            + (", addresses restricted" if st["restricted"] else "")
-            + (", a damaged store was set aside" if st["damaged_stores"] else "")
-        )
 
     # -- the main loop -------------------------------------------------------------
 
@@ -362,7 +321,7 @@ class Daemon:
         )
         await self.server.start(self.listening_socket())
         tracker.listeners.append(self.server.publish)
-        sd.notify(f"READY=1\nSTATUS={self.status_line()}")
+        sd.notify(f"READY=1\nSTATUS={status_line(self.status())}")
         self.log.info(
             "ready", state_dir=self.cfg.state_dir, root=self.cfg.root, socket=self.cfg.socket
         )
@@ -415,7 +374,7 @@ class Daemon:
         last = ""
         while True:
             await asyncio.sleep(10)
-            line = self.status_line()
+            line = status_line(self.status())
             if line != last:
                 sd.notify(f"STATUS={line}")
                 last = line
@@ -448,17 +407,7 @@ class Daemon:
         if self.tracker is not None:
             self.tracker.recheck_interval = applied.poll_interval
         if self.tracker is not None and (self.publisher is not None or applied.publish_url):
-            from kreld.publish import configure as configure_publishing
-
-            self.publisher = configure_publishing(
-                self.publisher,
-                applied,
-                self.store,
-                self.root,
-                self.current_id,
-                self.log,
-                self.stop_threads,
-            )
+            self.configure_publishing(applied)
         self.log.info("config_reloaded", changed=changed, files=list(applied.sources))
         sd.notify("READY=1")
 
@@ -484,6 +433,16 @@ class Daemon:
                 pass
         self.store.close()
         self.lock.release()
+
+
+def status_line(st: dict[str, Any]) -> str:
+    """The line systemctl status shows, from a Status answer."""
+    return (
+        f"boot {st['boot_id'][:8]}: {st['loaded_modules']} modules loaded, "
+        f"{st['incarnations']} incarnations in {st['boots']} boots"
+        + (", addresses restricted" if st["restricted"] else "")
+        + (", a damaged store was set aside" if st["damaged_stores"] else "")
+    )
 
 
 def _watchdog_usec() -> int:

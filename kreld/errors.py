@@ -270,3 +270,41 @@ class InvalidArgument(KreldError):
 
     def parameters(self) -> dict[str, Any]:
         return {"parameter": self.parameter}
+
+
+class MethodNotFound(KreldError):
+    """A call named a method its interface does not have."""
+
+    varlink_name = "org.varlink.service.MethodNotFound"
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, method: str) -> None:
+        super().__init__(f"no such method: {method}")
+        self.method = method
+
+    def parameters(self) -> dict[str, Any]:
+        return {"method": self.method}
+
+
+class MethodNotImplemented(MethodNotFound):
+    """A declared method this server (or reader) cannot carry out."""
+
+    varlink_name = "org.varlink.service.MethodNotImplemented"
+
+    def __init__(self, method: str) -> None:
+        KreldError.__init__(self, f"not implemented here: {method}")
+        self.method = method
+
+
+class InterfaceNotFound(KreldError):
+    """A call named an interface kreld does not serve."""
+
+    varlink_name = "org.varlink.service.InterfaceNotFound"
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, interface: str | None) -> None:
+        super().__init__(f"no such interface: {interface}")
+        self.interface = interface
+
+    def parameters(self) -> dict[str, Any]:
+        return {"interface": self.interface}

@@ -18,14 +18,12 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import structlog
+from structlog.typing import FilteringBoundLogger
 
-LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
-FORMATS = ("auto", "console", "json", "journal")
+from kreld import consts
+
+LEVELS = {name: logging.getLevelNamesMapping()[name.upper()] for name in consts.LOG_LEVELS}
+FORMATS = consts.LOG_FORMATS
 
 # syslog priorities (sd-daemon.h / syslog.h)
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "warn": 4, "error": 3, "critical": 2}
@@ -121,5 +119,6 @@ def configure(level: str = "info", fmt: str = "auto") -> str:
     return chosen
 
 
-def get() -> Any:
-    return structlog.get_logger("kreld")
+def get() -> FilteringBoundLogger:
+    logger: FilteringBoundLogger = structlog.get_logger("kreld")
+    return logger

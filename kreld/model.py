@@ -234,6 +234,32 @@ class SeenBy(StrEnum):
     INOTIFY = "inotify"
 
 
+class HintAction(StrEnum):
+    """What an event source says happened in ``sys/module``: only ever a hint to
+    look again; the tracker reconciles against what it reads there."""
+
+    ADD = "add"
+    REMOVE = "remove"
+    CHANGE = "change"  # any other uevent action on a module
+    RESCAN = "rescan"  # events were lost: look at every module
+
+    @classmethod
+    def of(cls, action: str) -> HintAction:
+        """A uevent's action; those kreld does not name are a change."""
+        try:
+            return cls(action)
+        except ValueError:
+            return cls.CHANGE
+
+
+class ModuleEvent(StrEnum):
+    """What the tracker recorded of a module incarnation (as Subscribe tells it)."""
+
+    LOAD = "load"
+    UPDATE = "update"
+    UNLOAD = "unload"
+
+
 @dataclass(frozen=True, slots=True)
 class ModuleState:
     """One read of ``/sys/module/<name>``: what the kernel shows now."""

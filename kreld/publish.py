@@ -29,17 +29,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kreld import consts, fleet
 from kreld.config import Config
 from kreld.errors import KernelReadError, KreldError
 from kreld.kernel import Root
-from kreld.model import BootSnapshot
+from kreld.model import BootSnapshot, Incarnation
 from kreld.pubstate import PubState, table_bytes
 from kreld.s3 import Bucket, open_bucket, require_fleet
 from kreld.store import Store
 from kreld.symtab import module_symbol_key
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 # The longest wait between failed rounds, in publishing intervals (and at most 5 min).
 BACKOFF_INTERVALS = 30
@@ -93,6 +96,36 @@ class Plan:
     resumed: bool = field(default=False, compare=False)
 
 
+def _new_cursor() -> dict[str, Any]:
+    """The publishing cursor of a boot nothing of was published yet."""
+    return {"batches": [], "next": 0, "boot": "", "index": None, "gen": 0, "done": False}
+
+
+def _changed(
+    incs: list[Incarnation], absolutes: dict[int, list[int]], old: dict[int, bytes]
+) -> tuple[list[Incarnation], dict[str, str]]:
+    """The incarnations whose record differs from what was published, and their
+    new digests (hex, by seq)."""
+    changed, digests = [], {}
+    for i in incs:
+        d = fleet.digest([i.to_json(), absolutes.get(i.seq)])
+        if old.get(i.seq) != d:
+            changed.append(i)
+            digests[str(i.seq)] = d.hex()
+    return changed, digests
+
+
+def _tables_to_send(
+    store: Store, state: PubState, symbols: dict[str, Any] | None, incs: list[Incarnation]
+) -> list[str]:
+    """The symbol tables the boot's records name, held here, not yet in the bucket."""
+    wanted = {str(symbols["kernel"])} if symbols else set()
+    wanted |= {
+        k for i in incs if (k := module_symbol_key(i.state.build_id, i.name, i.state.srcversion))
+    }
+    return sorted(k for k in wanted if not state.has_table(k) and table_bytes(store, k) is not None)
+
+
 def plan_boot(
     store: Store,
     state: PubState,
@@ -101,34 +134,15 @@ def plan_boot(
     current: bool,
 ) -> Plan | None:
     """What to upload for *boot*, or None when the bucket already has it all."""
-    cur = state.cursor(boot.boot_id) or {
-        "batches": [],
-        "next": 0,
-        "boot": "",
-        "index": None,
-        "gen": 0,
-        "done": False,
-    }
+    cur = state.cursor(boot.boot_id) or _new_cursor()
     if cur["done"] and not current:
         return None
     incs = store.incarnations(boot.boot_id)
     absolutes = store.absolutes(boot.boot_id)
     symbols = store.boot_symbols(boot.boot_id)
-    old = state.digests(boot.boot_id)
-    changed, digests = [], {}
-    for i in incs:
-        d = fleet.digest([i.to_json(), absolutes.get(i.seq)])
-        if old.get(i.seq) != d:
-            changed.append(i)
-            digests[str(i.seq)] = d.hex()
+    changed, digests = _changed(incs, absolutes, state.digests(boot.boot_id))
     boot_digest = fleet.digest([boot.to_json(), symbols, host.to_json()]).hex()
-    wanted = {str(symbols["kernel"])} if symbols else set()
-    wanted |= {
-        k for i in incs if (k := module_symbol_key(i.state.build_id, i.name, i.state.srcversion))
-    }
-    tables = sorted(
-        k for k in wanted if not state.has_table(k) and table_bytes(store, k) is not None
-    )
+    tables = _tables_to_send(store, state, symbols, incs)
     if not changed and boot_digest == cur["boot"] and not tables:
         return None
     batches, n, drop = list(cur["batches"]), int(cur["next"]), []
@@ -151,14 +165,8 @@ def plan_boot(
         gen += 1
         index = fleet.index_object(boot, host, gen)
         old_index = cur["index"]
-    cursor = {
-        "batches": batches,
-        "next": n,
-        "boot": boot_digest,
-        "index": index,
-        "gen": gen,
-        "done": not current,
-    }
+    cursor = {"batches": batches, "next": n, "boot": boot_digest, "index": index}
+    cursor |= {"gen": gen, "done": not current}
     return Plan(
         boot.boot_id,
         tables,
@@ -184,7 +192,7 @@ class Publisher:
         root: Root,
         target: Target | None,
         current_id: Callable[[], str],
-        log: Any,
+        log: FilteringBoundLogger,
         opener: Callable[[str, str], Bucket] = open_bucket,
     ) -> None:
         self.store = store
@@ -359,7 +367,7 @@ def configure(
     store: Store,
     root: Root,
     current_id: Callable[[], str],
-    log: Any,
+    log: FilteringBoundLogger,
     stop: threading.Event,
 ) -> Publisher | None:
     """Start publishing when *cfg* asks for it, or point a running publisher at the

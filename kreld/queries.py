@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr
-from kreld.symtab import KEY_SPAN, SymbolTables, module_symbol_key
+from kreld.symtab import KEY_SPAN, SymbolTable, SymbolTables, module_symbol_key
 
 if TYPE_CHECKING:
     import numpy as np
@@ -130,11 +130,6 @@ class AddressMap:
         self.kernel_table = kernel_table
         self.kernel_build_id = boot.build_id
 
-    def region_of(self, address: int) -> Region | None:
-        """The region holding *address*, if one does."""
-        i = self._region_index(address)
-        return None if i < 0 else self.regions[i]
-
     def table_keys(self) -> set[str]:
         return {r.table for r in self.regions if r.table is not None}
 
@@ -237,34 +232,49 @@ class AddressMap:
                 by_table.setdefault(key, []).append(i)
         for key, regs in by_table.items():
             table = tables.get(key) if tables is not None else None
-            if table is None:
-                continue
-            zero = np.zeros(len(bases), dtype=np.int64)  # key of value 0 in the section
-            rel = np.zeros(len(bases), dtype=np.uint64)  # what values are relative to
-            mine = np.zeros(len(bases), dtype=bool)
-            for i in regs:
-                r = self.regions[i]
-                sec = 0 if r.inc is None else table.section_index(r.section)
-                if sec is not None:
-                    zero[i], rel[i], mine[i] = (sec << 40) + KEY_SPAN, r.rel_base, True
-            at = np.flatnonzero(inside & mine[ric])
-            if not len(at):
-                continue
-            rr = ric[at]
-            want = (addrs[at] - rel[rr]).view(np.int64) + zero[rr]
-            keys = np.asarray(table.keys)
-            j = np.searchsorted(keys, want, side="right") - 1
-            ok = j >= 0
-            jc = np.where(ok, j, 0)
-            found = keys[jc] if len(keys) else np.zeros(len(jc), dtype=np.int64)
-            ok &= found >= zero[rr] - KEY_SPAN  # not a symbol of an earlier section
-            at, hit = at[ok], jc[ok]
-            offset[at] = (want - found)[ok]
-            entries, which = np.unique(np.asarray(table.sorted)[hit], return_inverse=True)
-            symbol[at] = which.astype(np.int32) + names.count
-            names.add(table.names, np.asarray(table.name_end), entries)
+            if table is not None:
+                self._name_bulk(table, regs, addrs, ric, inside, (symbol, offset, names))
         regions = [self.members(i) for i in used.tolist()]
         return Resolved(regions, region, names.json(), symbol, offset)
+
+    def _name_bulk(
+        self,
+        table: SymbolTable,
+        regs: list[int],
+        addrs: NDArray[np.uint64],
+        ric: NDArray[np.int64],
+        inside: NDArray[np.bool_],
+        out: tuple[NDArray[np.int32], NDArray[np.int64], _Names],
+    ) -> None:
+        """Name the addresses of regions *regs*, all in *table*, into *out*
+        (symbol indices, offsets and the reply's names)."""
+        import numpy as np
+
+        symbol, offset, names = out
+        zero = np.zeros(len(self._bases), dtype=np.int64)  # key of value 0 in the section
+        rel = np.zeros(len(self._bases), dtype=np.uint64)  # what values are relative to
+        mine = np.zeros(len(self._bases), dtype=bool)
+        for i in regs:
+            r = self.regions[i]
+            sec = 0 if r.inc is None else table.section_index(r.section)
+            if sec is not None:
+                zero[i], rel[i], mine[i] = (sec << 40) + KEY_SPAN, r.rel_base, True
+        at = np.flatnonzero(inside & mine[ric])
+        if not len(at):
+            return
+        rr = ric[at]
+        want = (addrs[at] - rel[rr]).view(np.int64) + zero[rr]
+        keys = np.asarray(table.keys)
+        j = np.searchsorted(keys, want, side="right") - 1
+        ok = j >= 0
+        jc = np.where(ok, j, 0)
+        found = keys[jc] if len(keys) else np.zeros(len(jc), dtype=np.int64)
+        ok &= found >= zero[rr] - KEY_SPAN  # not a symbol of an earlier section
+        at, hit = at[ok], jc[ok]
+        offset[at] = (want - found)[ok]
+        entries, which = np.unique(np.asarray(table.sorted)[hit], return_inverse=True)
+        symbol[at] = which.astype(np.int32) + names.count
+        names.add(table.names, np.asarray(table.name_end), entries)
 
 
 # Bytes that a name cannot carry into a JSON string as they are.

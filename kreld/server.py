@@ -14,71 +14,81 @@ import concurrent.futures
 import contextlib
 import grp
 import os
+import resource
 import socket
 import stat
 import struct
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kreld import __version__, consts
+from kreld import consts
 from kreld.errors import KreldError, SocketError
-from kreld.model import Incarnation
-from kreld.queries import FEW
+from kreld.interface import SERVICE_DESCRIPTION as SERVICE_DESCRIPTION
+from kreld.methods import METHODS, answer, lookup
+from kreld.model import Incarnation, ModuleEvent
+from kreld.requests import Subscribe, parse
 from kreld.service import Service
 from kreld.varlink import (
     INTERFACE,
     SERVICE,
     Call,
     VarlinkError,
-    check_known,
     error_reply,
-    opt_str,
     parse_call,
     reply,
+    reply_encoded,
 )
 
-INTERFACE_DESCRIPTION = Path(__file__).with_name("io.kreld.varlink").read_text()
-SERVICE_DESCRIPTION = """\
-# The varlink service interface
-interface org.varlink.service
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
-method GetInfo() -> (
-  vendor: string,
-  product: string,
-  version: string,
-  url: string,
-  interfaces: []string
-)
-
-method GetInterfaceDescription(interface: string) -> (description: string)
-
-error InterfaceNotFound (interface: string)
-error MethodNotFound (method: string)
-error MethodNotImplemented (method: string)
-error InvalidParameter (parameter: string)
-error PermissionDenied ()
-error ExpectedMore ()
-"""
+    from kreld.config import Config
 
 # Pending connections the kernel queues for us (capped by net.core.somaxconn).
 LISTEN_BACKLOG = 1024
 # Connections asyncio accepts in one go: each holds a descriptor until its
 # handler has run and its close has gone through (a few loop turns), so
 # the connection cap leaves ACCEPT_HEADROOM descriptors free for them
-# (kreld.daemon.limits_of()).
+# (limits_of()).
 ACCEPT_BATCH = 32
 ACCEPT_HEADROOM = 6 * ACCEPT_BATCH
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    max_message_bytes: int = 4 << 20
-    max_connections: int = 1024
-    idle_timeout: float = 60.0
-    subscribe_queue: int = 4096
+    max_message_bytes: int = consts.DEFAULT_MAX_MESSAGE_BYTES
+    max_connections: int = consts.DEFAULT_MAX_CONNECTIONS
+    idle_timeout: float = consts.DEFAULT_IDLE_TIMEOUT
+    subscribe_queue: int = consts.DEFAULT_SUBSCRIBE_QUEUE
+
+
+# Descriptors kept for the store, the sources, sysfs reads and the log.
+RESERVED_FDS = 64
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one; returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
+def limits_of(cfg: Config, log: FilteringBoundLogger | None = None) -> Limits:
+    """The server's limits; connections capped so clients can never take the
+    descriptors module tracking needs (EMFILE there would blind it)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    conns = cfg.max_connections
+    room = soft - RESERVED_FDS - ACCEPT_HEADROOM
+    if soft != resource.RLIM_INFINITY and conns > room:
+        conns = max(1, room)
+        if log is not None:
+            log.warning("max_connections_capped", configured=cfg.max_connections, to=conns)
+    return Limits(cfg.max_message_bytes, conns, cfg.idle_timeout, cfg.subscribe_queue)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,32 +150,12 @@ class _Conn:
     opened: float = field(default_factory=time.monotonic)
 
 
-QUICK_RESOLVE = 64  # addresses a Resolve of the current boot may ask on the loop
-
-
-def is_quick(call: Call) -> bool:
-    """Calls answered on the loop itself: from memory, in microseconds."""
-    name, p = call.method, call.parameters
-    if name in (f"{INTERFACE}.GetBoot", f"{INTERFACE}.Status") or call.interface == SERVICE:
-        return not p.get("boot_id")
-    if name == f"{INTERFACE}.Resolve":
-        addrs = p.get("addresses")
-        return (
-            not p.get("boot_id")
-            and p.get("at") is None
-            and isinstance(addrs, list)
-            # More than a few addresses import numpy the first time: not on the loop.
-            and len(addrs) <= (QUICK_RESOLVE if "numpy" in sys.modules else FEW)
-        )
-    if name == f"{INTERFACE}.GetModules":
-        return not (p.get("boot_id") or p.get("all") or p.get("at") is not None)
-    return False
-
-
 class Server:
     """Accepts connections on a listening socket and speaks varlink."""
 
-    def __init__(self, service: Service, policy: Policy, limits: Limits, log: Any) -> None:
+    def __init__(
+        self, service: Service, policy: Policy, limits: Limits, log: FilteringBoundLogger
+    ) -> None:
         self.service = service
         self.policy = policy
         self.limits = limits
@@ -174,7 +164,7 @@ class Server:
         self.subscribers: set[_Conn] = set()
         self.refused = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        # One thread for the calls that may take a while (see is_quick()).
+        # One thread for the calls that may take a while (see kreld.methods, Method.quick).
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="calls")
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -224,12 +214,12 @@ class Server:
 
     # -- module events from the tracker thread ------------------------------------
 
-    def publish(self, kind: str, inc: Incarnation) -> None:
+    def publish(self, kind: ModuleEvent, inc: Incarnation) -> None:
         """Thread-safe: hand an event to the loop."""
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._broadcast, kind, inc)
 
-    def _broadcast(self, kind: str, inc: Incarnation) -> None:
+    def _broadcast(self, kind: ModuleEvent, inc: Incarnation) -> None:
         self.service.invalidate()
         if not self.subscribers:
             return
@@ -349,7 +339,8 @@ class Server:
                 if not bad.oneway:
                     await self._send(conn, error_reply(bad))
                 continue
-            if call.method == f"{INTERFACE}.Subscribe":
+            method = METHODS.get(call.method)
+            if method is not None and method.streaming:
                 if call.oneway:  # it could stream nothing: no subscription, no reply
                     continue
                 if not call.more:
@@ -357,7 +348,7 @@ class Server:
                     continue
                 await self._subscribe(conn, call, reader)
                 return
-            if is_quick(call):
+            if method is None or method.quick(call.parameters):
                 data = self._dispatch(call)
             else:
                 # Work that grows with the store or the request runs on the worker
@@ -368,10 +359,10 @@ class Server:
                 await self._send(conn, data)
 
     def _dispatch(self, call: Call) -> bytes:
+        """The reply to a call: its answer, or the error that stopped it."""
         try:
-            return self._call(call)
-        except VarlinkError as err:
-            return error_reply(err)
+            out = answer(self.service, lookup(call.method), call.parameters)
+            return reply_encoded(out) if isinstance(out, bytes) else reply(out)
         except KreldError as e:
             return error_reply(VarlinkError.from_kreld(e))
         except RecursionError:
@@ -382,57 +373,15 @@ class Server:
                 VarlinkError(f"{INTERFACE}.Error", {"message": f"{type(e).__name__}: {e}"})
             )
 
-    def _call(self, call: Call) -> bytes:
-        m, p = call.method, call.parameters
-        s = self.service
-        if call.interface == SERVICE:
-            if m == f"{SERVICE}.GetInfo":
-                return reply(
-                    {
-                        "vendor": "kreld",
-                        "product": "kreld",
-                        "version": __version__,
-                        "url": consts.PROJECT_URL,
-                        "interfaces": [SERVICE, INTERFACE],
-                    }
-                )
-            if m == f"{SERVICE}.GetInterfaceDescription":
-                name = opt_str(p, "interface")
-                if name == INTERFACE:
-                    return reply({"description": INTERFACE_DESCRIPTION})
-                if name == SERVICE:
-                    return reply({"description": SERVICE_DESCRIPTION})
-                raise VarlinkError(f"{SERVICE}.InterfaceNotFound", {"interface": name})
-            raise VarlinkError(f"{SERVICE}.MethodNotFound", {"method": m})
-        if call.interface != INTERFACE:
-            raise VarlinkError(f"{SERVICE}.InterfaceNotFound", {"interface": call.interface})
-        name = m[len(INTERFACE) + 1 :]
-        if name == "GetBoot":
-            check_known(p, {"boot_id"})
-            return s.get_boot_reply(p)
-        if name == "Status":
-            return reply(self._status(p))
-        if name == "ListBoots":
-            return s.list_boots_reply(p)
-        if name == "Resolve":
-            try:
-                body = s.resolve_results(p)
-            except KreldError as e:
-                raise VarlinkError.from_kreld(e) from e
-            return b'{"parameters":' + body + b"}\0"
-        return reply(s.handle(name, p))
-
-    def _status(self, params: dict[str, Any]) -> dict[str, Any]:
-        out = self.service.status(params)
-        out["connections"] = len(self.conns)
-        out["subscribers"] = len(self.subscribers)
-        return out
+    def counts(self) -> dict[str, int]:
+        """What Status says of the server: its connections and subscribers."""
+        return {"connections": len(self.conns), "subscribers": len(self.subscribers)}
 
     async def _subscribe(self, conn: _Conn, call: Call, reader: asyncio.StreamReader) -> None:
         try:
-            check_known(call.parameters, set())
-        except VarlinkError as err:
-            await self._send(conn, error_reply(err))
+            parse(Subscribe, call.parameters)
+        except KreldError as err:
+            await self._send(conn, error_reply(VarlinkError.from_kreld(err)))
             return
         conn.queue = asyncio.Queue(maxsize=self.limits.subscribe_queue)
         self.subscribers.add(conn)
@@ -482,7 +431,7 @@ def socket_answers(path: str) -> bool:
         s.close()
 
 
-def bind_socket(path: str, group: str, log: Any) -> socket.socket:
+def bind_socket(path: str, group: str, log: FilteringBoundLogger) -> socket.socket:
     """Bind a listening socket at *path*, mode 0660, group *group*.
 
     Refuses to take a path a live kreld answers on, and anything at the path

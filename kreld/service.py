@@ -13,8 +13,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kreld import requests
 from kreld.bootsource import BootSource
-from kreld.errors import KreldError, SymbolsUnavailable
+from kreld.errors import AddressesRestricted, MethodNotImplemented, SymbolsUnavailable
 from kreld.model import BootSnapshot, Clock, Incarnation, clock_now
 from kreld.queries import AddressMap, init_live_at, is_init_section, loaded_at
 from kreld.symtab import (
@@ -23,40 +24,13 @@ from kreld.symtab import (
     SymbolTables,
     module_symbol_key,
 )
-from kreld.varlink import (
-    INTERFACE,
-    SERVICE,
-    VarlinkError,
-    check_known,
-    invalid_parameter,
-    opt_bool,
-    opt_int,
-    opt_str,
-    reply,
-)
 
-# Addresses one Resolve may ask about: its reply (some 30 bytes an address)
-# is built in memory, so this bounds what one call can make the daemon hold.
-MAX_RESOLVE_ADDRESSES = 100_000
+# A method's answer: its reply parameters, as plain data or already encoded
+# as a JSON object (the answers built once and served many times).
+Reply = dict[str, Any] | bytes
 # Address maps of other times and boots kept for the next Resolve (a profiler
 # symbolizing an old recording asks about the same boot and time many times).
 MAP_CACHE = 8
-
-
-def parse_addresses(raw: object) -> list[int]:
-    """Resolve's ``addresses``: at most :data:`MAX_RESOLVE_ADDRESSES` hex
-    strings (``0x`` optional), each below 2**64."""
-    if not isinstance(raw, list) or len(raw) > MAX_RESOLVE_ADDRESSES:
-        raise invalid_parameter("addresses")
-    try:
-        # int() in one pass, then what parse_addr() checks, for all at once:
-        # int() took only strings; no "_" digit separators; no value past 64 bits.
-        addrs = [int(a, 16) for a in raw]
-        if "_" in "".join(raw) or (addrs and not 0 <= min(addrs) <= max(addrs) < 1 << 64):
-            raise ValueError("not 64-bit hex addresses")
-    except (ValueError, TypeError) as e:
-        raise invalid_parameter("addresses") from e
-    return addrs
 
 
 def _module_key(inc: Incarnation) -> str | None:
@@ -111,16 +85,6 @@ def render_kallsyms(
     return "".join(out)
 
 
-def parse_clock(params: dict[str, Any]) -> Clock:
-    c = opt_str(params, "clock")
-    if c is None:
-        return Clock.MONOTONIC
-    try:
-        return Clock(c)
-    except ValueError as e:
-        raise invalid_parameter("clock") from e
-
-
 class Service:
     """The ``io.kreld`` methods over a store and the current boot."""
 
@@ -147,26 +111,7 @@ class Service:
         self._generation = 0  # of recorded events, for the caches
         self._history: dict[str, list[Incarnation]] = {}
         self._kernel_tables: dict[str, str] = {}
-        self._boots: tuple[int, dict[str, Any], bytes | None] | None = None
-        self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-            "GetBoot": self.get_boot,
-            "ListBoots": self.list_boots,
-            "Snapshot": self.snapshot,
-            "GetModules": self.get_modules,
-            "Resolve": self.resolve,
-            "ExportKallsyms": self.export_kallsyms,
-            "Status": self.status,
-        }
-
-    def handle(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Call method *name* of ``io.kreld``; errors are raised, not returned."""
-        h = self.handlers.get(name)
-        if h is None:
-            raise VarlinkError(f"{SERVICE}.MethodNotFound", {"method": f"{INTERFACE}.{name}"})
-        try:
-            return h(params)
-        except KreldError as e:
-            raise VarlinkError.from_kreld(e) from e
+        self._boots: tuple[int, bytes] | None = None
 
     def loaded(self) -> list[Incarnation]:
         return self._loaded()
@@ -179,16 +124,15 @@ class Service:
             self._maps.clear()
             self._history.clear()
 
-    def _boot(self, params: dict[str, Any]) -> tuple[BootSnapshot, bool]:
+    def _boot(self, boot_id: str | None) -> tuple[BootSnapshot, bool]:
         """The boot asked for, and whether it is the one running here.
 
         A boot named by id is looked up by itself: the store may come from
         another machine, whose boots are not this one's.
         """
-        given = opt_str(params, "boot_id")
-        if given is None:
+        if boot_id is None:
             return self._current(), True
-        boot = self.store.get_boot(self.store.resolve_boot(given))
+        boot = self.store.get_boot(self.store.resolve_boot(boot_id))
         return boot, boot.boot_id == self._current_id()
 
     def _incarnations(self, boot_id: str) -> list[Incarnation]:
@@ -203,92 +147,62 @@ class Service:
                     self._history[boot_id] = incs
         return incs
 
-    def get_boot_reply(self, params: dict[str, Any]) -> bytes:
-        """GetBoot as wire bytes; the current boot's answer is built once."""
-        if not params:
+    def get_boot(self, req: requests.GetBoot) -> Reply:
+        """GetBoot; the current boot's answer is encoded once."""
+        if req.boot_id is None:
             if self._boot_reply is None:
-                self._boot_reply = reply(self.get_boot(params))
+                self._boot_reply = _encode({"boot": self._current().to_json()})
             return self._boot_reply
-        return reply(self.get_boot(params))
+        return {"boot": self._boot(req.boot_id)[0].to_json()}
 
-    def get_boot(self, params: dict[str, Any]) -> dict[str, Any]:
-        check_known(params, {"boot_id"})
-        return {"boot": self._boot(params)[0].to_json()}
-
-    def list_boots(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Every boot; decoded again only after the store has changed."""
-        return self._list_boots(params)[1]
-
-    def list_boots_reply(self, params: dict[str, Any]) -> bytes:
-        """ListBoots as wire bytes, encoded again only after the store has
-        changed (a fleet of profilers polling it costs a txn-id read a call)."""
-        txnid, result, wire = self._list_boots(params)
-        if wire is None:
-            wire = reply(result)
-            self._boots = (txnid, result, wire)
-        return wire
-
-    def _list_boots(self, params: dict[str, Any]) -> tuple[int, dict[str, Any], bytes | None]:
-        check_known(params, set())
+    def list_boots(self, _req: requests.ListBoots) -> Reply:
+        """Every boot, encoded again only after the store has changed (a fleet
+        of profilers polling it costs a txn-id read a call)."""
         txnid = self.store.last_txnid()
         cached = self._boots
         if cached is None or cached[0] != txnid:
             boots = [b.to_json() for b in self.store.list_boots()]
-            cached = self._boots = (txnid, {"boots": boots}, None)
-        return cached
+            cached = self._boots = (txnid, _encode({"boots": boots}))
+        return cached[1]
 
-    def snapshot(self, params: dict[str, Any]) -> dict[str, Any]:
-        check_known(params, set())
+    def snapshot(self, _req: requests.Snapshot) -> Reply:
         if self._snapshot is None:
-            raise VarlinkError(f"{SERVICE}.MethodNotImplemented", {"method": "Snapshot"})
+            raise MethodNotImplemented("Snapshot")
         stored, added, changed = self._snapshot()
         self._boot_reply = None
         return {"boot": stored.to_json(), "new": added, "updated": changed}
 
-    def _at(self, params: dict[str, Any], is_current: bool) -> tuple[Clock, int | None]:
+    def _at(self, clock: Clock, at: int | None, is_current: bool) -> int | None:
         """The time asked about; "now" on the current boot, the end of record on others."""
-        clock = parse_clock(params)
-        t = opt_int(params, "at")
-        if t is None and is_current:
-            t = clock_now(clock)
-        return clock, t
+        if at is None and is_current:
+            return clock_now(clock)
+        return at
 
-    def get_modules(self, params: dict[str, Any]) -> dict[str, Any]:
-        check_known(params, {"boot_id", "at", "clock", "all"})
-        boot, is_current = self._boot(params)
-        if opt_bool(params, "all"):
+    def get_modules(self, req: requests.GetModules) -> Reply:
+        boot, is_current = self._boot(req.boot_id)
+        if req.all:
             return {"modules": [i.to_json() for i in self._incarnations(boot.boot_id)]}
-        if is_current and params.get("at") is None:
-            parse_clock(params)
+        if is_current and req.at is None:
             return {"modules": [i.to_json() for i in self._loaded()]}
-        clock, t = self._at(params, is_current)
-        incs = loaded_at(self._incarnations(boot.boot_id), clock, t)
+        t = self._at(req.clock, req.at, is_current)
+        incs = loaded_at(self._incarnations(boot.boot_id), req.clock, t)
         return {"modules": [i.to_json() for i in incs]}
 
-    def resolve(self, params: dict[str, Any]) -> dict[str, Any]:
-        parsed: dict[str, Any] = json.loads(self.resolve_results(params))
-        return parsed
-
-    def resolve_results(self, params: dict[str, Any]) -> bytes:
+    def resolve(self, req: requests.Resolve) -> Reply:
         """Resolve's reply parameters as JSON (the server splices them into its reply)."""
-        check_known(params, {"addresses", "boot_id", "at", "clock"})
-        addrs = parse_addresses(params.get("addresses"))
-        boot, is_current = self._boot(params)
+        boot, is_current = self._boot(req.boot_id)
         if boot.restricted and not boot.anchors.known():
-            raise VarlinkError(
-                f"{INTERFACE}.AddressesRestricted", {"reason": boot.restricted_reason or ""}
-            )
+            raise AddressesRestricted(boot.restricted_reason or "")
         kernel_key = self._kernel_table(boot.boot_id)
-        if is_current and params.get("at") is None:
-            parse_clock(params)
+        if is_current and req.at is None:
             if self._now_map is None or self._now_map.kernel_table != kernel_key:
                 self._now_map = AddressMap(boot, self._loaded(), Clock.MONOTONIC, None, kernel_key)
             amap = self._now_map
         else:
-            clock, t = self._at(params, is_current)
-            amap = self._map_at(boot, clock, t, kernel_key)
+            t = self._at(req.clock, req.at, is_current)
+            amap = self._map_at(boot, req.clock, t, kernel_key)
         resolved = self.store.with_tables(
-            amap.table_keys(), lambda tables: amap.resolve(addrs, tables)
+            amap.table_keys(), lambda tables: amap.resolve(req.addresses, tables)
         )
         return resolved.to_json()
 
@@ -324,14 +238,12 @@ class Service:
                 key = self._kernel_tables[boot_id] = str(rec["kernel"])
         return key
 
-    def export_kallsyms(self, params: dict[str, Any]) -> dict[str, Any]:
-        check_known(params, {"boot_id", "at", "clock"})
-        boot, is_current = self._boot(params)
-        clock, t = self._at(params, is_current)
+    def export_kallsyms(self, req: requests.ExportKallsyms) -> Reply:
+        boot, is_current = self._boot(req.boot_id)
+        clock = req.clock
+        t = self._at(clock, req.at, is_current)
         if boot.restricted and not boot.anchors.known():
-            raise VarlinkError(
-                f"{INTERFACE}.AddressesRestricted", {"reason": boot.restricted_reason or ""}
-            )
+            raise AddressesRestricted(boot.restricted_reason or "")
         rec = self.store.boot_symbols(boot.boot_id)
         if rec is None or boot.anchors.text is None:
             why = "not captured yet" if is_current else "kallsyms was not captured for it"
@@ -357,8 +269,12 @@ class Service:
         )
         return {"kallsyms": text}
 
-    def status(self, params: dict[str, Any]) -> dict[str, Any]:
-        check_known(params, set())
+    def status(self, _req: requests.Status) -> Reply:
         if self._status is None:
-            raise VarlinkError(f"{SERVICE}.MethodNotImplemented", {"method": "Status"})
+            raise MethodNotImplemented("Status")
         return self._status()
+
+
+def _encode(params: dict[str, Any]) -> bytes:
+    """Reply parameters as compact JSON, as the wire carries them."""
+    return json.dumps(params, separators=(",", ":")).encode()

@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from watchdog.events import (
     DirCreatedEvent,
@@ -23,13 +23,39 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 
-from kreld.model import SeenBy
+from kreld.model import HintAction, SeenBy
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 SYSFS_MAGIC = 0x62656572  # include/uapi/linux/magic.h
 
 
 class Notify(Protocol):
-    def __call__(self, source: SeenBy, action: str, name: str | None = None) -> None: ...
+    def __call__(self, source: SeenBy, action: HintAction, name: str | None = None) -> None: ...
+
+
+class Health(Protocol):
+    """What Status says of a source of events (its ``sources`` member)."""
+
+    name: str
+    healthy: bool
+    last_error: str | None
+
+    @property
+    def events(self) -> int: ...
+
+
+def health(s: Health) -> dict[str, Any]:
+    return {"name": s.name, "healthy": s.healthy, "events": s.events, "last_error": s.last_error}
+
+
+class EventSource(Health, Protocol):
+    """What the daemon starts, stops and reports on."""
+
+    def start(self, stop: threading.Event) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +99,9 @@ def module_event(ev: Uevent) -> tuple[str, str] | None:
 class UeventSource:
     """Kernel uevents (netlink ``NETLINK_KOBJECT_UEVENT``) through pyudev."""
 
-    def __init__(self, notify: Notify, log: Any, buffer_bytes: int = 4 << 20) -> None:
+    def __init__(
+        self, notify: Notify, log: FilteringBoundLogger, buffer_bytes: int = 4 << 20
+    ) -> None:
         import pyudev
 
         self._notify = notify
@@ -114,7 +142,7 @@ class UeventSource:
             )
             return
         self.log.debug("uevent", action=me[0], module=me[1])
-        self._notify(SeenBy.UEVENT, me[0], me[1])
+        self._notify(SeenBy.UEVENT, HintAction.of(me[0]), me[1])
 
     def _run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -124,7 +152,7 @@ class UeventSource:
                 if e.errno == errno.ENOBUFS:
                     self.overruns += 1
                     self.log.warning("uevent_overrun", overruns=self.overruns, action="rescan")
-                    self._notify(SeenBy.UEVENT, "rescan")
+                    self._notify(SeenBy.UEVENT, HintAction.RESCAN)
                     continue
                 self.healthy = False
                 self.last_error = str(e)
@@ -171,7 +199,9 @@ class _Handler(FileSystemEventHandler):
 class WatchSource:
     """A watchdog observer on ``sys/module``: polling on sysfs, inotify elsewhere."""
 
-    def __init__(self, notify: Notify, path: str, method: str, interval: float, log: Any) -> None:
+    def __init__(
+        self, notify: Notify, path: str, method: str, interval: float, log: FilteringBoundLogger
+    ) -> None:
         self._notify = notify
         self.path = path
         self.log = log
@@ -203,15 +233,15 @@ class WatchSource:
         if isinstance(event, DirMovedEvent):
             old, new = self._name(event.src_path), self._name(event.dest_path)
             if old:
-                self._notify(self.seen_by, "remove", old)
+                self._notify(self.seen_by, HintAction.REMOVE, old)
             if new:
-                self._notify(self.seen_by, "add", new)
+                self._notify(self.seen_by, HintAction.ADD, new)
             return
         if isinstance(event, DirCreatedEvent | DirDeletedEvent):
             name = self._name(event.src_path)
             if name:
                 self.events += 1
-                action = "add" if isinstance(event, DirCreatedEvent) else "remove"
+                action = HintAction.ADD if isinstance(event, DirCreatedEvent) else HintAction.REMOVE
                 self._notify(self.seen_by, action, name)
 
     def start(self, stop: threading.Event) -> None:

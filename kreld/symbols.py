@@ -201,6 +201,7 @@ class SymbolCapture:
         # True while capture should wait (the tracker has modules to read).
         self.defer = defer
         self._initial: KallsymsText | None = None
+        self._kernel_done = False  # the kernel's table captured
 
     @property
     def events(self) -> int:
@@ -228,7 +229,7 @@ class SymbolCapture:
         threading.Thread(target=self._run, args=(stop,), name="symbols", daemon=True).start()
 
     def _run(self, stop: threading.Event) -> None:
-        kernel_done = False
+        self._kernel_done = False
         held: list[Incarnation | None] = []  # a batch whose capture failed, for a retry
         backoff = RETRY_FIRST
         retry_at = 0.0
@@ -243,35 +244,16 @@ class SymbolCapture:
                 if not held:
                     self.idle.set()
                 continue
-            batch = [first]
-            stop.wait(0.05)  # let a burst of loads gather into one read
-            while True:
-                try:
-                    batch.append(self._pending.get_nowait())
-                except queue.Empty:
-                    break
+            batch = self._gather(first, stop)
             self._stand_aside(stop)
-            incs = [i for i in batch if i is not None]
             try:
-                stale = self._initial is not None
-                if kernel_done and not any(self._needs_kallsyms(i) for i in incs):
-                    ks = None
-                else:
-                    ks = self._read()
-                if not kernel_done:
-                    self.capture_kernel(ks)
-                    kernel_done = True
-                missing = self.capture_modules(incs, ks, stale=stale and ks is not None)
-                if missing:
-                    # Loaded after the start's read: a read of now shows them.
-                    self.capture_modules(missing, self._read())
+                self._capture_batch([i for i in batch if i is not None])
             except KreldError as e:
                 # A store error (a full disk): nothing of the batch is lost,
                 # it is tried again later, as new loads come or after a while.
                 self.healthy = False
                 self.last_error = str(e)
                 held = [*held, *batch]
-                ks = None
                 retry_at = time.monotonic() + backoff
                 self.log.error(
                     "symbol_capture_failed",
@@ -286,13 +268,39 @@ class SymbolCapture:
                 self.healthy = True
                 self.log.info("symbol_capture_recovered", last_error=self.last_error)
             backoff = RETRY_FIRST
-            if ks is not None:
-                # The raw text (megabytes) must not outlive its batch: drop it
-                # and give the heap it grew back (see kreld.heap).
-                ks = None
-                heap.trim()
             if self._pending.empty() and not held:
                 self.idle.set()
+
+    def _gather(self, first: Incarnation | None, stop: threading.Event) -> list[Incarnation | None]:
+        """*first* and the loads queued behind it: a burst becomes one read."""
+        batch = [first]
+        stop.wait(0.05)
+        while True:
+            try:
+                batch.append(self._pending.get_nowait())
+            except queue.Empty:
+                return batch
+
+    def _capture_batch(self, incs: list[Incarnation]) -> None:
+        """The kernel's table (first time) and *incs*' tables, from one read of
+        kallsyms where any needs it."""
+        stale = self._initial is not None
+        if self._kernel_done and not any(self._needs_kallsyms(i) for i in incs):
+            ks = None
+        else:
+            ks = self._read()
+        if not self._kernel_done:
+            self.capture_kernel(ks)
+            self._kernel_done = True
+        missing = self.capture_modules(incs, ks, stale=stale and ks is not None)
+        if missing:
+            # Loaded after the start's read: a read of now shows them.
+            self.capture_modules(missing, self._read())
+        if ks is not None:
+            # The raw text (megabytes) must not outlive its batch: drop it and
+            # give the heap it grew back (see kreld.heap).
+            del ks
+            heap.trim()
 
     def _stand_aside(self, stop: threading.Event) -> None:
         """Wait (up to DEFER_MAX) while the tracker is reading modules."""

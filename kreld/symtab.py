@@ -151,12 +151,6 @@ def pack(
     return pack_columns(cols, sections, source)
 
 
-def digest(packed: bytes) -> str:
-    import hashlib  # loads OpenSSL: only when a table is stored
-
-    return hashlib.sha256(packed).hexdigest()
-
-
 class SymbolTables(Protocol):
     """Tables by key, as a read of the store gives them (absent: None)."""
 

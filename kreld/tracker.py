@@ -18,21 +18,24 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kreld import consts
 from kreld.kernel import Root
-from kreld.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.model import HintAction, Incarnation, ModuleEvent, ModuleState, SeenBy, Timestamp
 from kreld.modules import list_modules, read_module, read_proc_modules
 from kreld.store import Store
 
-Listener = Callable[[str, Incarnation], None]
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+Listener = Callable[[ModuleEvent, Incarnation], None]
 
 
 @dataclass(frozen=True, slots=True)
 class Hint:
     source: SeenBy
-    action: str  # "add", "remove", "change" or "rescan"
+    action: HintAction
     name: str | None
 
 
@@ -54,7 +57,7 @@ class ModuleTracker:
         store: Store,
         root: Root,
         boot_id: str,
-        log: Any,
+        log: FilteringBoundLogger,
         *,
         recheck_interval: float = consts.DEFAULT_POLL_INTERVAL,
         heartbeat_interval: float = consts.HEARTBEAT_INTERVAL,
@@ -77,7 +80,7 @@ class ModuleTracker:
 
     # -- what sources call ----------------------------------------------------
 
-    def notify(self, source: SeenBy, action: str, name: str | None = None) -> None:
+    def notify(self, source: SeenBy, action: HintAction, name: str | None = None) -> None:
         """Thread-safe: queue a hint for the reconciler."""
         self._hints.put(Hint(source, action, name))
 
@@ -154,7 +157,9 @@ class ModuleTracker:
                 seq=inc.seq,
                 build_id=inc.state.build_id,
             )
-        self._emit([("load", i) for i in stored] + [("unload", i) for i in closed])
+        self._emit(
+            [(ModuleEvent.LOAD, i) for i in stored] + [(ModuleEvent.UNLOAD, i) for i in closed]
+        )
 
     @staticmethod
     def _same_load(old: ModuleState, new: ModuleState) -> bool:
@@ -227,7 +232,7 @@ class ModuleTracker:
         """
         incomplete = [t.inc.name for t in self._open.values() if not _complete(t.inc.state)]
         if incomplete:
-            self.reconcile([Hint(SeenBy.POLL, "change", n) for n in incomplete])
+            self.reconcile([Hint(SeenBy.POLL, HintAction.CHANGE, n) for n in incomplete])
         now = Timestamp.now()
         if now.monotonic - self._last_heartbeat >= self.heartbeat_interval * 1e9:
             self.reconcile([])
@@ -385,9 +390,9 @@ class ModuleTracker:
                 "module_unloaded", module=inc.name, seq=inc.seq, seen_by=inc.unload_seen_by
             )
         self._emit(
-            [("load", i) for i in stored]
-            + [("update", i) for i in updated]
-            + [("unload", i) for i in closed]
+            [(ModuleEvent.LOAD, i) for i in stored]
+            + [(ModuleEvent.UPDATE, i) for i in updated]
+            + [(ModuleEvent.UNLOAD, i) for i in closed]
         )
 
     def _keep_pairs(self, paired: dict[int, set[SeenBy]], closed: list[_Tracked]) -> None:
@@ -423,7 +428,7 @@ class ModuleTracker:
     def _remember(self, t: _Tracked) -> None:
         self._recent.setdefault(t.inc.name, deque(maxlen=4)).append(t)
 
-    def _emit(self, events: list[tuple[str, Incarnation]]) -> None:
+    def _emit(self, events: list[tuple[ModuleEvent, Incarnation]]) -> None:
         for kind, inc in events:
             for listener in list(self.listeners):
                 try:

@@ -111,41 +111,10 @@ def reply(parameters: dict[str, Any], continues: bool = False) -> bytes:
     return encode({"parameters": parameters})
 
 
+def reply_encoded(parameters: bytes) -> bytes:
+    """A reply whose parameters are already a JSON object."""
+    return b'{"parameters":' + parameters + b"}\0"
+
+
 def error_reply(err: VarlinkError) -> bytes:
     return encode({"error": err.name, "parameters": err.parameters})
-
-
-# -- parameter checks --------------------------------------------------------
-
-
-def opt_str(params: dict[str, Any], name: str, max_len: int = 256) -> str | None:
-    v = params.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, str) or len(v) > max_len:
-        raise invalid_parameter(name)
-    return v
-
-
-def opt_int(params: dict[str, Any], name: str) -> int | None:
-    v = params.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or not -(2**63) <= v < 2**63:
-        raise invalid_parameter(name)
-    return v
-
-
-def opt_bool(params: dict[str, Any], name: str) -> bool:
-    v = params.get(name, False)
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise invalid_parameter(name)
-    return v
-
-
-def check_known(params: dict[str, Any], known: set[str]) -> None:
-    for k in params:
-        if k not in known:
-            raise invalid_parameter(k)

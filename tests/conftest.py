@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 from faketree import FakeTree
+from kreldproc import KreldProcess
 
 from kreld.client import connect_unix
 
@@ -67,70 +67,8 @@ def ctl_json(*args: str) -> Any:
     return json.loads(kreldctl(*args, "--json").stdout)
 
 
-class Daemon:
-    """kreld as a subprocess, logging JSON lines to a file."""
-
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        self.args = args
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._offset = 0
-
-    def start(self, wait_ready: bool = True, timeout: float = 20) -> Daemon:
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self._offset = self.log_path.stat().st_size
-        self.proc = subprocess.Popen(
-            [_bin("kreld"), "--log-format", "json", *self.args],
-            stdout=self._log,
-            stderr=self._log,
-            start_new_session=True,
-        )
-        if wait_ready:
-            self.wait_for("ready", timeout=timeout)
-        return self
-
-    def events(self) -> list[dict[str, Any]]:
-        """This run's events: a log file shared by several runs is read from
-        where this run started writing."""
-        out = []
-        with open(self.log_path, "rb") as f:
-            f.seek(self._offset)
-            lines = f.read().decode(errors="replace").splitlines()
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
-
-    def wait_for(
-        self, event: str, timeout: float = 20, count: int = 1, **match: Any
-    ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = [
-                e
-                for e in self.events()
-                if e.get("event") == event and all(e.get(k) == v for k, v in match.items())
-            ]
-            if len(found) >= count:
-                return found[count - 1]
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(
-                    f"kreld exited {self.proc.returncode}:\n{self.log_path.read_text()}"
-                )
-            time.sleep(0.02)
-        raise AssertionError(
-            f"no {event!r} {match} in {timeout}s:\n{self.log_path.read_text()[-4000:]}"
-        )
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-        rc = self.proc.wait(timeout=timeout)
-        self._log.close()
-        return rc
+# kreld as a subprocess (tests/kreldproc.py, which the benchmarks share).
+Daemon = KreldProcess
 
 
 @pytest.fixture

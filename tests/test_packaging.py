@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from kreld import cli as kreldctl
 from kreld import consts, daemon
+from kreld import ctl_args as kreldctl
 from kreld import log as klog
 from kreld.config import SCHEMA, Config, load_config
 from kreld.errors import ConfigError, ExitCode

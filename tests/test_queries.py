@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.queries import AddressMap
+from kreld.requests import Resolve, parse
 from kreld.service import Service
 from kreld.store import Store
 
@@ -77,8 +78,10 @@ def incarnation(
 
 
 def where(amap: AddressMap, addr: int) -> tuple[str, str] | None:
-    r = amap.region_of(addr)
-    return None if r is None else (r.image, r.section)
+    """The image and section Resolve places *addr* in."""
+    reply = json.loads(amap.resolve([addr]).to_json())
+    (r,) = reply["region"]
+    return None if r < 0 else (reply["regions"][r]["image"], reply["regions"][r]["section"])
 
 
 def test_freed_init_layout_of_one_module_does_not_capture_anothers_core() -> None:
@@ -144,7 +147,7 @@ def test_resolve_on_a_recorded_boot_reuses_its_map_until_an_event(tmp_path: Path
 
         def resolve(at: int) -> str | None:
             params = {"addresses": ["0xffffffffc0000010"], "boot_id": old.boot_id, "at": at}
-            reply = json.loads(svc.resolve_results(params))
+            reply = json.loads(svc.resolve(parse(Resolve, params)))  # type: ignore[arg-type]
             (r,) = reply["region"]
             return None if r < 0 else str(reply["regions"][r]["image"])
 

@@ -590,20 +590,22 @@ def test_calls_that_grow_with_the_store_leave_the_loop() -> None:
     """Only calls answered from memory run on the event loop."""
     import numpy  # noqa: F401 (loaded: a small Resolve may be answered on the loop)
 
-    from kreld.server import is_quick
-    from kreld.varlink import Call
+    from kreld.methods import METHODS
 
-    assert is_quick(Call("io.kreld.GetBoot"))
-    assert is_quick(Call("io.kreld.Status"))
-    assert is_quick(Call("io.kreld.Resolve", {"addresses": ["0x1"] * 8}))
-    assert is_quick(Call("io.kreld.GetModules"))
-    assert not is_quick(Call("io.kreld.ListBoots"))
-    assert not is_quick(Call("io.kreld.Snapshot"))
-    assert not is_quick(Call("io.kreld.ExportKallsyms"))
-    assert not is_quick(Call("io.kreld.GetBoot", {"boot_id": "abc"}))
-    assert not is_quick(Call("io.kreld.GetModules", {"all": True}))
-    assert not is_quick(Call("io.kreld.Resolve", {"addresses": ["0x1"] * 10_000}))
-    assert not is_quick(Call("io.kreld.Resolve", {"addresses": ["0x1"], "at": 5}))
+    def is_quick(method: str, params: dict[str, Any] | None = None) -> bool:
+        return METHODS[method].quick(params or {})
+
+    assert is_quick("io.kreld.GetBoot")
+    assert is_quick("io.kreld.Status")
+    assert is_quick("io.kreld.Resolve", {"addresses": ["0x1"] * 8})
+    assert is_quick("io.kreld.GetModules")
+    assert not is_quick("io.kreld.ListBoots")
+    assert not is_quick("io.kreld.Snapshot")
+    assert not is_quick("io.kreld.ExportKallsyms")
+    assert not is_quick("io.kreld.GetBoot", {"boot_id": "abc"})
+    assert not is_quick("io.kreld.GetModules", {"all": True})
+    assert not is_quick("io.kreld.Resolve", {"addresses": ["0x1"] * 10_000})
+    assert not is_quick("io.kreld.Resolve", {"addresses": ["0x1"], "at": 5})
 
 
 def test_the_first_resolve_leaves_the_loop_while_it_imports_numpy() -> None:
@@ -611,8 +613,8 @@ def test_the_first_resolve_leaves_the_loop_while_it_imports_numpy() -> None:
     addresses runs on the worker thread, so that the loop keeps answering
     everyone else; a few addresses (looked up without numpy) stay on the loop."""
     code = (
-        "import sys; from kreld.server import is_quick; from kreld.varlink import Call; "
-        "q = lambda n: is_quick(Call('io.kreld.Resolve', {'addresses': ['0x1'] * n})); "
+        "import sys; from kreld.methods import METHODS; "
+        "q = lambda n: METHODS['io.kreld.Resolve'].quick({'addresses': ['0x1'] * n}); "
         "print('numpy' in sys.modules, q(1), q(32), q(33))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _bin, fast_tmpdir, start, wait_until
+from conftest import fast_tmpdir, start, wait_until
 from faketree import FakeTree
 from faultlib import (
     assert_history_sane,
@@ -497,23 +497,13 @@ SYSTEMD_DEFAULT_NOFILE = 1024  # systemd's default soft LimitNOFILE; kreld.servi
 def start_limited(
     daemon_factory: Any, tree: FakeTree, state: Path, sock: Path, cfg: Path, nofile: tuple
 ) -> Any:
-    """kreld started with RLIMIT_NOFILE *nofile*, set in the child before exec (what
-    conftest's Daemon.start does, plus the limit; the factory still cleans up)."""
+    """kreld started with RLIMIT_NOFILE *nofile*, set in the child before exec (the
+    factory still cleans up)."""
     d = daemon_factory(
         "--root", str(tree.root), "--state-dir", str(state), "--socket", str(sock),
         "--config", str(cfg), log_name=f"kreld-{nofile[0]}-{nofile[1]}.log",
     )  # fmt: skip
-    d._log = open(d.log_path, "ab")  # noqa: SIM115 - closed by Daemon.stop()
-    d._offset = d.log_path.stat().st_size
-    d.proc = subprocess.Popen(
-        [_bin("kreld"), "--log-format", "json", *d.args],
-        stdout=d._log,
-        stderr=d._log,
-        start_new_session=True,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile),
-    )
-    d.wait_for("ready")
-    return d
+    return d.start(preexec=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile))
 
 
 def test_kreld_raises_its_descriptor_limit_to_the_hard_one(
