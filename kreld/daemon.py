@@ -27,6 +27,7 @@ from systemd import daemon as sd
 
 from kreld import __version__
 from kreld import log as klog
+from kreld.access import policy_of
 from kreld.config import Config
 from kreld.errors import ExitCode, KreldError
 from kreld.kernel import Root, read_boot_id
@@ -35,7 +36,7 @@ from kreld.options import add_common, resolve_config
 from kreld.publish import Publisher, check_config
 from kreld.publish import configure as configure_publishing
 from kreld.s3 import leave
-from kreld.server import ACCEPT_HEADROOM, Limits, Policy, Server, bind_socket, group_id
+from kreld.server import ACCEPT_HEADROOM, Limits, Server, bind_socket
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
 from kreld.sources import UeventSource, WatchSource
@@ -105,17 +106,6 @@ def log_boot(log: Any, snap: BootSnapshot, added: bool, changed: bool, notes: li
         log.warning("addresses_restricted", reason=snap.restricted_reason)
     for fault in snap.faults:
         log.warning("kernel_read_fault", fault=fault)
-
-
-def policy_of(cfg: Config, log: Any) -> Policy:
-    gids = set()
-    for name in cfg.allowed_groups:
-        gid = group_id(name)
-        if gid is None:
-            log.warning("allowed_group_missing", group=name)
-        else:
-            gids.add(gid)
-    return Policy(frozenset(gids), frozenset(cfg.allowed_uids))
 
 
 # Descriptors kept for the store, the sources, sysfs reads and the log.

@@ -31,7 +31,6 @@ from kreld.errors import KernelReadError, KreldError
 from kreld.kaslr import matching_vmlinux
 from kreld.kernel import Root
 from kreld.model import BootSnapshot, Incarnation
-from kreld.modules import list_modules
 from kreld.store import Store
 from kreld.symtab import (
     FROM_ELF,
@@ -45,6 +44,7 @@ from kreld.symtab import (
     pack,
     parse_kallsyms,
 )
+from kreld.sysfs_modules import list_modules
 
 __all__ = ["ModuleFiles", "SymbolCapture", "ko_table", "parse_kallsyms"]
 

@@ -21,7 +21,6 @@ from typing import Any
 from kreld import consts
 from kreld.kernel import Root
 from kreld.model import Incarnation, SeenBy, Timestamp
-from kreld.modules import list_modules, read_module, read_proc_modules
 from kreld.reconcile import (
     Changes,
     Hint,
@@ -33,6 +32,7 @@ from kreld.reconcile import (
     to_read,
 )
 from kreld.store import Store
+from kreld.sysfs_modules import list_modules, read_module, read_proc_modules
 
 __all__ = ["Hint", "Listener", "ModuleTracker"]
 
