@@ -64,6 +64,7 @@ from common import (
     log,
     now_ns,
     percentile,
+    real_kallsyms,
     run_quiet,
     venv_python,
     venv_tool,
@@ -80,6 +81,7 @@ POLL_INTERVAL = 0.5
 INOTIFY_GOAL_NS = 20_000_000
 POLL_SLACK_NS = 50_000_000
 IDLE_GOAL_PCT = 0.5
+CHURN_CPU_GOAL_MS = 10.0
 _HOST_WARNINGS = frozenset({"allowed_group_missing", "socket_group_missing"})
 
 # -- the floors the bench sets itself ---------------------------------------------------
@@ -419,6 +421,99 @@ def idle_run(tmp: Path, window: float, settle: float) -> dict[str, Any]:
     return out
 
 
+# -- module churn beside a real-sized kallsyms ----------------------------------------------
+
+
+@dataclass
+class Churn:
+    """Loads of modules each unloaded *life* s later: *burst* at once, the next
+    burst *gap* s after the unloads, *cycles* times."""
+
+    name: str
+    cycles: int
+    burst: int
+    life: float
+    gap: float
+
+
+def churn_run(quick: bool) -> dict[str, Any]:
+    """kreld (inotify) on a fake tree with a copy of the real kallsyms, state on
+    tmpfs: its CPU (utime+stime, /proc/pid/stat, and schedstat) per module
+    load, and how many loads were recorded without section bases."""
+    ft = load_faketree()
+    work = Path(tempfile.mkdtemp(prefix="kreld-bench-churn-", dir="/dev/shm"))
+    tree = ft.FakeTree(work / "root")
+    lines = real_kallsyms(tree)
+    cfg = write_config(work / "kreld.toml", "inotify", None)
+    state = work / "state"
+    args = ["--config", str(cfg), "--state-dir", str(state), "--root", str(tree.root)]
+    daemon = Kreld([*args, "--socket", str(work / "kreld.sock")], work / "kreld.log")
+    phases = [
+        Churn("one load every 0.5 s", 10 if quick else 30, 1, 0.25, 0.25),
+        Churn("bursts of 20, unloaded 50 ms later", 10 if quick else 30, 20, 0.05, 0.05),
+        Churn("one load living 50 ms", 10 if quick else 30, 1, 0.05, 0.45),
+    ]
+    out: dict[str, Any] = {"lines": lines, "phases": {}}
+    try:
+        daemon.wait_for(
+            lambda evs: any(e.get("event") == "kernel_symbols" for e in evs), "kernel_symbols"
+        )
+        time.sleep(1.0)
+        store = Store(state, readonly=True)
+        pid = daemon.proc.pid
+        hz = os.sysconf("SC_CLK_TCK")
+        k = 0
+        for ph in phases:
+            names: list[str] = []
+            t0, n0, w0 = cpu_ticks(pid), cpu_ns_schedstat(pid), time.monotonic()
+            for _ in range(ph.cycles):
+                burst = [f"churn{k + i:04d}" for i in range(ph.burst)]
+                for i, name in enumerate(burst):
+                    tree.add_module(name, 0xFFFFFFFFD0000000 + (k + i) * 0x100000)
+                k += ph.burst
+                time.sleep(ph.life)
+                for name in burst:
+                    tree.remove_module(name)
+                names += burst
+                time.sleep(ph.gap)
+            wanted = set(names)
+
+            def recorded(wanted: set[str] = wanted) -> list[Incarnation]:
+                return [
+                    i
+                    for i in store.incarnations(tree.boot_id)
+                    if i.name in wanted and i.unloaded is not None
+                ]
+
+            deadline = time.monotonic() + 30
+            while len(recorded()) < len(wanted) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # the symbol worker's last batch
+            t1, n1, w1 = cpu_ticks(pid), cpu_ns_schedstat(pid), time.monotonic()
+            incs = recorded()
+            out["phases"][ph.name] = {
+                "loads": len(names),
+                "recorded": len(incs),
+                "lost": sum(1 for i in incs if ".text" not in i.state.sections),
+                "cpu_ms": (t1 - t0) / hz * 1000 / len(names),
+                "cpu_ns_ms": None if n0 is None or n1 is None else (n1 - n0) / 1e6 / len(names),
+                "seconds": w1 - w0,
+            }
+            log(f"modules/churn: {ph.name}: {out['phases'][ph.name]}")
+        store.close()
+    finally:
+        out["rc"] = daemon.stop()
+        out["faults"] = daemon.faults()
+        shutil.rmtree(work, ignore_errors=True)
+    # What each batch of loads cost before: a plain parse of all of kallsyms.
+    data = Path("/proc/kallsyms").read_bytes()
+    c0 = time.process_time()
+    for _ in range(3):
+        [line.split(b" ", 2) for line in data.split(b"\n")]
+    out["parse_ms"] = (time.process_time() - c0) / 3 * 1000
+    return out
+
+
 # -- the bench ---------------------------------------------------------------------------------
 
 
@@ -442,6 +537,9 @@ def _run(tmp: Path, quick: bool) -> list[Result]:
 
     log(f"modules: idle CPU of kreld --root / over {window:.0f} s")
     idle = idle_run(tmp, window, settle)
+
+    log("modules: churn beside a copy of the real kallsyms (state on tmpfs)")
+    churn = churn_run(quick)
 
     log(f"modules: inotify path, {loads} loads, then {cycles} unload+load cycles")
     ino_phases = [Phase("loads", loads, 0.02), Phase("reload", cycles, 0.02, reload=True)]
@@ -608,6 +706,51 @@ def _run(tmp: Path, quick: bool) -> list[Result]:
         "at a time, the reload loop unloads the newest bench module just before each load; "
         "polling: a load every 0.1-0.2 s"
     )
+    parse_desc = (
+        "CPU of one plain split of every line of /proc/kallsyms in the bench process "
+        "(what each batch of loads cost kreld when it parsed all of kallsyms)"
+    )
+    for name, ph in churn["phases"].items():
+        results.append(
+            Result(
+                f"CPU per module load, {name} (utime+stime)",
+                ph["cpu_ms"] * 1e6,
+                "ns",
+                churn["parse_ms"] * 1e6,
+                "parse",
+                parse_desc,
+                "<= 10 ms",
+                ph["cpu_ms"] <= CHURN_CPU_GOAL_MS,
+            )
+        )
+        results.append(
+            Result(
+                f"loads recorded without section bases, {name}",
+                ph["lost"],
+                "",
+                ph["loads"],
+                "loads",
+                "the number of loads in the phase",
+                "0",
+                ph["lost"] == 0 and ph["recorded"] == ph["loads"],
+            )
+        )
+        notes.append(
+            f"churn, {name}: {ph['recorded']}/{ph['loads']} loads recorded in "
+            f"{ph['seconds']:.1f} s, {ph['lost']} without section bases; CPU per load "
+            f"{ph['cpu_ms']:.2f} ms by /proc/pid/stat"
+            + (f", {ph['cpu_ns_ms']:.2f} ms by schedstat" if ph["cpu_ns_ms"] is not None else "")
+        )
+    notes.append(
+        f"churn: a fake tree whose kallsyms is a copy of this machine's ({churn['lines']} lines; "
+        "the fake modules have no lines in it, so each load's build is looked for in kallsyms "
+        "and then among .ko files, and none is found), state on tmpfs, watch = inotify; every "
+        "load is a new module name (a new build: the dearest case)"
+    )
+    if churn["rc"] != 0:
+        notes.append(f"churn: kreld exited {churn['rc']} on SIGTERM (expected 0)")
+    if churn["faults"]:
+        notes.append(f"churn daemon logged: {churn['faults']}")
     for r in results:
         r.bench = "modules"
     results[0].notes = notes

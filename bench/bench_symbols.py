@@ -59,6 +59,7 @@ from common import (
 from elftools.elf.elffile import ELFFile
 
 from kreld.client import Client
+from kreld.kallsyms import KallsymsText
 from kreld.kernel import Root
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
@@ -225,7 +226,7 @@ def figures_live(quick: bool, tmp: Path) -> list[Result]:
     store = Store(state)
     snap, _notes = take_snapshot(root)
     stored, _, _ = store.record_boot(snap)
-    SymbolCapture(store, root, stored, None).capture_kernel(parse_kallsyms(data))
+    SymbolCapture(store, root, stored, None).capture_kernel(KallsymsText.of(data))
     rec = store.boot_symbols(stored.boot_id)
     if rec is None:
         raise RuntimeError("kreld did not cache the kernel table for this boot")

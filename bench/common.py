@@ -54,6 +54,17 @@ def load_faketree() -> ModuleType:
     return faketree
 
 
+def real_kallsyms(tree: Any) -> int:
+    """Give *tree* this machine's kallsyms (or one as long, if it is restricted)."""
+    real = Path("/proc/kallsyms").read_bytes()
+    first = real.split(b" ", 1)[0]
+    if first and first.strip(b"0"):
+        tree.write("proc/kallsyms", real)
+    else:
+        tree.grow_kallsyms(real.count(b"\n"))
+    return int((tree.root / "proc/kallsyms").read_bytes().count(b"\n"))
+
+
 def log(msg: str) -> None:
     """Progress goes to stderr; stdout is for the table."""
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

@@ -1,9 +1,14 @@
-"""``kreldctl``: snapshot, inspect and query what kreld recorded."""
+"""``kreldctl``: snapshot, inspect and query what kreld recorded.
+
+A command imports what it uses, when it uses it: the store (lmdb) only when
+it reads the store, the client only when it talks to the daemon, the
+snapshot's readers only for ``snapshot``.  ``kreldctl --help`` loads none of
+them (tests/test_cli.py checks which modules each loads).
+"""
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import re
 import sys
@@ -12,24 +17,18 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from kreld import perfctl
-from kreld.client import Client, ConnectError, error_from_reply, resolutions
 from kreld.config import Config
-from kreld.consts import KALLSYMS
 from kreld.errors import ExitCode, InvalidArgument, KreldError
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr, parse_addr
 from kreld.options import add_common, resolve_config
-from kreld.perfdata import PerfHeader, read_perf_header
-from kreld.queries import loaded_at
-from kreld.s3 import leave
-from kreld.service import MAX_RESOLVE_ADDRESSES, Service
-from kreld.store import Store
-from kreld.varlink import VarlinkError
 
 if TYPE_CHECKING:
     from kreld.bootsource import BootSource
     from kreld.bucket import BucketBackend
+    from kreld.client import Client
+    from kreld.perfdata import PerfHeader
+    from kreld.service import Service
 
 EPILOG = """\
 exit status:
@@ -40,6 +39,7 @@ exit status:
   4  permission denied, or kernel addresses restricted
   5  the store is unusable: missing, corrupt, foreign or from a newer kreld
   6  the configuration is invalid
+  7  snapshot without a daemon, or gc: another kreld writes to the store (holds its lock)
 """
 
 
@@ -123,6 +123,8 @@ def add_from(p: argparse.ArgumentParser, suppress: bool = False) -> None:
 
 def parse_time(text: str, clock: Clock) -> int:
     """``--at`` as nanoseconds on *clock*."""
+    import datetime as dt
+
     s = text.strip()
     try:
         if s.endswith("s"):
@@ -169,6 +171,8 @@ def symbol_of(r: dict[str, Any]) -> str:
 
 
 def fmt_realtime(ns: int) -> str:
+    import datetime as dt
+
     return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
@@ -235,6 +239,11 @@ class LocalBackend:
 
     def service(self) -> Service:
         if self._service is None:
+            from kreld.queries import loaded_at
+            from kreld.service import Service
+            from kreld.store import Store
+            from kreld.storelock import damaged_stores
+
             store = Store(self.cfg.state_dir, readonly=True)
 
             def current() -> BootSnapshot:
@@ -251,6 +260,8 @@ class LocalBackend:
                     "loaded_modules": len(loaded()),
                     "store_bytes": store.size_bytes(),
                     **counts,
+                    "damaged_stores": damaged_stores(self.cfg.state_dir),
+                    "damaged_databases": sorted(store.lost),
                 }
 
             self._service = Service(
@@ -264,22 +275,38 @@ class LocalBackend:
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         if method == "Snapshot":
-            from kreld.snapshot import take_snapshot  # pyelftools: only when scanning
-            from kreld.symbols import SymbolCapture, parse_kallsyms
+            from kreld.kallsyms import KallsymsText  # only when scanning
+            from kreld.snapshot import take_snapshot
+            from kreld.store import Store
+            from kreld.symbols import SymbolCapture
 
-            snap, _notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
-            with Store(self.cfg.state_dir) as store:
+            try:  # one read, for the snapshot and the kernel's table
+                ks: KallsymsText | None = KallsymsText.read(self.root)
+            except KreldError:
+                ks = None  # the snapshot reads it again and says why
+            snap, _notes = take_snapshot(
+                self.root, self.cfg.debuginfo_dirs, ks.data if ks else None
+            )
+            from kreld.storelock import writer_lock
+
+            # No daemon answered: write as one, under its lock (StoreLocked if one runs).
+            with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
                 stored, added, changed = store.record_boot(snap)
-                if not stored.restricted and store.boot_symbols(stored.boot_id) is None:
-                    capture = SymbolCapture(store, self.root, stored, None)
-                    capture.capture_kernel(parse_kallsyms(self.root.read_bytes(KALLSYMS)))
+                if ks and not stored.restricted and store.boot_symbols(stored.boot_id) is None:
+                    SymbolCapture(store, self.root, stored, None).capture_kernel(ks)
             return {"boot": stored.to_json(), "new": added, "updated": changed}
+        from kreld.varlink import VarlinkError
+
         try:
             return self.service().handle(method, params)
         except VarlinkError as e:
+            from kreld.client import error_from_reply
+
             raise error_from_reply(e.name, e.parameters) from e
 
     def stream(self, method: str, **params: Any) -> Iterator[dict[str, Any]]:
+        from kreld.client import ConnectError
+
         raise ConnectError(f"{self.cfg.socket}: {method} needs a running kreld")
 
 
@@ -305,6 +332,8 @@ class Ctl:
             if self.args.state_dir is not None and self.args.socket is None:
                 self._backend = LocalBackend(self.cfg)
             else:
+                from kreld.client import Client, ConnectError
+
                 try:
                     self._backend = Client(self.cfg.socket, timeout=60)
                 except ConnectError:
@@ -443,6 +472,8 @@ class Ctl:
             addrs = [hex(parse_addr(a)) for a in self.args.addresses]
         except ValueError as e:
             raise InvalidArgument("ADDR", str(e)) from e
+        from kreld.client import resolutions
+
         results = resolutions(addrs, self.call("Resolve", addresses=addrs, **self._at()))
         if self.args.json:
             self.emit_json(results)
@@ -464,12 +495,17 @@ class Ctl:
     def symbolize(self) -> int:
         if self.args.for_perf:
             header = self.perf_header()  # a bad file is told first
+            from kreld import perfctl
+
             return perfctl.symbolize_for(self.perf_store(), header, sys.stdin, self.out, self.err)
         addrs: list[str] = []
         for line in sys.stdin:
             addrs.extend(addresses_in(line))
         at = self._at()
         results: list[dict[str, Any]] = []
+        from kreld.client import resolutions
+        from kreld.service import MAX_RESOLVE_ADDRESSES
+
         step = MAX_RESOLVE_ADDRESSES
         for i in range(0, len(addrs), step):
             batch = addrs[i : i + step]
@@ -487,6 +523,8 @@ class Ctl:
             raise InvalidArgument(
                 "--for", "the recording names its boot and times: no --boot, --at"
             )
+        from kreld.perfdata import read_perf_header
+
         return read_perf_header(self.args.for_perf)
 
     def perf_store(self) -> BootSource:
@@ -494,11 +532,15 @@ class Ctl:
         symbol tables."""
         if self.args.source:
             return cast("BucketBackend", self.backend()).store
+        from kreld.store import Store
+
         return Store(self.cfg.state_dir, readonly=True)
 
     def export(self) -> int:
         if self.args.for_perf:
             header = self.perf_header()  # a bad file is told first
+            from kreld import perfctl
+
             res = {"kallsyms": perfctl.export_for(self.perf_store(), header, self.err)}
         else:
             res = self.call("ExportKallsyms", **self._at())
@@ -524,7 +566,10 @@ class Ctl:
             current: str | None = read_boot_id(Root(Path(self.cfg.root)))
         except KreldError:
             current = None
-        with Store(self.cfg.state_dir) as store:
+        from kreld.store import Store
+        from kreld.storelock import writer_lock
+
+        with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
             before = store.size_bytes()
             removed = store.gc(keep_boots, keep_days, current, time.time_ns())
         removed["store_bytes"] = before
@@ -540,7 +585,7 @@ class Ctl:
 
     def status(self) -> int:
         st = self.call("Status")
-        st.setdefault("daemon", isinstance(self.backend(), Client))
+        st.setdefault("daemon", not isinstance(self.backend(), LocalBackend))
         if self.args.json:
             self.emit_json(st)
             return 0
@@ -565,14 +610,17 @@ class Ctl:
                         f"{'source':<{width}}  {src['name']}: {state}, {src['events']} events",
                         file=self.out,
                     )
+            elif isinstance(v, list):  # damaged_stores: one line each, none when empty
+                for item in v:
+                    print(f"{k:<{width}}  {item}", file=self.out)
             else:
                 print(f"{k:<{width}}  {v}", file=self.out)
         return 0
 
     def watch(self) -> int:
         backend = self.backend()
-        if isinstance(backend, Client):
-            backend.sock.settimeout(None)  # events may be hours apart
+        if not isinstance(backend, LocalBackend) and not self.args.source:
+            cast("Client", backend).sock.settimeout(None)  # events may be hours apart
         for msg in backend.stream("Subscribe"):
             if self.args.json:
                 self.out.write(json.dumps(msg) + "\n")
@@ -587,6 +635,15 @@ class Ctl:
                 )
             self.out.flush()
         return 0
+
+
+def leave(rc: int) -> int:
+    """*rc*, or an exit at once where obstore was used (see :func:`kreld.s3.leave`)."""
+    if "kreld.s3" not in sys.modules:
+        return rc
+    from kreld.s3 import leave as leave_s3
+
+    return leave_s3(rc)
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

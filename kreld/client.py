@@ -150,7 +150,12 @@ class Client:
             if end >= 0:
                 raw = bytes(buf[:end])
                 del buf[: end + 1]
-                obj = json.loads(raw)
+                try:
+                    obj = json.loads(raw)
+                except ValueError as e:  # also a reply that is not UTF-8
+                    raise RemoteError(
+                        "io.kreld.Protocol", {"reason": f"reply is not JSON: {e}"}
+                    ) from e
                 if not isinstance(obj, dict):
                     raise RemoteError("io.kreld.Protocol", {"reason": "reply is not an object"})
                 return obj

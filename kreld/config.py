@@ -6,7 +6,6 @@ naming the file and the key: a typo must not silently fall back to a default.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -213,6 +212,8 @@ def _apply(cfg: Config, data: Mapping[str, Any], file: str) -> Config:
 
 
 def _load_file(path: Path) -> dict[str, Any]:
+    import tomllib  # with datetime: only when there is a file to read
+
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

@@ -29,7 +29,8 @@ from kreld import __version__
 from kreld import log as klog
 from kreld.access import policy_of
 from kreld.config import Config
-from kreld.errors import ExitCode, KreldError
+from kreld.errors import ExitCode, KernelReadError, KreldError
+from kreld.kallsyms import KallsymsText
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp, hexaddr
 from kreld.options import add_common, resolve_config
@@ -40,7 +41,7 @@ from kreld.server import ACCEPT_HEADROOM, Limits, Server, bind_socket
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
 from kreld.sources import UeventSource, WatchSource
-from kreld.store import Store
+from kreld.storelock import WriterLock, damaged_stores, open_writable
 from kreld.symbols import SymbolCapture
 from kreld.tracker import ModuleTracker
 
@@ -56,6 +57,7 @@ exit status:
   2  the command line is wrong
   5  the store is unusable: corrupt, truncated, foreign or from a newer kreld
   6  the configuration is invalid (the message names the file and key)
+  7  another kreld writes to this store (it holds the store's lock)
 """
 
 # Keys that take effect only when kreld starts again.
@@ -143,7 +145,12 @@ class Daemon:
         self.started = time.monotonic_ns()
         self.stop_threads = threading.Event()
         self.root = Root(Path(cfg.root))
-        self.store = Store(cfg.state_dir)
+        self.lock = WriterLock(cfg.state_dir)
+        try:
+            self.store = open_writable(Path(cfg.state_dir), log)
+        except BaseException:
+            self.lock.release()
+            raise
         self.sources: list[Any] = []
         self.symbols: SymbolCapture | None = None
         self.tracker: ModuleTracker | None = None
@@ -157,10 +164,11 @@ class Daemon:
 
     # -- startup ----------------------------------------------------------------
 
-    def record_boot(self) -> tuple[BootSnapshot, bool, bool]:
-        """Snapshot the kernel and record what is new (also the Snapshot method)."""
+    def record_boot(self, kallsyms: bytes | None = None) -> tuple[BootSnapshot, bool, bool]:
+        """Snapshot the kernel and record what is new (also the Snapshot method);
+        *kallsyms*: a read of it already made."""
         with self._snapshot_lock:
-            snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs)
+            snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs, kallsyms)
             stored, added, changed = self.store.record_boot(snap)
             self.boot = stored
             # What kreld can read now; the boot's record keeps what it learnt
@@ -171,11 +179,17 @@ class Daemon:
         return stored, added, changed
 
     def current_boot(self) -> BootSnapshot:
-        assert self.boot is not None
+        if self.boot is None:
+            raise KreldError("the boot is not recorded yet")
         return self.boot
 
     def start_tracking(self) -> None:
-        stored, _, _ = self.record_boot()
+        # One read of kallsyms per start: the snapshot and the symbol capture share it.
+        try:
+            ks: KallsymsText | None = KallsymsText.read(self.root)
+        except KernelReadError:
+            ks = None  # the snapshot reads it again and records why
+        stored, _, _ = self.record_boot(ks.data if ks else None)
         tracker = ModuleTracker(
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
@@ -198,10 +212,11 @@ class Daemon:
             s.start(self.stop_threads)
         tracker.startup()
         self.symbols = SymbolCapture(
-            self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs
+            self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs, tracker.busy
         )
         tracker.listeners.append(self.symbols.on_event)
-        self.symbols.start(self.stop_threads, tracker.loaded())
+        self.symbols.start(self.stop_threads, tracker.loaded(), ks)
+        del ks
         self.tracker_thread = threading.Thread(
             target=tracker.run, args=(self.stop_threads,), name="tracker", daemon=True
         )
@@ -235,19 +250,20 @@ class Daemon:
         return sock
 
     def status(self) -> dict[str, Any]:
-        assert self.boot is not None and self.tracker is not None
+        boot, tracker = self.current_boot(), self.started_tracker()
         counts = self.store.counts()
         return {
             "version": __version__,
             "uptime_ns": time.monotonic_ns() - self.started,
-            "boot_id": self.boot.boot_id,
+            "boot_id": boot.boot_id,
             "boots": counts["boots"],
             "builds": counts["builds"],
             "incarnations": counts["incarnations"],
-            "loaded_modules": len(self.tracker.loaded()),
+            "loaded_modules": len(tracker.loaded()),
             "store_bytes": self.store.size_bytes(),
             "restricted": self.reading[0],
             "restricted_reason": self.reading[1],
+            "damaged_stores": damaged_stores(self.cfg.state_dir),
             "sources": [
                 {
                     "name": s.name,
@@ -262,12 +278,17 @@ class Daemon:
                 {
                     "name": "tracker",
                     "healthy": self.healthy(),
-                    "events": self.tracker.reconciliations,
+                    "events": tracker.reconciliations,
                     "last_error": None,
                 }
             ],
             "publish": None if self.publisher is None else self.publisher.health(),
         }
+
+    def started_tracker(self) -> ModuleTracker:
+        if self.tracker is None:
+            raise KreldError("module tracking has not started")
+        return self.tracker
 
     def healthy(self) -> bool:
         return self.tracker_thread is not None and self.tracker_thread.is_alive()
@@ -278,6 +299,7 @@ class Daemon:
             f"boot {st['boot_id'][:8]}: {st['loaded_modules']} modules loaded, "
             f"{st['incarnations']} incarnations in {st['boots']} boots"
             + (", addresses restricted" if st["restricted"] else "")
+            + (", a damaged store was set aside" if st["damaged_stores"] else "")
         )
 
     # -- the main loop -------------------------------------------------------------
@@ -295,12 +317,12 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
 
         self.start_tracking()
-        assert self.tracker is not None and self.boot is not None
+        tracker = self.started_tracker()
         service = Service(
             self.store,
             current_boot=self.current_boot,
             current_id=lambda: self.current_boot().boot_id,
-            loaded=self.tracker.loaded,
+            loaded=tracker.loaded,
             snapshot=self.record_boot,
             status=self.status,
         )
@@ -308,7 +330,7 @@ class Daemon:
             service, policy_of(self.cfg, self.log), limits_of(self.cfg, self.log), self.log
         )
         await self.server.start(self.listening_socket())
-        self.tracker.listeners.append(self.server.publish)
+        tracker.listeners.append(self.server.publish)
         sd.notify(f"READY=1\nSTATUS={self.status_line()}")
         self.log.info(
             "ready", state_dir=self.cfg.state_dir, root=self.cfg.root, socket=self.cfg.socket
@@ -353,9 +375,8 @@ class Daemon:
             await asyncio.sleep(86400)
 
     def gc(self) -> dict[str, int]:
-        assert self.boot is not None
         return self.store.gc(
-            self.cfg.keep_boots, self.cfg.keep_days, self.boot.boot_id, time.time_ns()
+            self.cfg.keep_boots, self.cfg.keep_days, self.current_boot().boot_id, time.time_ns()
         )
 
     async def _status_updates(self) -> None:
@@ -428,6 +449,7 @@ class Daemon:
             except OSError:
                 pass
         self.store.close()
+        self.lock.release()
 
 
 def _watchdog_usec() -> int:

@@ -1,22 +1,29 @@
-"""ELF files (vmlinux, System.map companions, /proc/kcore) read with pyelftools."""
+"""ELF files (vmlinux, System.map companions, /proc/kcore) read with pyelftools.
+
+pyelftools is imported by the functions that use it, not with this module:
+most starts never open an ELF file (kcore's notes are read without it).
+"""
 
 from __future__ import annotations
 
 import os
 import struct
 from pathlib import Path
-
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import NoteSection, SymbolTableSection
+from typing import TYPE_CHECKING
 
 from kreld.elfnote import NoteType, iter_notes, parse_vmcoreinfo
 from kreld.errors import NoteError
+
+if TYPE_CHECKING:
+    from elftools.elf.elffile import ELFFile
 
 _PT_NOTE = 4
 
 
 def _open_elf(path: Path) -> tuple[ELFFile, object] | None:
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed by the caller through the tuple
     except OSError:
@@ -30,6 +37,8 @@ def _open_elf(path: Path) -> tuple[ELFFile, object] | None:
 
 def gnu_build_id(elf: ELFFile) -> str | None:
     """The GNU build-id note of an open ELF file, as lowercase hex."""
+    from elftools.elf.sections import NoteSection
+
     for section in elf.iter_sections():
         if isinstance(section, NoteSection):
             for note in section.iter_notes():
@@ -40,6 +49,8 @@ def gnu_build_id(elf: ELFFile) -> str | None:
 
 def elf_build_id(path: Path) -> str | None:
     """The GNU build-id of an ELF file, or ``None`` if unreadable or absent."""
+    from elftools.common.exceptions import ELFError
+
     opened = _open_elf(path)
     if opened is None:
         return None
@@ -54,6 +65,9 @@ def elf_build_id(path: Path) -> str | None:
 
 def elf_symbols(path: Path, names: set[str]) -> dict[str, int]:
     """Values of the named symbols from the ELF's ``.symtab``."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.sections import SymbolTableSection
+
     opened = _open_elf(path)
     if opened is None:
         return {}
@@ -161,6 +175,9 @@ def module_symbol_letter(
 def elf_symbol_entries(path: Path) -> list[tuple[int, bytes, bytes]]:
     """Every named function/object symbol of a linked ELF (vmlinux), in symtab
     order, as ``(value, type letter, name)`` like parsed kallsyms lines."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.sections import SymbolTableSection
+
     opened = _open_elf(path)
     if opened is None:
         return []

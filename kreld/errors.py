@@ -21,6 +21,7 @@ class ExitCode(IntEnum):
     PERMISSION_DENIED = 4
     STORE = 5
     CONFIG = 6
+    STORE_LOCKED = 7
 
 
 class KreldError(Exception):
@@ -140,6 +141,23 @@ class StoreCorrupt(StoreError):
     """The file is damaged, truncated, or not a kreld store at all."""
 
     varlink_name = "io.kreld.StoreCorrupt"
+
+
+class StoreDamaged(StoreCorrupt):
+    """An LMDB file that was kreld's store, cut short or with damaged pages.
+
+    Unlike a foreign or garbage file it is set aside by the daemon, which
+    then starts a fresh store (:mod:`kreld.storelock`).
+    """
+
+
+class StoreLocked(StoreError):
+    """Another kreld writes to this store (it holds the store's lock).
+
+    A startup and kreldctl error, never a reply: the daemon that holds the
+    lock is the one answering (on the wire it would be a StoreError)."""
+
+    exit_code = ExitCode.STORE_LOCKED
 
 
 class StoreTooNew(StoreError):

@@ -8,7 +8,6 @@ pointers (zeros) come back as ``None``.
 from __future__ import annotations
 
 import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +38,8 @@ class Root:
 
 
 def read_boot_id(root: Root) -> str:
+    import uuid  # not for kreldctl --help
+
     raw = root.read_text(consts.BOOT_ID)
     try:
         return str(uuid.UUID(raw))
@@ -97,9 +98,11 @@ def scan_kallsyms_anchors(data: bytes) -> dict[str, int]:
     return found
 
 
-def read_anchors(root: Root) -> tuple[Anchors, bool]:
-    """The anchors, and whether kallsyms showed zeros where addresses belong."""
-    data = root.read_bytes(consts.KALLSYMS)
+def read_anchors(root: Root, data: bytes | None = None) -> tuple[Anchors, bool]:
+    """The anchors, and whether kallsyms showed zeros where addresses belong
+    (from *data*, a read of kallsyms already made, if given)."""
+    if data is None:
+        data = root.read_bytes(consts.KALLSYMS)
     anchors = Anchors.from_symbols(scan_kallsyms_anchors(data))
     # Zeros throughout: the first field of the first line is all zeros.
     first = data.split(b" ", 1)[0]

@@ -329,7 +329,8 @@ class Incarnation:
             faults=tuple(d.get("faults", ())),
         )
         loaded = ts("loaded")
-        assert loaded is not None
+        if loaded is None:
+            raise ValueError("incarnation record without a load time")
         usb = d.get("unload_seen_by")
         return cls(
             boot_id=d["boot_id"],

@@ -19,7 +19,6 @@ import stat
 import sys
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from kreld.varlink import (
     reply,
 )
 
-INTERFACE_DESCRIPTION = resources.files("kreld").joinpath("io.kreld.varlink").read_text()
+INTERFACE_DESCRIPTION = Path(__file__).with_name("io.kreld.varlink").read_text()
 SERVICE_DESCRIPTION = """\
 # The varlink service interface
 interface org.varlink.service
@@ -189,7 +188,8 @@ class Server:
             return
         event = {"event": kind, "module": inc.to_json()}
         for c in list(self.subscribers):
-            assert c.queue is not None
+            if c.queue is None:  # not a subscriber (cannot happen: set before it is added)
+                continue
             try:
                 c.queue.put_nowait(event)
             except asyncio.QueueFull:

@@ -222,11 +222,11 @@ class Service:
     def list_boots_reply(self, params: dict[str, Any]) -> bytes:
         """ListBoots as wire bytes, encoded again only after the store has
         changed (a fleet of profilers polling it costs a txn-id read a call)."""
-        cached = self._list_boots(params)
-        if cached[2] is None:
-            cached = self._boots = (cached[0], cached[1], reply(cached[1]))
-        assert cached[2] is not None
-        return cached[2]
+        txnid, result, wire = self._list_boots(params)
+        if wire is None:
+            wire = reply(result)
+            self._boots = (txnid, result, wire)
+        return wire
 
     def _list_boots(self, params: dict[str, Any]) -> tuple[int, dict[str, Any], bytes | None]:
         check_known(params, set())

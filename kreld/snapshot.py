@@ -22,12 +22,15 @@ from kreld.kernel import (
 from kreld.model import Anchors, BootSnapshot, Timestamp
 
 
-def take_snapshot(root: Root, debuginfo_dirs: Iterable[str] = ()) -> tuple[BootSnapshot, list[str]]:
+def take_snapshot(
+    root: Root, debuginfo_dirs: Iterable[str] = (), kallsyms: bytes | None = None
+) -> tuple[BootSnapshot, list[str]]:
     """Snapshot the kernel; returns it and notes on what could not be learnt.
 
     Only the boot-id and the release are required: without them there is
     nothing to key a record by.  Everything else degrades to ``None`` with a
-    fault or a note saying why.
+    fault or a note saying why.  *kallsyms* is a read of it already made (the
+    daemon's start reads it once, for this and the symbol capture).
     """
     seen = Timestamp.now()
     boot_id = read_boot_id(root)
@@ -45,7 +48,7 @@ def take_snapshot(root: Root, debuginfo_dirs: Iterable[str] = ()) -> tuple[BootS
         faults.append(str(e))
     kptr = read_int_sysctl(root, consts.KPTR_RESTRICT)
     try:
-        anchors, zeroed = read_anchors(root)
+        anchors, zeroed = read_anchors(root, kallsyms)
     except KernelReadError as e:
         anchors, zeroed = Anchors(), False
         faults.append(str(e))

@@ -22,8 +22,6 @@ from watchdog.events import (
     FileSystemEvent,
     FileSystemEventHandler,
 )
-from watchdog.observers.inotify import InotifyObserver
-from watchdog.observers.polling import PollingObserver
 
 from kreld.model import SeenBy
 
@@ -182,9 +180,15 @@ class WatchSource:
         self.method = method
         self.name = f"watch-{method}"
         self.seen_by = SeenBy.POLL if method == "poll" else SeenBy.INOTIFY
-        self.observer: Any = (
-            PollingObserver(timeout=interval) if method == "poll" else InotifyObserver()
-        )
+        self.observer: Any
+        if method == "poll":  # each observer's module only when it is the one used
+            from watchdog.observers.polling import PollingObserver
+
+            self.observer = PollingObserver(timeout=interval)
+        else:
+            from watchdog.observers.inotify import InotifyObserver
+
+            self.observer = InotifyObserver()
         self.observer.schedule(_Handler(self), path, recursive=False)
         self.events = 0
         self.healthy = True

@@ -44,10 +44,12 @@ from kreld.errors import (
     AmbiguousBoot,
     NoSuchBoot,
     StoreCorrupt,
+    StoreDamaged,
     StoreError,
     StoreFull,
     StoreTooNew,
 )
+from kreld.lmdbcheck import check_datafile
 from kreld.model import BootSnapshot, Incarnation, Timestamp, hexaddr, merge_boot
 from kreld.symtab import SymbolTable, module_symbol_key
 
@@ -66,7 +68,6 @@ _DBS = (
     b"layouts",
     b"absolutes",
 )
-_LMDB_MAGIC = 0xBEEFC0DE
 # Free space under which an EIO from LMDB is taken for a full disk.
 _NEARLY_FULL = 4 << 20
 _SEQ = struct.Struct(">Q")
@@ -90,49 +91,23 @@ def boot_from_record(raw: bytes) -> BootSnapshot:
     return BootSnapshot.from_json(d)
 
 
+_UNREADABLE = (ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error)
+
+
+def _decoded(path: Path, what: str, fn: Callable[[], T]) -> T:
+    """*fn*'s decode of a stored record; a damaged record is StoreCorrupt."""
+    try:
+        return fn()
+    except _UNREADABLE as e:
+        raise StoreCorrupt(str(path), f"unreadable {what}: {e!r}") from e
+
+
 def boot_key(boot_id: str) -> bytes:
     return uuid.UUID(boot_id).bytes
 
 
 def inc_key(boot_id: str, seq: int) -> bytes:
     return boot_key(boot_id) + _SEQ.pack(seq)
-
-
-def check_datafile(path: Path) -> None:
-    """Refuse a ``data.mdb`` that is not a whole LMDB file, before LMDB maps it.
-
-    LMDB trusts its meta pages: a file cut short would be mapped and read
-    past its end (SIGBUS).  Each meta page sits at the start of one of the
-    first two pages: magic and version at +16, the page size in the free
-    DB's ``md_pad`` at +40, the last page number and txn id at +136.
-    """
-    data = path / "data.mdb"
-    try:
-        size = data.stat().st_size
-        with open(data, "rb") as f:
-            head = f.read(16384 + 152)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise StoreError(str(path), f"cannot read data.mdb: {e.strerror}") from e
-    if size < 152:
-        raise StoreCorrupt(str(path), f"data.mdb is {size} bytes: not an LMDB file (or truncated)")
-    metas = []
-    psize = struct.unpack_from("<I", head, 40)[0]
-    for off in (0, psize):
-        if off + 152 > len(head):
-            continue
-        magic, version = struct.unpack_from("<II", head, off + 16)
-        if magic != _LMDB_MAGIC or version != 1:
-            continue
-        last_pg, txnid = struct.unpack_from("<QQ", head, off + 136)
-        metas.append((txnid, last_pg))
-    if not metas or psize not in (4096, 8192, 16384, 65536):
-        raise StoreCorrupt(str(path), "data.mdb is not an LMDB file: this is not a kreld store")
-    _txnid, last_pg = max(metas)
-    need = (last_pg + 1) * psize
-    if size < need:
-        raise StoreCorrupt(str(path), f"data.mdb is truncated: {size} bytes, its pages need {need}")
 
 
 def check_owner(path: Path) -> None:
@@ -197,6 +172,21 @@ class _ResizeGate:
                 self._cond.notify_all()
 
 
+class _Databases(dict[bytes, Any]):
+    """The named database handles; one a damaged store lost (a reader's open
+    of a damaged store) is StoreCorrupt when used, never read."""
+
+    def __init__(self, path: str, lost: frozenset[str]) -> None:
+        super().__init__()
+        self._path = path
+        self._lost = lost
+
+    def __missing__(self, name: bytes) -> Any:
+        if name.decode() in self._lost:
+            raise StoreCorrupt(self._path, f"data.mdb is truncated or damaged in {name.decode()}")
+        raise KeyError(name)
+
+
 class TableViews:
     """The symbol tables of one read transaction, each opened when first asked for."""
 
@@ -249,7 +239,12 @@ class Store:
             except OSError as e:
                 raise StoreError(str(self.path), f"cannot create: {e.strerror}") from e
             check_owner(self.path)
-        check_datafile(self.path)
+        # Named databases found damaged: a reader leaves them alone (None below).
+        self.lost = check_datafile(self.path, readonly=readonly)
+        if "meta" in self.lost:
+            raise StoreDamaged(
+                str(self.path), "data.mdb is truncated or damaged in its meta database"
+            )
         try:
             self.env = lmdb.open(
                 str(self.path),
@@ -264,17 +259,24 @@ class Store:
             )
         except lmdb.InvalidError as e:
             raise StoreCorrupt(str(self.path), f"not an LMDB environment ({e})") from e
+        except lmdb.CorruptedError as e:
+            raise StoreDamaged(str(self.path), f"LMDB finds it damaged ({e})") from e
         except lmdb.VersionMismatchError as e:
             raise StoreCorrupt(str(self.path), f"LMDB version mismatch ({e})") from e
         except lmdb.Error as e:
             raise StoreError(str(self.path), str(e)) from e
         try:
             self._init_or_check()
+        except lmdb.CorruptedError as e:
+            self.env.close()
+            raise StoreDamaged(str(self.path), f"LMDB finds it damaged ({e})") from e
         except BaseException:
             self.env.close()
             raise
-        self.dbs: dict[bytes, Any] = {}
+        self.dbs = _Databases(str(self.path), self.lost)
         for name in _DBS:
+            if name.decode() in self.lost:
+                continue
             try:
                 self.dbs[name] = self.env.open_db(name, create=not readonly)
             except lmdb.NotFoundError:
@@ -400,6 +402,12 @@ class Store:
 
     # -- boots ---------------------------------------------------------------
 
+    def _boot(self, raw: bytes) -> BootSnapshot:
+        return _decoded(self.path, "boot record", lambda: boot_from_record(raw))
+
+    def _json(self, raw: bytes, what: str) -> dict[str, Any]:
+        return _decoded(self.path, what, lambda: dict(json.loads(bytes(raw))))
+
     def record_boot(self, snap: BootSnapshot) -> tuple[BootSnapshot, bool, bool]:
         """Record *snap*; returns the stored record, whether it was new, and
         whether an existing record learnt something."""
@@ -408,7 +416,7 @@ class Store:
         def txn_fn(txn: Any) -> tuple[BootSnapshot, bool, bool]:
             raw = txn.get(key, db=self.dbs[b"boots"])
             if raw is not None:
-                old = boot_from_record(raw)
+                old = self._boot(raw)
                 merged = merge_boot(old, snap)
                 if merged == old:
                     return old, False, False
@@ -429,7 +437,7 @@ class Store:
         key = snap.build_id.encode()
         db = self.dbs[b"builds"]
         raw = txn.get(key, db=db)
-        rec = json.loads(raw) if raw else None
+        rec = _decoded(self.path, "build record", lambda: json.loads(raw)) if raw else None
         if rec is None:
             rec = {
                 "build_id": snap.build_id,
@@ -452,7 +460,7 @@ class Store:
         raw = self.read(fn)
         if raw is None:
             raise NoSuchBoot(boot_id)
-        return boot_from_record(raw)
+        return self._boot(raw)
 
     def resolve_boot(self, prefix: str) -> str:
         """The full boot-id for a unique prefix (as ``git`` does with hashes)."""
@@ -494,7 +502,7 @@ class Store:
             for k in txn.cursor(db=order).iterprev(values=False):
                 raw = txn.get(k[8:], db=boots)
                 if raw is not None:
-                    out.append(boot_from_record(raw))
+                    out.append(self._boot(raw))
             return out
 
         return self.read(fn)
@@ -505,12 +513,14 @@ class Store:
             return None if db is None else txn.get(build_id.encode(), db=db)
 
         raw = self.read(fn)
-        return None if raw is None else dict(json.loads(raw))
+        return None if raw is None else self._json(raw, "build record")
 
     def counts(self) -> dict[str, int]:
         def fn(txn: Any) -> dict[str, int]:
             out = {}
             for name in (b"boots", b"builds", b"incarnations", b"open"):
+                if name.decode() in self.lost:  # a damaged store read as far as it is whole
+                    continue
                 db = self.dbs[name]
                 out[name.decode()] = 0 if db is None else txn.stat(db)["entries"]
             return out
@@ -607,13 +617,15 @@ class Store:
                 stored = txn.get(k, db=self.dbs[b"layouts"])
                 if stored is None:
                     raise StoreCorrupt(str(self.path), f"section layout {k.hex()} is missing")
-                names = self._layouts[k] = list(json.loads(bytes(stored)))
+                names = self._layouts[k] = _decoded(
+                    self.path, "section layout", lambda: list(json.loads(bytes(stored)))
+                )
             return names
 
         boot_id = str(uuid.UUID(bytes=bytes(key[:16])))
         try:
             return records.decode(raw, boot_id, int(_SEQ.unpack(key[16:24])[0]), layout)
-        except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:
+        except _UNREADABLE as e:
             raise StoreCorrupt(
                 str(self.path), f"unreadable incarnation record {bytes(key).hex()}: {e}"
             ) from e
@@ -637,7 +649,9 @@ class Store:
             return None if db is None else txn.get(boot_key(boot_id), db=db)
 
         raw = self.read(fn)
-        return None if raw is None else Timestamp.from_json(json.loads(raw))
+        if raw is None:
+            return None
+        return _decoded(self.path, "watch time", lambda: Timestamp.from_json(json.loads(raw)))
 
     def open_incarnations(self, boot_id: str) -> list[Incarnation]:
         prefix = boot_key(boot_id)
@@ -686,7 +700,7 @@ class Store:
             return None if db is None else txn.get(boot_id.encode(), db=db)
 
         raw = self.read(fn)
-        return None if raw is None else dict(json.loads(raw))
+        return None if raw is None else self._json(raw, "boot symbols record")
 
     def put_absolutes(self, boot_id: str, seq: int, values: list[int]) -> None:
         """The values one incarnation printed for its table's absolute entries
@@ -734,7 +748,7 @@ class Store:
         def fn(txn: Any) -> tuple[str, str]:
             done = txn.get(boot_id.encode(), db=bdb)
             if done is not None:
-                return str(json.loads(done)["kernel"]), "known"
+                return str(self._json(done, "boot symbols record")["kernel"]), "known"
             used, action = key, "shared"
             existing = txn.get(key.encode(), db=db)
             if existing is None:
@@ -817,7 +831,7 @@ class Store:
             # Tables still referred to: each boot's kernel table, each module build.
             used: set[bytes] = set()
             for _, v in txn.cursor(db=self.dbs[b"boot_symbols"]):
-                used.add(str(json.loads(bytes(v))["kernel"]).encode())
+                used.add(str(self._json(v, "boot symbols record")["kernel"]).encode())
             for k, v in txn.cursor(db=self.dbs[b"incarnations"]):
                 st = self.decode_incarnation(txn, bytes(k), v).state
                 key = module_symbol_key(st.build_id, st.name, st.srcversion)

@@ -6,28 +6,29 @@ a module kallsyms does not show (restricted pointers), from its ``.ko``
 (also ``.ko.xz`` and ``.ko.zst``) found under ``lib/modules/<release>`` with
 a build-id that must match.  A worker thread does the reading, coalescing a
 burst of module loads into one read of kallsyms, so the tracker never waits.
+
+The worker never parses all of kallsyms for a module: it takes the module's
+lines out of the raw text (:class:`kreld.kallsyms.KallsymsText`).  It reads
+kallsyms only for loads that need it (a build with no table yet, or one
+whose table keeps per-cpu values), and it stands aside while the tracker is
+reading a module's sections: those vanish with the module, a table does not.
 """
 
 from __future__ import annotations
 
 import io
-import lzma
 import os
 import queue
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
-
-from kreld import consts
 from kreld.elf import elf_symbol_entries, elf_symbols, gnu_build_id, module_symbol_letter
 from kreld.errors import KernelReadError, KreldError
+from kreld.kallsyms import KallsymsText, Line
 from kreld.kaslr import matching_vmlinux
 from kreld.kernel import Root
 from kreld.model import BootSnapshot, Incarnation
@@ -35,24 +36,24 @@ from kreld.store import Store
 from kreld.symtab import (
     FROM_ELF,
     MODULE_ABSOLUTE,
-    Kallsyms,
     SymbolTable,
     kernel_symbol_key,
     kernel_table,
     module_symbol_key,
     module_table,
     pack,
-    parse_kallsyms,
 )
 from kreld.sysfs_modules import list_modules
 
-__all__ = ["ModuleFiles", "SymbolCapture", "ko_table", "parse_kallsyms"]
+__all__ = ["ModuleFiles", "SymbolCapture", "ko_table"]
 
 _MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst")
 # A batch whose tables could not be stored is tried again after this many
 # seconds, doubling up to RETRY_MAX while the store keeps failing.
 RETRY_FIRST = 1.0
 RETRY_MAX = 60.0
+# How long the worker stands aside while the tracker reads modules, at most.
+DEFER_MAX = 1.0
 
 
 def _decompress(path: Path) -> bytes | None:
@@ -61,6 +62,8 @@ def _decompress(path: Path) -> bytes | None:
     except OSError:
         return None
     if path.name.endswith(".xz"):
+        import lzma
+
         try:
             return lzma.decompress(raw)
         except lzma.LZMAError:
@@ -79,6 +82,10 @@ def _decompress(path: Path) -> bytes | None:
 
 def ko_table(data: bytes, build_id: str) -> bytes | None:
     """A module table from a ``.ko``; ``None`` unless its build-id is *build_id*."""
+    from elftools.common.exceptions import ELFError  # pyelftools: only for a .ko
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
     try:
         elf = ELFFile(io.BytesIO(data))
         if gnu_build_id(elf) != build_id:
@@ -159,17 +166,6 @@ class ModuleFiles:
         return None
 
 
-def kallsyms_extras(ks: Kallsyms, modules: set[str]) -> list[str]:
-    """Lines of bracketed owners that are not loadable modules ([bpf], ftrace)."""
-    out = []
-    for owner in ks.order:
-        if owner in modules:
-            continue
-        for value, typ, name in ks.modules[owner]:
-            out.append(f"{value:016x} {typ.decode()} {name.decode()}\t[{owner}]")
-    return out
-
-
 class _Quiet:
     """A logger that says nothing (kreldctl's own snapshot)."""
 
@@ -187,6 +183,7 @@ class SymbolCapture:
         boot: BootSnapshot,
         log: Any | None,
         extra_dirs: Iterable[str] = (),
+        defer: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
         self.root = root
@@ -200,6 +197,9 @@ class SymbolCapture:
         self.last_error: str | None = None
         self.name = "symbols"
         self.idle = threading.Event()
+        # True while capture should wait (the tracker has modules to read).
+        self.defer = defer
+        self._initial: KallsymsText | None = None
 
     @property
     def events(self) -> int:
@@ -211,8 +211,16 @@ class SymbolCapture:
             self.idle.clear()
             self._pending.put(inc)
 
-    def start(self, stop: threading.Event, loaded: list[Incarnation]) -> None:
+    def start(
+        self,
+        stop: threading.Event,
+        loaded: list[Incarnation],
+        kallsyms: KallsymsText | None = None,
+    ) -> None:
+        """Capture the kernel's table and *loaded*'s, then follow loads.  The
+        start's own read of kallsyms (*kallsyms*) serves the first turn."""
         self.idle.clear()
+        self._initial = kallsyms
         for inc in loaded:
             self._pending.put(inc)
         self._pending.put(None)  # marks the kernel's turn, first
@@ -241,12 +249,21 @@ class SymbolCapture:
                     batch.append(self._pending.get_nowait())
                 except queue.Empty:
                     break
+            self._stand_aside(stop)
+            incs = [i for i in batch if i is not None]
             try:
-                ks = self._read()
+                stale = self._initial is not None
+                if kernel_done and not any(self._needs_kallsyms(i) for i in incs):
+                    ks = None
+                else:
+                    ks = self._read()
                 if not kernel_done:
                     self.capture_kernel(ks)
                     kernel_done = True
-                self.capture_modules([i for i in batch if i is not None], ks)
+                missing = self.capture_modules(incs, ks, stale=stale and ks is not None)
+                if missing:
+                    # Loaded after the start's read: a read of now shows them.
+                    self.capture_modules(missing, self._read())
             except KreldError as e:
                 # A store error (a full disk): nothing of the batch is lost,
                 # it is tried again later, as new loads come or after a while.
@@ -270,30 +287,54 @@ class SymbolCapture:
             if self._pending.empty() and not held:
                 self.idle.set()
 
-    def _read(self) -> Kallsyms | None:
+    def _stand_aside(self, stop: threading.Event) -> None:
+        """Wait (up to DEFER_MAX) while the tracker is reading modules."""
+        if self.defer is None:
+            return
+        deadline = time.monotonic() + DEFER_MAX
+        while self.defer() and time.monotonic() < deadline and not stop.is_set():
+            time.sleep(0.002)
+
+    def _needs_kallsyms(self, inc: Incarnation) -> bool:
+        """Whether capturing *inc* needs kallsyms: its build has no table from
+        kallsyms yet, or that table keeps per-cpu values this load may move."""
+        s = inc.state
+        key = module_symbol_key(s.build_id, s.name, s.srcversion)
+        if key is None:
+            return False
+        if self.store.table_source(key) in (None, FROM_ELF):
+            return True
+        return bool(self.store.with_tables([key], lambda t: absolute_entries(t.get(key))))
+
+    def _read(self) -> KallsymsText | None:
+        """The start's read, the first time; then a read of now."""
+        if self._initial is not None:
+            ks, self._initial = self._initial, None
+            return ks
         try:
-            return parse_kallsyms(self.root.read_bytes(consts.KALLSYMS))
+            ks = KallsymsText.read(self.root)
         except KernelReadError as e:
             self.log.warning("kallsyms_unreadable", error=str(e))
             return None
+        return ks
 
-    def capture_kernel(self, ks: Kallsyms | None) -> None:
+    def capture_kernel(self, ks: KallsymsText | None) -> None:
         """The kernel's table: from kallsyms, or where the kernel hid its
         pointers, from a vmlinux whose build-id matches (relative to its
         link-time ``_text``)."""
         text = self.boot.anchors.text
         if self.store.boot_symbols(self.boot.boot_id) is not None:
             return
-        if ks is not None and not any(v for v, _t, _n in ks.core[:64]):
+        if ks is not None and ks.zeroed():
             # Pointers hidden since the boot was recorded (a restart after
             # kptr_restrict went up): zeros are no table.
             self.log.warning("kernel_symbols_zeroed", reason="kallsyms shows zero addresses")
             ks = None
         if ks is not None and text is not None and not self.boot.restricted:
             key = kernel_symbol_key(self.boot.build_id, self.boot.boot_id)
-            packed = kernel_table(ks.core, text)
-            extras = kallsyms_extras(ks, set(list_modules(self.root)))
-            n = len(ks.core)
+            packed = kernel_table(ks.core(), text)
+            extras = ks.owned(set(list_modules(self.root)))
+            n = SymbolTable(packed).count
         else:
             vmlinux = matching_vmlinux(self.root, self.boot.release, self.boot.build_id, self.dirs)
             link = elf_symbols(vmlinux, {"_text"}).get("_text") if vmlinux else None
@@ -317,24 +358,32 @@ class SymbolCapture:
         else:
             self.log.info("kernel_symbols", table=used, action=action, symbols=n, bytes=len(packed))
 
-    def capture_modules(self, incs: list[Incarnation], ks: Kallsyms | None) -> None:
+    def capture_modules(
+        self, incs: list[Incarnation], ks: KallsymsText | None, stale: bool = False
+    ) -> list[Incarnation]:
         """Each load's build gets a table: from kallsyms, else from its ``.ko``.
 
         A table read from a ``.ko`` (the module gone from kallsyms before it
         was read, or its lines not matching) lacks what the kernel adds, so a
-        later load that kallsyms shows replaces it."""
+        later load that kallsyms shows replaces it.  With *stale* (*ks* may be
+        older than some loads), the loads *ks* does not show are left alone and
+        returned, for a read of now."""
+        missing: list[Incarnation] = []
         for inc in incs:
             s = inc.state
             key = module_symbol_key(s.build_id, s.name, s.srcversion)
             if key is None:
                 continue
+            lines = ks.module(s.name) if ks is not None else None
+            if stale and not lines and not s.restricted:
+                missing.append(inc)
+                continue
             stored = self.store.table_source(key)
             if stored is not None and stored != FROM_ELF:
-                self._capture_absolutes(inc, key, ks)
+                self._capture_absolutes(inc, key, lines)
                 continue
             packed = None
             source = "kallsyms"
-            lines = ks.modules.get(s.name) if ks is not None else None
             if lines and not s.restricted:
                 packed = module_table(lines, s.sections, _section_sizes(inc))
             if packed is not None and stored is not None:
@@ -356,13 +405,13 @@ class SymbolCapture:
             if self.store.put_table(key, packed):
                 self.captured += 1
                 self.log.info("module_symbols", module=s.name, build_id=s.build_id, source=source)
+        return missing
 
-    def _capture_absolutes(self, inc: Incarnation, key: str, ks: Kallsyms | None) -> None:
+    def _capture_absolutes(self, inc: Incarnation, key: str, lines: list[Line] | None) -> None:
         """A load of a build whose table is stored: its per-cpu variables print
         at this load's per-cpu offsets (type ``a``), which the table holds for
         the load it was captured on; keep this load's where they differ."""
         s = inc.state
-        lines = ks.modules.get(s.name) if ks is not None else None
         if not lines or s.restricted:
             return
         printed = [(v, name.decode("utf-8", "replace")) for v, t, name in lines if t in b"aA"]

@@ -26,7 +26,9 @@ from __future__ import annotations
 import bisect
 import hashlib
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+import sys
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -63,54 +65,91 @@ class Entry:
 PERF_TYPES = frozenset(b"TtWwDdBbul")
 
 
-def searchable(entries: Sequence[tuple[int, int, int, bytes]]) -> list[tuple[int, int]]:
-    """(sort key, entry index) of each symbol a lookup may name, by key.
+class Columns:
+    """A table being built column by column: what :func:`pack_columns` packs.
 
-    Of several symbols at one address, the one perf names reading a kallsyms
-    file: of the types perf keeps, the last in file order.  perf sorts by
-    address keeping file order on ties, gives every symbol but the last at an
-    address zero length (symbols__fixup_end()), then symbols__fixup_duplicate()
-    keeps the one of non-zero length (choose_best_symbol()); checked against
-    ``perf script`` in tests/test_perf.py.  A symbol of a type perf drops (r,
-    a: read-only data, never where a sample lands) is still named where no
-    other starts at its address, so data addresses keep their names.
+    Columns are compact arrays, so a kernel's 120,000 symbols never become
+    as many Python tuples (the first capture's memory peak)."""
+
+    __slots__ = ("name_end", "names", "secs", "types", "values")
+
+    def __init__(self) -> None:
+        self.values = array("q")
+        self.secs = array("H")
+        self.types = bytearray()
+        self.names = bytearray()
+        self.name_end = array("I")
+
+    def add(self, section: int, value: int, typ: int, name: bytes) -> None:
+        self.values.append(value)
+        self.secs.append(section)
+        self.types.append(typ)
+        self.names += name
+        self.name_end.append(len(self.names))
+
+
+def _le(a: array[int]) -> array[int] | bytes:
+    """*a* as little-endian bytes (a copy only on a big-endian host)."""
+    if sys.byteorder == "little":
+        return a
+    b = array(a.typecode, a)
+    b.byteswap()
+    return b.tobytes()
+
+
+def searchable(cols: Columns) -> tuple[array[int], array[int]]:
+    """The sort keys, ascending, and the entry each names: of the symbols at
+    one address, the one a lookup there names.
+
+    That is the one perf names reading a kallsyms file: of the types perf
+    keeps, the last in file order.  perf sorts by address keeping file order
+    on ties, gives every symbol but the last at an address zero length
+    (symbols__fixup_end()), then symbols__fixup_duplicate() keeps the one of
+    non-zero length (choose_best_symbol()); checked against ``perf script`` in
+    tests/test_perf.py.  A symbol of a type perf drops (r, a: read-only data,
+    never where a sample lands) is still named where no other starts at its
+    address, so data addresses keep their names.
     """
-    keyed = sorted(
-        (e[0] * (1 << 40) + e[1] + KEY_SPAN, e[2] in PERF_TYPES, i)
-        for i, e in enumerate(entries)
-        if -KEY_SPAN <= e[1] < KEY_SPAN
-    )  # at one key: the dropped types first, then file order
-    last = len(keyed) - 1
-    return [(k, i) for j, (k, _, i) in enumerate(keyed) if j == last or k != keyed[j + 1][0]]
+    # (key << 33 | kept by perf << 32 | entry): one int per entry, so that at
+    # one key the dropped types sort first, then file order; the last wins.
+    keyed = [
+        ((sec << 40) + value + KEY_SPAN) << 33 | (typ in PERF_TYPES) << 32 | i
+        for i, (sec, value, typ) in enumerate(zip(cols.secs, cols.values, cols.types, strict=True))
+        if -KEY_SPAN <= value < KEY_SPAN
+    ]
+    keyed.sort()
+    keys, order = array("q"), array("I")
+    for j, k in enumerate(keyed):
+        key = k >> 33
+        if j + 1 == len(keyed) or keyed[j + 1] >> 33 != key:
+            keys.append(key)
+            order.append(k & 0xFFFFFFFF)
+    return keys, order
+
+
+def pack_columns(cols: Columns, sections: Sequence[str], source: int = FROM_KALLSYMS) -> bytes:
+    """Pack a table's columns (entries in their given order)."""
+    n = len(cols.values)
+    keys, order = searchable(cols)
+    secblob = b"\0".join(s.encode() for s in sections)
+    head = _HEADER.pack(MAGIC, n, len(keys), len(sections), len(cols.names), len(secblob), source)
+    parts: list[bytes | bytearray | array[int]] = [head, secblob, b"\0" * _pad8(len(secblob))]
+    parts += [_le(cols.values), _le(keys), _le(order), _le(cols.name_end)]
+    size = sum(len(p) * (p.itemsize if isinstance(p, array) else 1) for p in parts)
+    parts += [b"\0" * _pad8(size), _le(cols.secs), cols.types, cols.names]
+    return b"".join(parts)
 
 
 def pack(
-    entries: Sequence[tuple[int, int, int, bytes]],
+    entries: Iterable[tuple[int, int, int, bytes]],
     sections: Sequence[str],
     source: int = FROM_KALLSYMS,
 ) -> bytes:
     """Pack ``(section, value, type byte, name)`` entries, in their given order."""
-    n = len(entries)
-    names = b"".join(e[3] for e in entries)
-    secblob = b"\0".join(s.encode() for s in sections)
-    index = searchable(entries)
-    out = bytearray(
-        _HEADER.pack(MAGIC, n, len(index), len(sections), len(names), len(secblob), source)
-    )
-    out += secblob + b"\0" * _pad8(len(secblob))
-    out += struct.pack(f"<{n}q", *(e[1] for e in entries))
-    out += struct.pack(f"<{len(index)}q", *(k for k, _ in index))
-    out += struct.pack(f"<{len(index)}I", *(i for _, i in index))
-    ends, pos = [], 0
-    for e in entries:
-        pos += len(e[3])
-        ends.append(pos)
-    out += struct.pack(f"<{n}I", *ends)
-    out += b"\0" * _pad8(len(out))
-    out += struct.pack(f"<{n}H", *(e[0] for e in entries))
-    out += bytes(e[2] for e in entries)
-    out += names
-    return bytes(out)
+    cols = Columns()
+    for sec, value, typ, name in entries:
+        cols.add(sec, value, typ, name)
+    return pack_columns(cols, sections, source)
 
 
 def digest(packed: bytes) -> str:
@@ -226,16 +265,17 @@ def parse_kallsyms(data: bytes) -> Kallsyms:
 
 
 def kernel_table(
-    core: Sequence[tuple[int, bytes, bytes]], text: int, source: int = FROM_KALLSYMS
+    core: Iterable[tuple[int, bytes, bytes]], text: int, source: int = FROM_KALLSYMS
 ) -> bytes:
-    entries = []
+    """The kernel's table; *core* is read once, in order (it may be a stream)."""
+    cols = Columns()
     for value, typ, name in core:
         rel = value - text
         if -_RELOCATED_RANGE <= rel < _RELOCATED_RANGE and typ not in (b"a", b"A"):
-            entries.append((0, rel, typ[0], name))
+            cols.add(0, rel, typ[0], name)
         else:
-            entries.append((ABSOLUTE, value, typ[0], name))
-    return pack(entries, [], source)
+            cols.add(ABSOLUTE, value, typ[0], name)
+    return pack_columns(cols, [], source)
 
 
 def module_table(

@@ -67,6 +67,7 @@ class ModuleTracker:
         self._last_heartbeat = 0
         self.reconciliations = 0
         self.lock = threading.Lock()
+        self._reading = False
 
     # -- what sources call ----------------------------------------------------
 
@@ -75,6 +76,10 @@ class ModuleTracker:
         self._hints.put(Hint(source, action, name))
 
     # -- queries ------------------------------------------------------------------
+
+    def busy(self) -> bool:
+        """Whether hints wait or a reconciliation runs: sysfs to read, now."""
+        return self._reading or not self._hints.empty()
 
     def loaded(self) -> list[Incarnation]:
         with self.lock:
@@ -159,6 +164,7 @@ class ModuleTracker:
                     self.log.error("idle_check_failed", error=str(e), kind=type(e).__name__)
                     stop.wait(min(self.recheck_interval, 1.0))
                 continue
+            self._reading = True
             batch = [first]
             while True:
                 try:
@@ -172,6 +178,8 @@ class ModuleTracker:
                 stop.wait(min(self.recheck_interval, 1.0))
                 for h in batch:
                     self._hints.put(h)
+            finally:
+                self._reading = False
 
     def _idle(self) -> None:
         """No hints: re-read modules still loading; now and then look at the whole

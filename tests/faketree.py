@@ -146,6 +146,18 @@ class FakeTree:
         lines.append(f"{0 if zero else 0xFFFFFFFFC0000000:016x} t dummy_init\t[dummy]")
         self.write("proc/kallsyms", "\n".join(lines) + "\n")
 
+    def grow_kallsyms(self, lines: int) -> None:
+        """Pad the kernel's part of kallsyms to *lines* lines, a real kernel's size
+        (~120,000), with local symbols past the anchors' range."""
+        data = (self.root / "proc/kallsyms").read_bytes()
+        tab = data.find(b"\t[")
+        split = len(data) if tab < 0 else data.rfind(b"\n", 0, tab) + 1
+        have = data[:split].count(b"\n")
+        filler = "".join(
+            f"{self.text + 0x4000000 + i * 16:016x} t filler_{i}\n" for i in range(lines - have)
+        )
+        self.write("proc/kallsyms", data[:split] + filler.encode() + data[split:])
+
     def add_module(
         self,
         name: str,

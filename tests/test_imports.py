@@ -31,10 +31,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "symtab",
         "varlink",
     ),
-    "readers": ("kaslr", "kernel", "snapshot", "sources", "sysfs_modules"),
-    "store": ("bootsource", "pubstate", "s3", "store"),
+    "system": ("access", "kallsyms", "kaslr", "kernel", "snapshot", "sources", "sysfs_modules"),
+    "store": ("bootsource", "lmdbcheck", "pubstate", "s3", "store", "storelock"),
     "engines": ("publish", "symbols", "tracker"),
-    "service": ("access", "bucket", "client", "perfctl", "server", "service"),
+    "service": ("bucket", "client", "perfctl", "server", "service"),
     "entry": ("cli", "daemon"),
 }
 LAYER_OF = {module: i for i, modules in enumerate(LAYERS.values()) for module in modules}
@@ -98,7 +98,7 @@ def test_the_model_imports_nothing_of_kreld_but_consts_and_errors() -> None:
 
 def test_readers_of_proc_and_sys_never_import_the_store_server_service_or_cli() -> None:
     forbidden = {"store", "server", "service", "cli", "daemon", "tracker", "symbols"}
-    for reader in LAYERS["readers"]:
+    for reader in LAYERS["system"]:
         assert not imports_of(kreld_files()[reader]) & forbidden, reader
 
 

@@ -13,15 +13,18 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import Daemon, _bin, kreldctl, notify_messages, notify_socket, raw_exchange, start
 from faketree import FakeTree
+from test_store import snap
 
 from kreld.client import Client, ConnectError, RemoteError, connect_unix, resolutions
 from kreld.errors import AddressesRestricted, NoSuchBoot, PermissionDenied
+from kreld.model import Timestamp
 from kreld.store import Store
 
 
@@ -617,11 +620,15 @@ def test_the_first_resolve_leaves_the_loop_while_it_imports_numpy() -> None:
 
 
 def test_list_boots_sees_a_boot_another_process_recorded(served: Any) -> None:
-    """ListBoots is cached between writes, and a write by kreldctl is a write."""
+    """ListBoots is cached between writes, and a write by another process is a write.
+
+    (kreldctl no longer writes beside a running kreld, test_storelock.py; this
+    test's own process writes the store, as a second writer LMDB would serialise.)"""
     _, tree, state, sock = served
     with Client(str(sock)) as c:
         assert [b["boot_id"] for b in c.call("ListBoots")["boots"]] == [tree.boot_id]
         tree.new_boot(text=tree.text + 0x200000)
-        kreldctl("--root", str(tree.root), "--state-dir", str(state), "snapshot")
+        with Store(state) as other:
+            other.record_boot(replace(snap(tree.boot_id), first_seen=Timestamp.now()))
         ids = [b["boot_id"] for b in c.call("ListBoots")["boots"]]
     assert ids[0] == tree.boot_id and len(ids) == 2

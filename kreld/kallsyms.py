@@ -1,0 +1,101 @@
+"""One read of ``/proc/kallsyms``, kept as the bytes the kernel printed.
+
+Reading kallsyms is dear (the kernel formats every one of its ~120,000 lines
+for each read) and so is parsing all of it into Python objects (a tenth of a
+second and tens of MB).  So:
+
+* a start reads it once: the snapshot's anchors and the symbol worker's first
+  capture share that read (:meth:`KallsymsText.read`);
+* a module's lines are picked out of the raw bytes by searching for its
+  ``\\t[name]`` tag, over the bracketed tail only, without parsing the rest;
+* the kernel's own lines are streamed, one match at a time, into the columns
+  of a packed table (:meth:`KallsymsText.core`, streamed into
+  :func:`kreld.symtab.kernel_table`): no list of tuples per
+  line is ever built.
+
+``/proc/kallsyms`` prints the core kernel's symbols first, then every
+module's, then other bracketed owners (ftrace trampolines, ``[bpf]``):
+``update_iter()`` in kernel/kallsyms.c walks the ``kallsyms_num_syms`` core
+entries before ``get_ksymbol_mod()`` and the rest.  A core line has no tab, so
+the first tab starts the tail.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kreld import consts
+from kreld.kernel import Root
+
+Line = tuple[int, bytes, bytes]  # (address, type letter, name)
+
+# address, type letter, name (a core line: no tab), one line at a time.
+_CORE_LINE = re.compile(rb"^([0-9a-fA-F]+) (\S) ([^\t\n]+)$", re.MULTILINE)
+# the same with an owner: "name\t[owner]".
+_OWNED_LINE = re.compile(rb"^([0-9a-fA-F]+) (\S) ([^\t\n]+)\t\[([^\]\n]+)\]", re.MULTILINE)
+
+
+@dataclass(frozen=True, slots=True)
+class KallsymsText:
+    """The raw text of one read, and where its bracketed tail starts."""
+
+    data: bytes
+    tail: int  # offset of the first line with an owner (len(data) if none)
+    taken: int  # CLOCK_MONOTONIC ns just before the read
+
+    @classmethod
+    def of(cls, data: bytes, taken: int = 0) -> KallsymsText:
+        tab = data.find(b"\t")  # one byte: memchr, not a search of a pattern
+        tail = len(data) if tab < 0 else data.rfind(b"\n", 0, tab) + 1
+        return cls(data, tail, taken)
+
+    @classmethod
+    def read(cls, root: Root) -> KallsymsText:
+        """Read ``/proc/kallsyms`` under *root* (:class:`KernelReadError` if it cannot)."""
+        taken = time.monotonic_ns()
+        return cls.of(root.read_bytes(consts.KALLSYMS), taken)
+
+    def core(self) -> Iterator[Line]:
+        """The kernel's own lines, in the kernel's order, one at a time."""
+        for m in _CORE_LINE.finditer(self.data, 0, self.tail):
+            yield int(m[1], 16), m[2], m[3]
+
+    def zeroed(self, lines: int = 64) -> bool:
+        """Whether the first *lines* core lines all show a zero address (restricted)."""
+        for i, (value, _t, _n) in enumerate(self.core()):
+            if value:
+                return False
+            if i + 1 >= lines:
+                break
+        return True
+
+    def module(self, name: str) -> list[Line]:
+        """The lines of *name* (``…\\t[name]``), in the kernel's order; found by
+        searching the tail for the tag, the other lines left unparsed."""
+        data = self.data
+        tag = b"\t[" + name.encode() + b"]"
+        out: list[Line] = []
+        pos = data.find(tag, self.tail)
+        while pos >= 0:
+            end = pos + len(tag)
+            if end == len(data) or data[end] in b"\r\n":
+                m = _OWNED_LINE.match(data, data.rfind(b"\n", 0, pos) + 1)
+                if m is not None and m.end() == end:
+                    out.append((int(m[1], 16), m[2], m[3]))
+            pos = data.find(tag, end)
+        return out
+
+    def owned(self, skip: set[str]) -> list[str]:
+        """Lines of bracketed owners not in *skip* (``[bpf]``, ftrace), as the
+        kernel printed them: only the tail is parsed."""
+        out = []
+        for m in _OWNED_LINE.finditer(self.data, self.tail):
+            owner = m[4].decode("ascii", "replace")
+            if owner in skip:
+                continue
+            name = m[3].decode("utf-8", "replace")
+            out.append(f"{int(m[1], 16):016x} {m[2].decode()} {name}\t[{owner}]")
+        return out

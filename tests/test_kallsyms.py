@@ -1,0 +1,76 @@
+"""kreld.kallsyms: a module's lines out of the raw text, the kernel's streamed;
+the same answers as parsing every line."""
+
+from __future__ import annotations
+
+import pytest
+
+from kreld.kallsyms import KallsymsText
+from kreld.symtab import SymbolTable, kernel_table, parse_kallsyms
+
+TEXT = 0xFFFFFFFF81000000
+RAW = b"".join(
+    [
+        b"ffffffff81000000 T _text\n",
+        b"ffffffff81000000 T _stext\n",
+        b"ffffffff81001000 t do_one_initcall\n",
+        b"0000000000001000 A fixed_percpu_data\n",
+        b"ffffffff82000000 T _etext\n",
+        b"ffffffffc0100000 t kvm_a\t[kvm]\n",
+        b"ffffffffc0100010 T kvm_b\t[kvm]\n",
+        b"0000000000002000 a kvm_pcpu\t[kvm]\n",
+        b"ffffffffc0200000 t vmx_a\t[kvm_intel]\n",
+        b"ffffffffc0300000 t trampoline\t[__builtin__ftrace]\n",
+        b"ffffffffc0400000 t bpf_prog_1\t[bpf]\n",
+        b"ffffffffc0500000 T last_line_no_newline\t[tail]",
+    ]
+)
+
+
+def test_module_lines_are_what_a_full_parse_gives_each_owner() -> None:
+    """Every owner, a name that prefixes another (kvm, kvm_intel) and a last
+    line without a newline included."""
+    ks = KallsymsText.of(RAW)
+    full = parse_kallsyms(RAW)
+    assert full.order == ["kvm", "kvm_intel", "__builtin__ftrace", "bpf", "tail"]
+    for owner in full.order:
+        assert ks.module(owner) == full.modules[owner], owner
+    assert ks.module("kvm_in") == []
+    assert ks.module("absent") == []
+
+
+def test_kernel_lines_stream_into_the_same_table_as_a_full_parse() -> None:
+    ks = KallsymsText.of(RAW)
+    assert list(ks.core()) == parse_kallsyms(RAW).core
+    packed = kernel_table(ks.core(), TEXT)
+    assert packed == kernel_table(parse_kallsyms(RAW).core, TEXT)
+    assert SymbolTable(packed).count == 5
+
+
+def test_owned_lines_are_the_kernels_lines_of_non_module_owners() -> None:
+    ks = KallsymsText.of(RAW)
+    assert ks.owned({"kvm", "kvm_intel", "tail"}) == [
+        "ffffffffc0300000 t trampoline\t[__builtin__ftrace]",
+        "ffffffffc0400000 t bpf_prog_1\t[bpf]",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "zeroed"),
+    [
+        (RAW, False),
+        (b"0000000000000000 T _text\n0000000000000000 t x\t[m]\n", True),
+        (b"", True),
+    ],
+)
+def test_zeroed_means_restricted_addresses(raw: bytes, zeroed: bool) -> None:
+    assert KallsymsText.of(raw).zeroed() is zeroed
+
+
+def test_a_kallsyms_without_modules_has_an_empty_tail() -> None:
+    raw = b"ffffffff81000000 T _text\nffffffff81000010 t x\n"
+    ks = KallsymsText.of(raw)
+    assert ks.tail == len(raw)
+    assert ks.module("x") == []
+    assert ks.owned(set()) == []
+    assert len(list(ks.core())) == 2
