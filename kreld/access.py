@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kreld.config import Config
-from kreld.errors import SocketError
+from kreld.errors import SocketError, StoreError
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +106,28 @@ def check_socket_dir(parent: Path) -> None:
         raise SocketError(f"{parent}: owned by uid {dst.st_uid}; refusing to put the socket there")
     if dst.st_mode & 0o022 and not dst.st_mode & stat.S_ISVTX:
         raise SocketError(f"{parent}: writable by others; refusing to put the socket there")
+
+
+def check_owner(path: Path) -> None:
+    """Refuse a state directory someone else controls (or a symlink to one).
+
+    Whoever owns the directory, or may write to it, can swap data.mdb under
+    the daemon; kreld writes only into a directory of its own user (or root).
+    """
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise StoreError(str(path), f"cannot stat: {e.strerror}") from e
+    if stat.S_ISLNK(st.st_mode):
+        raise StoreError(str(path), "is a symlink; refusing to follow it")
+    if st.st_uid not in (0, os.geteuid()):
+        raise StoreError(str(path), f"owned by uid {st.st_uid}, not by kreld's uid {os.geteuid()}")
+    if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+        raise StoreError(str(path), "is writable by every user")
+    for name in ("data.mdb", "lock.mdb"):
+        try:
+            fst = os.lstat(path / name)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(fst.st_mode) or fst.st_uid not in (0, os.geteuid()):
+            raise StoreError(str(path / name), "a symlink or another user's file; refusing it")
