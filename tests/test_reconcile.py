@@ -123,12 +123,21 @@ def test_a_module_that_came_and_went_between_two_looks_is_a_transient() -> None:
     assert changes.new == [gone]
 
 
-def test_two_sources_reporting_one_load_that_came_and_went_are_one_transient_each() -> None:
-    """Without an incarnation to pair with, each source's add is its own proof:
-    the plan cannot tell one load seen twice from two loads (the tracker's
-    recent memory pairs the second source when the first is recorded)."""
+def test_two_add_hints_of_one_source_with_nothing_to_pair_are_two_transients() -> None:
+    """Without an incarnation to pair with, each add hint of a source is a
+    load of its own: two loads came and went between the looks."""
     changes = look({}, {}, {}, [Hint(UE, "add", "x"), Hint(UE, "add", "x")])
     assert len(changes.transients) == 2
+
+
+def test_add_hints_of_two_sources_for_one_vanished_load_pair_through_recent_memory() -> None:
+    """The second source's hint pairs with the transient the first one made,
+    once the tracker remembers it (recent, with the first source paired)."""
+    first = look({}, {}, {}, [Hint(UE, "add", "x")])
+    (gone,) = first.transients
+    remembered = Tracked(dataclasses.replace(gone, boot_id="b", seq=9), frozenset({UE}))
+    second = look({}, {}, {}, [Hint(INO, "add", "x")], recent={"x": [remembered]})
+    assert second.paired == {9: {INO}} and not second.transients
 
 
 def test_a_late_add_hint_pairs_with_the_open_incarnation_and_writes_nothing() -> None:
