@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import grp
 import os
-import socket
 import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kreld.config import Config
 from kreld.errors import SocketError, StoreError
+
+if TYPE_CHECKING:  # the store imports this module; kreldctl show needs no socket
+    import socket
+
+    from kreld.config import Config
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,8 @@ def peer_comm(pid: int) -> str | None:
 
 def peer_cred(sock: socket.socket) -> tuple[int, int, int]:
     """``(pid, uid, gid)`` of the process at the other end of a Unix socket."""
+    import socket  # here: only the server asks, and kreldctl show imports this module
+
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
     return pid, uid, gid
