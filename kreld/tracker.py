@@ -32,7 +32,7 @@ from kreld.reconcile import (
     to_read,
 )
 from kreld.store import Store
-from kreld.sysfs_modules import list_modules, read_module, read_proc_modules
+from kreld.sysfs_modules import ProcModule, list_modules, read_module, read_proc_modules
 
 __all__ = ["Hint", "Listener", "ModuleTracker"]
 
@@ -99,25 +99,9 @@ class ModuleTracker:
         """
         now = Timestamp.now()
         self.store.close_other_boots(self.boot_id)
-        last = self.store.last_watched(self.boot_id)
         present = list_modules(self.root)
         proc = read_proc_modules(self.root)
-        closed: list[Incarnation] = []
-        continued = 0
-        for inc in self.store.open_incarnations(self.boot_id):
-            state = read_module(self.root, inc.name, proc) if inc.name in present else None
-            if state is not None and same_load(inc.state, state):
-                self._open[inc.name] = Tracked(inc, _STARTUP)
-                continued += 1
-                continue
-            after = (
-                last if last is not None and last.monotonic > inc.loaded.monotonic else inc.loaded
-            )
-            closed.append(
-                dataclasses.replace(
-                    inc, unloaded=now, unloaded_after=after, unload_seen_by=SeenBy.STARTUP
-                )
-            )
+        closed, continued = self._continue_open(present, proc, now)
         opened: list[Incarnation] = []
         # /proc/modules lists the newest load first: give the oldest the lowest
         # seq, so an exported kallsyms lists modules as the kernel does.
@@ -149,6 +133,31 @@ class ModuleTracker:
                 build_id=inc.state.build_id,
             )
         self._emit([("load", i) for i in stored] + [("unload", i) for i in closed])
+
+    def _continue_open(
+        self, present: Mapping[str, int], proc: Mapping[str, ProcModule], now: Timestamp
+    ) -> tuple[list[Incarnation], int]:
+        """Keep tracking what a previous run left open and is still the same
+        load; return the rest closed (unloaded while kreld was down) and how
+        many continue."""
+        last = self.store.last_watched(self.boot_id)
+        closed: list[Incarnation] = []
+        continued = 0
+        for inc in self.store.open_incarnations(self.boot_id):
+            state = read_module(self.root, inc.name, proc) if inc.name in present else None
+            if state is not None and same_load(inc.state, state):
+                self._open[inc.name] = Tracked(inc, _STARTUP)
+                continued += 1
+                continue
+            after = (
+                last if last is not None and last.monotonic > inc.loaded.monotonic else inc.loaded
+            )
+            closed.append(
+                dataclasses.replace(
+                    inc, unloaded=now, unloaded_after=after, unload_seen_by=SeenBy.STARTUP
+                )
+            )
+        return closed, continued
 
     # -- the reconciler loop ----------------------------------------------------
 
