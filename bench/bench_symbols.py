@@ -8,7 +8,7 @@
   assembled with ``gcc -c``; the first of each name is global, the repeats,
   in files of their own, local, joined with ``ld -r``) into ``(value, name)``
   pairs, and (b) reading and parsing ``/proc/kallsyms`` with
-  :func:`kreld.symtab.parse_kallsyms`.  Goal: >= 500x faster than pyelftools.
+  :func:`kreld.kallsyms.parse_kallsyms`.  Goal: >= 500x faster than pyelftools.
 * Addresses symbolized per second in batch: in-process
   (``Service.resolve`` on a store whose kernel table is cached) and
   over the socket (a ``kreld --root /`` of the bench's own, once ``Resolve``
@@ -60,14 +60,13 @@ from elftools.elf.elffile import ELFFile
 
 from kreld import methods
 from kreld.client import Client
-from kreld.kallsyms import KallsymsText
+from kreld.kallsyms import KallsymsText, parse_kallsyms
 from kreld.kernel import Root
 from kreld.requests import Resolve, parse
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
 from kreld.store import Store
 from kreld.symbols import SymbolCapture
-from kreld.symtab import parse_kallsyms
 
 ELF_GOAL = 500
 INPROC_GOAL = 1_000_000
@@ -279,7 +278,7 @@ def figures_live(quick: bool, tmp: Path) -> list[Result]:
     )
     ks_tag, ks_desc = (
         "kallsyms",
-        "read /proc/kallsyms and parse it with kreld.symtab.parse_kallsyms",
+        "read /proc/kallsyms and parse it with kreld.kallsyms.parse_kallsyms",
     )
     res = [
         Result(

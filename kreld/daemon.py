@@ -26,13 +26,14 @@ from systemd import daemon as sd
 
 from kreld import __version__, heap
 from kreld import log as klog
+from kreld.access import policy_of
 from kreld.config import RESTART_KEYS, Config
 from kreld.errors import ExitCode, KernelReadError, KreldError
 from kreld.kallsyms import KallsymsText
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp, hexaddr
 from kreld.options import add_common, resolve_config
-from kreld.server import Policy, Server, bind_socket, group_id, limits_of, raise_fd_limit
+from kreld.server import Server, bind_socket, limits_of, raise_fd_limit
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
 from kreld.sources import EventSource, UeventSource, WatchSource, health
@@ -107,17 +108,6 @@ def log_boot(
         log.warning("addresses_restricted", reason=snap.restricted_reason)
     for fault in snap.faults:
         log.warning("kernel_read_fault", fault=fault)
-
-
-def policy_of(cfg: Config, log: FilteringBoundLogger) -> Policy:
-    gids = set()
-    for name in cfg.allowed_groups:
-        gid = group_id(name)
-        if gid is None:
-            log.warning("allowed_group_missing", group=name)
-        else:
-            gids.add(gid)
-    return Policy(frozenset(gids), frozenset(cfg.allowed_uids))
 
 
 def check_config(cfg: Config) -> None:

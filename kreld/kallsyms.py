@@ -1,4 +1,5 @@
-"""One read of ``/proc/kallsyms``, kept as the bytes the kernel printed.
+"""``/proc/kallsyms``: read once and kept as the bytes the kernel printed, parsed,
+and rendered again for a recorded boot (:func:`render_kallsyms`).
 
 Reading kallsyms is dear (the kernel formats every one of its ~120,000 lines
 for each read) and so is parsing all of it into Python objects (a tenth of a
@@ -24,11 +25,14 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from kreld import consts
 from kreld.kernel import Root
+from kreld.model import Clock, Incarnation
+from kreld.queries import init_live_at, is_init_section
+from kreld.symtab import ABSOLUTE, MODULE_ABSOLUTE, SymbolTables, module_symbol_key
 
 Line = tuple[int, bytes, bytes]  # (address, type letter, name)
 
@@ -99,3 +103,97 @@ class KallsymsText:
             name = m[3].decode("utf-8", "replace")
             out.append(f"{int(m[1], 16):016x} {m[2].decode()} {name}\t[{owner}]")
         return out
+
+
+# -- a whole read, parsed (what the fast paths above are checked against) --------
+
+
+@dataclass
+class Kallsyms:
+    """One read of ``/proc/kallsyms``, split as the kernel prints it."""
+
+    core: list[tuple[int, bytes, bytes]]  # (address, type, name)
+    modules: dict[str, list[tuple[int, bytes, bytes]]]  # module -> its lines, in order
+    order: list[str]  # modules (and other bracketed owners) in file order
+
+
+def parse_kallsyms(data: bytes) -> Kallsyms:
+    core: list[tuple[int, bytes, bytes]] = []
+    modules: dict[str, list[tuple[int, bytes, bytes]]] = {}
+    order: list[str] = []
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        addr, sp, rest = line.partition(b" ")
+        typ, sp2, name = rest.partition(b" ")
+        if not sp or not sp2 or len(typ) != 1:
+            continue
+        try:
+            value = int(addr, 16)
+        except ValueError:
+            continue
+        sym, tab, owner = name.partition(b"\t")
+        if tab:
+            mod = owner.strip(b"[]").decode("ascii", "replace")
+            if mod not in modules:
+                modules[mod] = []
+                order.append(mod)
+            modules[mod].append((value, typ, sym))
+        else:
+            core.append((value, typ, sym))
+    return Kallsyms(core, modules, order)
+
+
+# -- rendering a recorded boot's kallsyms ------------------------------------------
+
+
+def module_key(inc: Incarnation) -> str | None:
+    return module_symbol_key(inc.state.build_id, inc.name, inc.state.srcversion)
+
+
+def render_kallsyms(
+    text: int,
+    tables: SymbolTables,
+    kernel_key: str,
+    incs: list[Incarnation],
+    extras: list[str],
+    clock: Clock,
+    t: int | None,
+    absolutes: Mapping[int, Sequence[int]] | None = None,
+) -> str:
+    """A kallsyms file: kernel lines in the kernel's order at this boot's
+    addresses, then each module's at its incarnation's section bases, its
+    per-cpu (absolute) entries at what that load printed (*absolutes*, by
+    seq, where it differed from the load the table came from)."""
+    out: list[str] = []
+    kernel = tables.get(kernel_key)
+    if kernel is not None:
+        for e in kernel:
+            value = e.value if e.section == ABSOLUTE else text + e.value
+            out.append(f"{value & 0xFFFFFFFFFFFFFFFF:016x} {e.type} {e.name}\n")
+    for inc in incs:
+        key = module_key(inc)
+        table = tables.get(key) if key else None
+        if table is None:
+            continue
+        live_init = init_live_at(inc, clock, t)
+        bases = [
+            0 if name == MODULE_ABSOLUTE else inc.state.sections.get(name)
+            for name in table.sections
+        ]
+        skip = [is_init_section(name) and not live_init for name in table.sections]
+        absolute = table.section_index(MODULE_ABSOLUTE)
+        own = list((absolutes or {}).get(inc.seq, ()))
+        k = 0  # absolute entries seen
+        for e in table:
+            base = bases[e.section]
+            if base is None or skip[e.section]:
+                continue
+            value = base + e.value
+            if e.section == absolute:
+                if k < len(own):
+                    value = own[k]
+                k += 1
+            out.append(f"{value & 0xFFFFFFFFFFFFFFFF:016x} {e.type} {e.name}\t[{inc.name}]\n")
+    out.extend(line + "\n" for line in extras)
+    return "".join(out)

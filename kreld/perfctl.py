@@ -17,12 +17,11 @@ from typing import TextIO
 
 from kreld.bootsource import BootSource
 from kreld.errors import SymbolsUnavailable
-from kreld.model import Incarnation
+from kreld.kallsyms import module_key, render_kallsyms
 from kreld.perfdata import KERNEL_MAP_PREFIX, PerfHeader
 from kreld.perfmatch import BootMatch, SampleClock, match_boot
 from kreld.queries import Region, init_live_at, is_init_section, module_regions
-from kreld.service import render_kallsyms
-from kreld.symtab import SymbolTables, module_symbol_key
+from kreld.symtab import SymbolTables
 
 
 def _hostnames(store: BootSource) -> Callable[[str], str | None] | None:
@@ -54,10 +53,6 @@ def find_boot(store: BootSource, h: PerfHeader, err: TextIO) -> BootMatch:
     return m
 
 
-def _module_key(inc: Incarnation) -> str | None:
-    return module_symbol_key(inc.state.build_id, inc.name, inc.state.srcversion)
-
-
 def export_for(store: BootSource, h: PerfHeader, err: TextIO) -> str:
     """A kallsyms for *h*: its boot's kernel, and the module loads it recorded."""
     m = find_boot(store, h, err)
@@ -68,7 +63,7 @@ def export_for(store: BootSource, h: PerfHeader, err: TextIO) -> str:
     # The kernel lists modules newest first (each load goes to the list head).
     incs = sorted(m.chosen, key=lambda i: (i.loaded.monotonic, i.seq), reverse=True)
     kernel_key = str(rec["kernel"])
-    keys = {kernel_key} | {k for i in incs if (k := _module_key(i)) is not None}
+    keys = {kernel_key} | {k for i in incs if (k := module_key(i)) is not None}
     absolutes = store.absolutes(boot.boot_id)
     clock = m.clock
     return store.with_tables(
@@ -238,7 +233,7 @@ def symbolize_for(
     rec = store.boot_symbols(m.boot.boot_id)
     kernel_key = None if rec is None else str(rec["kernel"])
     keys: set[str] = {kernel_key} if kernel_key else set()
-    keys |= {k for i in m.incarnations if (k := _module_key(i)) is not None}
+    keys |= {k for i in m.incarnations if (k := module_key(i)) is not None}
 
     def run(tables: SymbolTables) -> tuple[int, int]:
         return symbolize_lines(lines, Symbolizer(m, tables, kernel_key), out)

@@ -20,9 +20,9 @@ import json
 import struct
 from typing import Any
 
-from kreld.store import Store, boot_key, inc_key
+from kreld.store import Store, Table, boot_key, inc_key
 
-_DB = b"published"
+_DB = Table.PUBLISHED.value
 _SEQ = struct.Struct(">Q")
 
 
@@ -30,7 +30,7 @@ def table_bytes(store: Store, key: str) -> bytes | None:
     """A symbol table's packed bytes as the store holds them, or None."""
 
     def fn(txn: Any) -> bytes | None:
-        db = store.dbs[b"symtabs"]
+        db = store.dbs[Table.SYMTABS]
         raw = None if db is None else txn.get(key.encode(), db=db)
         return None if raw is None else bytes(raw)
 

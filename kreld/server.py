@@ -1,4 +1,5 @@
-"""The varlink server: who may ask, how much, and the ``io.kreld`` methods.
+"""The varlink server: how much one may ask, and the ``io.kreld`` methods
+(who may ask is :mod:`kreld.access`).
 
 One asyncio loop serves every connection; store reads are short LMDB read
 transactions done inline, slow work (a fresh snapshot) runs in a thread.
@@ -12,18 +13,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import grp
 import os
 import resource
 import socket
 import stat
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kreld import consts
+from kreld.access import Policy, check_socket_dir, group_id, peer_comm, peer_cred
 from kreld.errors import KreldError, SocketError
 from kreld.interface import SERVICE_DESCRIPTION as SERVICE_DESCRIPTION
 from kreld.methods import METHODS, answer, lookup
@@ -89,53 +89,6 @@ def limits_of(cfg: Config, log: FilteringBoundLogger | None = None) -> Limits:
         if log is not None:
             log.warning("max_connections_capped", configured=cfg.max_connections, to=conns)
     return Limits(cfg.max_message_bytes, conns, cfg.idle_timeout, cfg.subscribe_queue)
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """Who may connect: root, kreld's own uid, listed uids, members of listed groups."""
-
-    allowed_gids: frozenset[int] = frozenset()
-    allowed_uids: frozenset[int] = frozenset()
-
-    def allows(self, pid: int, uid: int, gid: int) -> bool:
-        if uid in (0, os.geteuid()) or uid in self.allowed_uids:
-            return True
-        if gid in self.allowed_gids:
-            return True
-        return bool(peer_groups(pid) & self.allowed_gids)
-
-
-def peer_groups(pid: int) -> set[int]:
-    """The supplementary groups of a process, from ``/proc/<pid>/status``."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Groups:"):
-                    return {int(g) for g in line.split()[1:]}
-    except (OSError, ValueError):
-        pass
-    return set()
-
-
-def peer_comm(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return None
-
-
-def peer_cred(sock: socket.socket) -> tuple[int, int, int]:
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    return pid, uid, gid
-
-
-def group_id(name: str) -> int | None:
-    try:
-        return grp.getgrnam(name).gr_gid
-    except KeyError:
-        return None
 
 
 @dataclass(eq=False)
@@ -441,21 +394,7 @@ def bind_socket(path: str, group: str, log: FilteringBoundLogger) -> socket.sock
     looser permissions.
     """
     p = Path(path)
-    try:
-        p.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        lst = os.lstat(p.parent)
-        dst = os.stat(p.parent)
-    except OSError as e:
-        raise SocketError(f"{p.parent}: cannot create: {e.strerror}") from e
-    if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in (0, os.geteuid()):
-        raise SocketError(f"{p.parent}: a symlink of uid {lst.st_uid}; refusing to follow it")
-    # Whoever may write the directory can replace the socket with their own.
-    if dst.st_uid not in (0, os.geteuid()):
-        raise SocketError(
-            f"{p.parent}: owned by uid {dst.st_uid}; refusing to put the socket there"
-        )
-    if dst.st_mode & 0o022 and not dst.st_mode & stat.S_ISVTX:
-        raise SocketError(f"{p.parent}: writable by others; refusing to put the socket there")
+    check_socket_dir(p.parent)
     try:
         st = os.lstat(p)
     except FileNotFoundError:

@@ -10,20 +10,15 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from kreld import requests
 from kreld.bootsource import BootSource
 from kreld.errors import AddressesRestricted, MethodNotImplemented, SymbolsUnavailable
+from kreld.kallsyms import module_key, render_kallsyms
 from kreld.model import BootSnapshot, Clock, Incarnation, clock_now
-from kreld.queries import AddressMap, init_live_at, is_init_section, loaded_at
-from kreld.symtab import (
-    ABSOLUTE,
-    MODULE_ABSOLUTE,
-    SymbolTables,
-    module_symbol_key,
-)
+from kreld.queries import AddressMap, init_live_at, loaded_at
 
 # A method's answer: its reply parameters, as plain data or already encoded
 # as a JSON object (the answers built once and served many times).
@@ -31,58 +26,6 @@ Reply = dict[str, Any] | bytes
 # Address maps of other times and boots kept for the next Resolve (a profiler
 # symbolizing an old recording asks about the same boot and time many times).
 MAP_CACHE = 8
-
-
-def _module_key(inc: Incarnation) -> str | None:
-    return module_symbol_key(inc.state.build_id, inc.name, inc.state.srcversion)
-
-
-def render_kallsyms(
-    text: int,
-    tables: SymbolTables,
-    kernel_key: str,
-    incs: list[Incarnation],
-    extras: list[str],
-    clock: Clock,
-    t: int | None,
-    absolutes: Mapping[int, Sequence[int]] | None = None,
-) -> str:
-    """A kallsyms file: kernel lines in the kernel's order at this boot's
-    addresses, then each module's at its incarnation's section bases, its
-    per-cpu (absolute) entries at what that load printed (*absolutes*, by
-    seq, where it differed from the load the table came from)."""
-    out: list[str] = []
-    kernel = tables.get(kernel_key)
-    if kernel is not None:
-        for e in kernel:
-            value = e.value if e.section == ABSOLUTE else text + e.value
-            out.append(f"{value & 0xFFFFFFFFFFFFFFFF:016x} {e.type} {e.name}\n")
-    for inc in incs:
-        key = _module_key(inc)
-        table = tables.get(key) if key else None
-        if table is None:
-            continue
-        live_init = init_live_at(inc, clock, t)
-        bases = [
-            0 if name == MODULE_ABSOLUTE else inc.state.sections.get(name)
-            for name in table.sections
-        ]
-        skip = [is_init_section(name) and not live_init for name in table.sections]
-        absolute = table.section_index(MODULE_ABSOLUTE)
-        own = list((absolutes or {}).get(inc.seq, ()))
-        k = 0  # absolute entries seen
-        for e in table:
-            base = bases[e.section]
-            if base is None or skip[e.section]:
-                continue
-            value = base + e.value
-            if e.section == absolute:
-                if k < len(own):
-                    value = own[k]
-                k += 1
-            out.append(f"{value & 0xFFFFFFFFFFFFFFFF:016x} {e.type} {e.name}\t[{inc.name}]\n")
-    out.extend(line + "\n" for line in extras)
-    return "".join(out)
 
 
 class Service:
@@ -252,7 +195,7 @@ class Service:
         # The kernel lists modules newest first (each load goes to the list head).
         incs.sort(key=lambda i: (i.loaded.monotonic, i.seq), reverse=True)
         keys = {str(rec["kernel"])}
-        keys |= {k for i in incs if (k := _module_key(i)) is not None}
+        keys |= {k for i in incs if (k := module_key(i)) is not None}
         absolutes = self.store.absolutes(boot.boot_id)
         text = self.store.with_tables(
             keys,

@@ -26,8 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kreld.access import check_owner
 from kreld.errors import StoreDamaged, StoreError, StoreLocked
-from kreld.store import Store, check_owner
+from kreld.store import Store
 
 LOCK_NAME = "kreld.lock"
 DAMAGED_PREFIX = "damaged-"

@@ -33,7 +33,6 @@ from kreld.kallsyms import KallsymsText, Line
 from kreld.kaslr import matching_vmlinux
 from kreld.kernel import Root
 from kreld.model import BootSnapshot, Incarnation
-from kreld.modules import list_modules
 from kreld.store import Store
 from kreld.symtab import (
     FROM_ELF,
@@ -45,6 +44,7 @@ from kreld.symtab import (
     module_table,
     pack,
 )
+from kreld.sysfs_modules import list_modules
 
 __all__ = ["ModuleFiles", "SymbolCapture", "ko_table"]
 

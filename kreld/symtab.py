@@ -223,42 +223,6 @@ class SymbolTable:
 # -- building tables from kallsyms ---------------------------------------------
 
 
-@dataclass
-class Kallsyms:
-    """One read of ``/proc/kallsyms``, split as the kernel prints it."""
-
-    core: list[tuple[int, bytes, bytes]]  # (address, type, name)
-    modules: dict[str, list[tuple[int, bytes, bytes]]]  # module -> its lines, in order
-    order: list[str]  # modules (and other bracketed owners) in file order
-
-
-def parse_kallsyms(data: bytes) -> Kallsyms:
-    core: list[tuple[int, bytes, bytes]] = []
-    modules: dict[str, list[tuple[int, bytes, bytes]]] = {}
-    order: list[str] = []
-    for line in data.split(b"\n"):
-        if not line:
-            continue
-        addr, sp, rest = line.partition(b" ")
-        typ, sp2, name = rest.partition(b" ")
-        if not sp or not sp2 or len(typ) != 1:
-            continue
-        try:
-            value = int(addr, 16)
-        except ValueError:
-            continue
-        sym, tab, owner = name.partition(b"\t")
-        if tab:
-            mod = owner.strip(b"[]").decode("ascii", "replace")
-            if mod not in modules:
-                modules[mod] = []
-                order.append(mod)
-            modules[mod].append((value, typ, sym))
-        else:
-            core.append((value, typ, sym))
-    return Kallsyms(core, modules, order)
-
-
 def kernel_table(
     core: Iterable[tuple[int, bytes, bytes]], text: int, source: int = FROM_KALLSYMS
 ) -> bytes:

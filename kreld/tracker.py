@@ -15,38 +15,32 @@ import dataclasses
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from itertools import chain
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from kreld import consts
 from kreld.kernel import Root
-from kreld.model import HintAction, Incarnation, ModuleEvent, ModuleState, SeenBy, Timestamp
-from kreld.modules import list_modules, read_module, read_proc_modules
+from kreld.model import HintAction, Incarnation, ModuleEvent, SeenBy, Timestamp
+from kreld.reconcile import (
+    Changes,
+    Hint,
+    Tracked,
+    complete,
+    new_incarnation,
+    plan,
+    same_load,
+    to_read,
+)
 from kreld.store import Store
+from kreld.sysfs_modules import ProcModule, list_modules, read_module, read_proc_modules
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+__all__ = ["Hint", "Listener", "ModuleTracker"]
+
 Listener = Callable[[ModuleEvent, Incarnation], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Hint:
-    source: SeenBy
-    action: HintAction
-    name: str | None
-
-
-@dataclass
-class _Tracked:
-    inc: Incarnation
-    hinted: set[SeenBy] = field(default_factory=set)
-
-
-def _complete(state: ModuleState) -> bool:
-    return state.initstate != "coming" and (bool(state.sections) or state.restricted)
+_STARTUP = frozenset({SeenBy.STARTUP})
 
 
 class ModuleTracker:
@@ -70,8 +64,8 @@ class ModuleTracker:
         self.heartbeat_interval = heartbeat_interval
         self.listeners: list[Listener] = []
         self._hints: queue.SimpleQueue[Hint] = queue.SimpleQueue()
-        self._open: dict[str, _Tracked] = {}
-        self._recent: dict[str, deque[_Tracked]] = {}
+        self._open: dict[str, Tracked] = {}
+        self._recent: dict[str, deque[Tracked]] = {}
         self._last_scan: Timestamp | None = None
         self._last_heartbeat = 0
         self.reconciliations = 0
@@ -108,25 +102,9 @@ class ModuleTracker:
         """
         now = Timestamp.now()
         self.store.close_other_boots(self.boot_id)
-        last = self.store.last_watched(self.boot_id)
         present = list_modules(self.root)
         proc = read_proc_modules(self.root)
-        closed: list[Incarnation] = []
-        continued = 0
-        for inc in self.store.open_incarnations(self.boot_id):
-            state = read_module(self.root, inc.name, proc) if inc.name in present else None
-            if state is not None and self._same_load(inc.state, state):
-                self._open[inc.name] = _Tracked(inc, {SeenBy.STARTUP})
-                continued += 1
-                continue
-            after = (
-                last if last is not None and last.monotonic > inc.loaded.monotonic else inc.loaded
-            )
-            closed.append(
-                dataclasses.replace(
-                    inc, unloaded=now, unloaded_after=after, unload_seen_by=SeenBy.STARTUP
-                )
-            )
+        closed, continued = self._continue_open(present, proc, now)
         opened: list[Incarnation] = []
         # /proc/modules lists the newest load first: give the oldest the lowest
         # seq, so an exported kallsyms lists modules as the kernel does.
@@ -137,11 +115,11 @@ class ModuleTracker:
                 continue
             state = read_module(self.root, name, proc)
             if state is not None:
-                opened.append(self._new(state, now, SeenBy.STARTUP))
+                opened.append(new_incarnation(state, now, SeenBy.STARTUP))
         stored = self.store.apply_module_changes(self.boot_id, opened, [], closed, now)
         with self.lock:
             for inc in stored:
-                self._open[inc.name] = _Tracked(inc, {SeenBy.STARTUP})
+                self._open[inc.name] = Tracked(inc, _STARTUP)
         self._last_scan = now
         self._last_heartbeat = now.monotonic
         self.log.info(
@@ -161,34 +139,30 @@ class ModuleTracker:
             [(ModuleEvent.LOAD, i) for i in stored] + [(ModuleEvent.UNLOAD, i) for i in closed]
         )
 
-    @staticmethod
-    def _same_load(old: ModuleState, new: ModuleState) -> bool:
-        if old.inode is not None and new.inode is not None and old.inode != new.inode:
-            return False
-        for name in (".text", ".data"):
-            a, b = old.sections.get(name), new.sections.get(name)
-            if a is not None and b is not None and a != b:
-                return False
-        if old.core_base and new.core_base and old.core_base != new.core_base:
-            return False
-        return old.build_id == new.build_id and old.srcversion == new.srcversion
-
-    @staticmethod
-    def _new(
-        state: ModuleState, when: Timestamp, by: SeenBy, gone: Timestamp | None = None
-    ) -> Incarnation:
-        return Incarnation(
-            boot_id="",
-            seq=-1,
-            state=state,
-            loaded=when,
-            seen_by=by,
-            init_live=state.initstate == "coming",
-            init_done=when if state.initstate == "live" else None,
-            unloaded=gone,
-            unloaded_after=when if gone else None,
-            unload_seen_by=by if gone else None,
-        )
+    def _continue_open(
+        self, present: Mapping[str, int], proc: Mapping[str, ProcModule], now: Timestamp
+    ) -> tuple[list[Incarnation], int]:
+        """Keep tracking what a previous run left open and is still the same
+        load; return the rest closed (unloaded while kreld was down) and how
+        many continue."""
+        last = self.store.last_watched(self.boot_id)
+        closed: list[Incarnation] = []
+        continued = 0
+        for inc in self.store.open_incarnations(self.boot_id):
+            state = read_module(self.root, inc.name, proc) if inc.name in present else None
+            if state is not None and same_load(inc.state, state):
+                self._open[inc.name] = Tracked(inc, _STARTUP)
+                continued += 1
+                continue
+            after = (
+                last if last is not None and last.monotonic > inc.loaded.monotonic else inc.loaded
+            )
+            closed.append(
+                dataclasses.replace(
+                    inc, unloaded=now, unloaded_after=after, unload_seen_by=SeenBy.STARTUP
+                )
+            )
+        return closed, continued
 
     # -- the reconciler loop ----------------------------------------------------
 
@@ -230,7 +204,7 @@ class ModuleTracker:
         module that stays incomplete (e.g. its sections unreadable) must not keep
         the heartbeat from being written.
         """
-        incomplete = [t.inc.name for t in self._open.values() if not _complete(t.inc.state)]
+        incomplete = [t.inc.name for t in self._open.values() if not complete(t.inc.state)]
         if incomplete:
             self.reconcile([Hint(SeenBy.POLL, HintAction.CHANGE, n) for n in incomplete])
         now = Timestamp.now()
@@ -243,135 +217,78 @@ class ModuleTracker:
                 self.log.warning("stale_readers_cleared", readers=stale)
 
     def reconcile(self, hints: list[Hint]) -> None:
-        """One pass: compare the directory with what is open, pair the hints."""
+        """One pass: look at the directory, plan what changed, apply the plan."""
         now = Timestamp.now()
-        previous = self._last_scan or now
         present = list_modules(self.root)
         proc = read_proc_modules(self.root)
-        source = hints[0].source if hints else SeenBy.POLL
-        opened: list[tuple[Incarnation, SeenBy]] = []
-        updated: list[Incarnation] = []
-        closed: list[Incarnation] = []
-        closed_tracked: list[_Tracked] = []
-        recheck = {h.name for h in hints if h.name}
+        states = {n: read_module(self.root, n, proc) for n in to_read(self._open, present, hints)}
+        changes = plan(
+            self._open,
+            present,
+            states,
+            hints,
+            recent=self._recent,
+            now=now,
+            previous=self._last_scan or now,
+        )
+        self._apply(changes, now)
 
-        # Nothing in memory changes until the store has committed: a failed
-        # write (a full disk) leaves the batch to be retried whole.
-        gone: list[tuple[str, _Tracked]] = []
-        refreshed: list[tuple[_Tracked, Incarnation]] = []
-        paired: dict[int, set[SeenBy]] = {}
+    def _apply(self, changes: Changes, now: Timestamp) -> None:
+        """Commit *changes*, then bring memory in step, then log and tell listeners.
 
-        def close(name: str, t: _Tracked, by: SeenBy) -> None:
-            after = previous if previous.monotonic > t.inc.loaded.monotonic else t.inc.loaded
-            done = dataclasses.replace(t.inc, unloaded=now, unloaded_after=after, unload_seen_by=by)
-            closed.append(done)
-            closed_tracked.append(_Tracked(done, t.hinted))
-            gone.append((name, t))
-
-        # Which source first said so, per (module, action): one pass over the batch.
-        said: dict[tuple[str | None, str], SeenBy] = {}
-        for h in hints:
-            said.setdefault((h.name, h.action), h.source)
-
-        for name, t in list(self._open.items()):
-            by = said.get((name, "remove"), source)
-            if name not in present or present[name] != t.inc.state.inode:
-                close(name, t, by)
-                continue
-            if name in recheck or not _complete(t.inc.state):
-                state = read_module(self.root, name, proc)
-                if state is None:
-                    close(name, t, by)
-                    continue
-                new = self._refresh(t.inc, state, now)
-                if new != t.inc:
-                    refreshed.append((t, new))
-                    updated.append(new)
-        closing = {name for name, _ in gone}
-        for name in sorted(present):
-            if name in self._open and name not in closing:
-                continue
-            state = read_module(self.root, name, proc)
-            if state is not None:
-                by = said.get((name, "add"), source)
-                opened.append((self._new(state, now, by), by))
-
-        # Pair add hints with incarnations; an unpaired one is a load that came
-        # and went between two looks at the directory.
-        new_by_name: dict[str, list[int]] = {}
-        for i, (inc, _) in enumerate(opened):
-            new_by_name.setdefault(inc.name, []).append(i)
-        hinted_new: dict[int, set[SeenBy]] = {i: set() for i in range(len(opened))}
-        transients: list[Incarnation] = []
-
-        def free(t: _Tracked, src: SeenBy) -> bool:
-            return src not in t.hinted and src not in paired.get(id(t), set())
-
-        for h in hints:
-            if h.action != "add" or h.name is None:
-                continue
-            if any(h.source not in hinted_new[i] for i in new_by_name.get(h.name, [])):
-                i = next(i for i in new_by_name[h.name] if h.source not in hinted_new[i])
-                hinted_new[i].add(h.source)
-                continue
-            candidates = [
-                t
-                for t in ([self._open[h.name]] if h.name in self._open else [])
-                if h.name not in closing
-            ]
-            candidates += [t for t in closed_tracked if t.inc.name == h.name]
-            candidates += list(self._recent.get(h.name, ()))
-            match = next((c for c in candidates if free(c, h.source)), None)
-            if match is not None:
-                paired.setdefault(id(match), set()).add(h.source)
-                continue
-            gone_state = ModuleState(
-                name=h.name,
-                build_id=None,
-                sections={},
-                coresize=None,
-                initsize=None,
-                initstate=None,
-                srcversion=None,
-                taint=None,
-                core_base=None,
-                restricted=False,
-                inode=None,
-                faults=("gone before it could be read",),
-            )
-            transients.append(self._new(gone_state, now, h.source, gone=now))
-
-        if not (opened or updated or closed or transients):
-            # Nothing to commit, but hints may have paired (a load the directory
-            # showed before its event came): remember that, or a later load's
-            # hint would pair with the same incarnation and be lost.
+        Nothing in memory changes until the store has committed: a failed
+        write (a full disk) leaves the batch to be retried whole.  Pairings
+        are kept even when there is nothing to write (a load the directory
+        showed before its event came): else a later load's hint would pair
+        with the same incarnation and that load be lost.
+        """
+        if not changes.writes:
             with self.lock:
-                self._keep_pairs(paired, [])
+                self._keep_pairs(changes.paired)
             self._last_scan = now
             return
-        # A load that came and went happened before the load of the same name
-        # still present: record it first, so seqs follow the order of loads.
-        all_new = transients + [inc for inc, _ in opened]
-        stored = self.store.apply_module_changes(self.boot_id, all_new, updated, closed, now)
+        updated, closed = list(changes.updated), [t.inc for t in changes.closed]
+        stored = self.store.apply_module_changes(self.boot_id, changes.new, updated, closed, now)
         with self.lock:
-            for name, t in gone:
-                if self._open.get(name) is t:
-                    del self._open[name]
-            for t, new in refreshed:
-                t.inc = new
-            self._keep_pairs(paired, closed_tracked)
-            for i, inc in enumerate(stored):
-                if i < len(transients):
-                    self._remember(_Tracked(inc, {inc.seen_by}))
-                else:
-                    # Only the hints paired with it: one still on its way (the
-                    # directory was listed before its event came) pairs later,
-                    # instead of becoming a phantom load that came and went.
-                    self._open[inc.name] = _Tracked(inc, hinted_new[i - len(transients)])
-            for t in closed_tracked:
-                self._remember(t)
+            for t in changes.closed:
+                if (o := self._open.get(t.inc.name)) is not None and o.inc.seq == t.inc.seq:
+                    del self._open[t.inc.name]
+            for inc in changes.updated:
+                self._open[inc.name] = Tracked(inc, self._open[inc.name].hinted)
+            self._keep_pairs(changes.paired)
+            n = len(changes.transients)
+            for inc in stored[:n]:
+                self._remember(Tracked(inc, frozenset({inc.seen_by})))
+            # Only the hints paired with it: one still on its way (the
+            # directory was listed before its event came) pairs later,
+            # instead of becoming a phantom load that came and went.
+            for inc, t in zip(stored[n:], changes.opened, strict=True):
+                self._open[inc.name] = Tracked(inc, t.hinted)
+            for t in changes.closed:
+                used = changes.paired.get(t.inc.seq, frozenset())
+                self._remember(Tracked(t.inc, t.hinted | used))
         self._last_scan = now
         self.reconciliations += 1
+        self._log_changes(stored, closed)
+        self._emit(
+            [(ModuleEvent.LOAD, i) for i in stored]
+            + [(ModuleEvent.UPDATE, i) for i in updated]
+            + [(ModuleEvent.UNLOAD, i) for i in closed]
+        )
+
+    def _keep_pairs(self, paired: Mapping[int, frozenset[SeenBy]]) -> None:
+        """Record which sources' hints each tracked incarnation has used (lock held)."""
+        if not paired:
+            return
+        for name, t in self._open.items():
+            if t.inc.seq in paired:
+                self._open[name] = Tracked(t.inc, t.hinted | paired[t.inc.seq])
+        for recent in self._recent.values():
+            for i, t in enumerate(recent):
+                if t.inc.seq in paired:
+                    recent[i] = Tracked(t.inc, t.hinted | paired[t.inc.seq])
+
+    def _log_changes(self, stored: list[Incarnation], closed: list[Incarnation]) -> None:
         for inc in stored:
             self.log.info(
                 "module_loaded" if inc.unloaded is None else "module_came_and_went",
@@ -389,43 +306,8 @@ class ModuleTracker:
             self.log.info(
                 "module_unloaded", module=inc.name, seq=inc.seq, seen_by=inc.unload_seen_by
             )
-        self._emit(
-            [(ModuleEvent.LOAD, i) for i in stored]
-            + [(ModuleEvent.UPDATE, i) for i in updated]
-            + [(ModuleEvent.UNLOAD, i) for i in closed]
-        )
 
-    def _keep_pairs(self, paired: dict[int, set[SeenBy]], closed: list[_Tracked]) -> None:
-        """Record which sources' hints each tracked incarnation has used (lock held)."""
-        if not paired:
-            return
-        for t in [*self._open.values(), *closed, *chain.from_iterable(self._recent.values())]:
-            t.hinted |= paired.get(id(t), set())
-
-    @staticmethod
-    def _refresh(inc: Incarnation, state: ModuleState, now: Timestamp) -> Incarnation:
-        """What a later read adds to an open incarnation: never changes an address."""
-        sections = dict(state.sections)
-        sections.update(inc.state.sections)
-        merged = dataclasses.replace(
-            inc.state,
-            sections=sections,
-            build_id=inc.state.build_id or state.build_id,
-            coresize=inc.state.coresize if inc.state.coresize is not None else state.coresize,
-            initsize=inc.state.initsize if inc.state.initsize is not None else state.initsize,
-            initstate=state.initstate,
-            srcversion=inc.state.srcversion or state.srcversion,
-            taint=state.taint,
-            core_base=inc.state.core_base or state.core_base,
-            restricted=inc.state.restricted or state.restricted,
-            faults=state.faults,
-        )
-        init_done = inc.init_done
-        if init_done is None and state.initstate == "live":
-            init_done = now
-        return dataclasses.replace(inc, state=merged, init_done=init_done)
-
-    def _remember(self, t: _Tracked) -> None:
+    def _remember(self, t: Tracked) -> None:
         self._recent.setdefault(t.inc.name, deque(maxlen=4)).append(t)
 
     def _emit(self, events: list[tuple[ModuleEvent, Incarnation]]) -> None:

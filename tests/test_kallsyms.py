@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kreld.kallsyms import KallsymsText
-from kreld.symtab import SymbolTable, kernel_table, parse_kallsyms
+from kreld.kallsyms import KallsymsText, parse_kallsyms
+from kreld.symtab import SymbolTable, kernel_table
 
 TEXT = 0xFFFFFFFF81000000
 RAW = b"".join(

@@ -1,4 +1,4 @@
-"""The module reader (kreld.modules) on fake ``sys/module`` + ``proc/modules`` trees."""
+"""The module reader (kreld.sysfs_modules) on fake ``sys/module`` + ``proc/modules`` trees."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from conftest import fast_tmpdir
 from faketree import FakeTree, build_id_note, note
 
 from kreld.kernel import Root
-from kreld.modules import (
+from kreld.sysfs_modules import (
     ProcModule,
     list_modules,
     parse_proc_modules,

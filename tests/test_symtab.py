@@ -6,6 +6,7 @@ import json
 import random
 
 from kreld.client import resolutions
+from kreld.kallsyms import parse_kallsyms
 from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.queries import FEW, AddressMap, Resolved
 from kreld.symtab import (
@@ -13,7 +14,6 @@ from kreld.symtab import (
     SymbolTable,
     kernel_table,
     module_table,
-    parse_kallsyms,
 )
 
 TEXT = 0xFFFFFFFF9A000000

@@ -429,7 +429,8 @@ ATHERIS_HARNESS = textwrap.dedent(
     import atheris
 
     with atheris.instrument_imports():
-        from kreld.server import Limits, Policy, Server
+        from kreld.access import Policy
+        from kreld.server import Limits, Server
         from kreld.service import Service
         from kreld.store import Store
         from kreld.varlink import VarlinkError, parse_call

@@ -1,4 +1,4 @@
-"""Reader of loaded modules: ``/sys/module/<m>`` and ``/proc/modules``.
+"""The sysfs module reader: loaded modules from ``/sys/module/<m>`` and ``/proc/modules``.
 
 A loadable module's directory has ``initstate`` (and, when the reader may
 see it, ``sections/``); a built-in module's has neither and is skipped.

@@ -1,0 +1,214 @@
+"""The reconciliation plan on its own: plain records in, plain records out.
+
+No tree, no thread, no store: each test states what the tracker knows (what
+is open, what closed lately), what one look at ``sys/module`` showed and read,
+and which hints came, then checks what :func:`kreld.reconcile.plan` decides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from kreld.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.reconcile import (
+    GONE_FAULT,
+    Changes,
+    Hint,
+    Tracked,
+    new_incarnation,
+    plan,
+    to_read,
+)
+
+BASE = 0xFFFFFFFFC0400000
+T0 = Timestamp(1_000, 2_000, 3_000)
+PREV = Timestamp(5_000, 6_000, 7_000)
+NOW = Timestamp(9_000, 10_000, 11_000)
+UE, INO = SeenBy.UEVENT, SeenBy.INOTIFY
+
+
+def state(name: str, inode: int, text: int = BASE, initstate: str = "live") -> ModuleState:
+    return ModuleState(
+        name=name,
+        build_id="ab" * 20,
+        sections={".text": text},
+        coresize=4096,
+        initsize=0,
+        initstate=initstate,
+        srcversion="S",
+        taint="",
+        core_base=text,
+        restricted=False,
+        inode=inode,
+    )
+
+
+def stored(st: ModuleState, seq: int, *, by: SeenBy = UE, gone: bool = False) -> Incarnation:
+    inc = dataclasses.replace(new_incarnation(st, T0, by), boot_id="b", seq=seq)
+    if gone:
+        return dataclasses.replace(inc, unloaded=PREV, unloaded_after=T0, unload_seen_by=by)
+    return inc
+
+
+def look(
+    open_: Mapping[str, Tracked],
+    present: Mapping[str, int],
+    reads: Mapping[str, ModuleState | None],
+    hints: Sequence[Hint],
+    recent: Mapping[str, Sequence[Tracked]] | None = None,
+) -> Changes:
+    """One look: the tracker reads exactly what to_read names (from *reads*)."""
+    states = {n: reads.get(n) for n in to_read(open_, present, hints)}
+    return plan(open_, present, states, hints, recent=recent or {}, now=NOW, previous=PREV)
+
+
+def test_a_present_module_not_open_is_opened_by_the_source_whose_add_hint_came_first() -> None:
+    a = state("a", inode=7)
+    changes = look({}, {"a": 7}, {"a": a}, [Hint(INO, "add", "a"), Hint(UE, "add", "a")])
+    (opened,) = changes.opened
+    assert opened.inc.state == a and opened.inc.seq == -1
+    assert opened.inc.seen_by is INO and opened.inc.loaded == NOW
+    assert opened.hinted == {INO, UE}  # both sources' hints stand for this one load
+    assert not changes.transients and not changes.closed and changes.writes
+
+
+def test_a_module_found_by_a_full_look_without_a_hint_is_seen_by_poll_and_unpaired() -> None:
+    changes = look({}, {"a": 7}, {"a": state("a", 7)}, [])
+    (opened,) = changes.opened
+    assert opened.inc.seen_by is SeenBy.POLL and opened.hinted == frozenset()
+
+
+def test_an_open_module_gone_from_the_directory_is_closed_between_the_two_looks() -> None:
+    t = Tracked(stored(state("a", 7), seq=3), frozenset({UE}))
+    changes = look({"a": t}, {}, {}, [Hint(INO, "remove", "a")])
+    (closed,) = changes.closed
+    assert closed.inc.seq == 3 and closed.hinted == {UE}
+    assert closed.inc.unloaded == NOW and closed.inc.unloaded_after == PREV
+    assert closed.inc.unload_seen_by is INO
+    assert not changes.opened and not changes.transients
+
+
+def test_an_unload_before_the_previous_look_is_bounded_by_the_load_itself() -> None:
+    """A module loaded after the previous look cannot have been gone before it loaded."""
+    late = dataclasses.replace(stored(state("a", 7), seq=0), loaded=Timestamp(8_000, 0, 0))
+    (closed,) = look({"a": Tracked(late)}, {}, {}, []).closed
+    assert closed.inc.unloaded_after == late.loaded
+
+
+def test_an_open_module_that_vanishes_while_read_is_closed() -> None:
+    t = Tracked(stored(state("a", 7, initstate="coming"), seq=0))
+    changes = look({"a": t}, {"a": 7}, {"a": None}, [])
+    assert [c.inc.seq for c in changes.closed] == [0] and not changes.opened
+
+
+def test_a_reload_closes_the_old_incarnation_and_opens_the_new_one_paired_with_its_hint() -> None:
+    old = Tracked(stored(state("a", 7), seq=0), frozenset({UE}))
+    new = state("a", inode=8, text=BASE + 0x10000)
+    hints = [Hint(UE, "remove", "a"), Hint(UE, "add", "a")]
+    changes = look({"a": old}, {"a": 8}, {"a": new}, hints)
+    assert [c.inc.seq for c in changes.closed] == [0]
+    (opened,) = changes.opened
+    assert opened.inc.state.sections[".text"] == BASE + 0x10000 and opened.hinted == {UE}
+    assert not changes.transients and not changes.paired
+
+
+def test_a_module_that_came_and_went_between_two_looks_is_a_transient() -> None:
+    hints = [Hint(UE, "add", "flap"), Hint(UE, "remove", "flap")]
+    changes = look({}, {}, {}, hints)
+    (gone,) = changes.transients
+    assert gone.name == "flap" and gone.seen_by is UE
+    assert gone.loaded == NOW and gone.unloaded == NOW and gone.unload_seen_by is UE
+    assert gone.state.faults == (GONE_FAULT,) and gone.state.sections == {}
+    assert changes.new == [gone]
+
+
+def test_two_add_hints_of_one_source_with_nothing_to_pair_are_two_transients() -> None:
+    """Without an incarnation to pair with, each add hint of a source is a
+    load of its own: two loads came and went between the looks."""
+    changes = look({}, {}, {}, [Hint(UE, "add", "x"), Hint(UE, "add", "x")])
+    assert len(changes.transients) == 2
+
+
+def test_add_hints_of_two_sources_for_one_vanished_load_pair_through_recent_memory() -> None:
+    """The second source's hint pairs with the transient the first one made,
+    once the tracker remembers it (recent, with the first source paired)."""
+    first = look({}, {}, {}, [Hint(UE, "add", "x")])
+    (gone,) = first.transients
+    remembered = Tracked(dataclasses.replace(gone, boot_id="b", seq=9), frozenset({UE}))
+    second = look({}, {}, {}, [Hint(INO, "add", "x")], recent={"x": [remembered]})
+    assert second.paired == {9: {INO}} and not second.transients
+
+
+def test_a_late_add_hint_pairs_with_the_open_incarnation_and_writes_nothing() -> None:
+    """The directory showed the load before its event came: the event pairs
+    with the open incarnation instead of inventing a load."""
+    t = Tracked(stored(state("a", 7), seq=5, by=SeenBy.POLL))
+    changes = look({"a": t}, {"a": 7}, {"a": state("a", 7)}, [Hint(UE, "add", "a")])
+    assert changes.paired == {5: {UE}}
+    assert not changes.writes and changes.new == []
+
+
+def test_a_source_already_paired_with_the_open_load_makes_a_transient_on_its_next_add() -> None:
+    """A second add from the same source means a second load: one that came
+    and went before the look (the open one keeps its inode)."""
+    t = Tracked(stored(state("a", 7), seq=5), frozenset({UE}))
+    changes = look({"a": t}, {"a": 7}, {"a": state("a", 7)}, [Hint(UE, "add", "a")])
+    assert not changes.paired
+    (gone,) = changes.transients
+    assert gone.name == "a" and gone.seen_by is UE
+
+
+def test_an_add_hint_pairs_with_the_incarnation_this_look_closes() -> None:
+    t = Tracked(stored(state("a", 7), seq=2, by=SeenBy.POLL))
+    changes = look({"a": t}, {}, {}, [Hint(INO, "add", "a"), Hint(INO, "remove", "a")])
+    assert changes.paired == {2: {INO}} and not changes.transients
+    assert [c.inc.seq for c in changes.closed] == [2]
+
+
+def test_an_add_hint_pairs_with_a_recently_closed_incarnation_oldest_first() -> None:
+    older = Tracked(stored(state("a", 7), seq=1, gone=True), frozenset({UE}))
+    newer = Tracked(stored(state("a", 8), seq=2, gone=True), frozenset())
+    changes = look({}, {}, {}, [Hint(INO, "add", "a")], recent={"a": [older, newer]})
+    assert changes.paired == {1: {INO}} and not changes.transients
+    changes = look({}, {}, {}, [Hint(UE, "add", "a")], recent={"a": [older, newer]})
+    assert changes.paired == {2: {UE}}  # UE was already paired with the older one
+
+
+def test_a_source_pairs_once_per_incarnation_within_one_batch() -> None:
+    t = Tracked(stored(state("a", 7), seq=4, by=SeenBy.POLL))
+    hints = [Hint(UE, "add", "a"), Hint(UE, "remove", "a"), Hint(UE, "add", "a")]
+    changes = look({"a": t}, {}, {}, hints)
+    assert changes.paired == {4: {UE}}
+    assert len(changes.transients) == 1  # the second add: a load that came and went
+
+
+def test_only_changed_hinted_or_incomplete_modules_are_read_again() -> None:
+    done = Tracked(stored(state("done", 1), seq=0))
+    loading = Tracked(stored(state("loading", 2, initstate="coming"), seq=1))
+    hinted = Tracked(stored(state("hinted", 3), seq=2))
+    reloaded = Tracked(stored(state("reloaded", 4), seq=3))
+    present = {"done": 1, "loading": 2, "hinted": 3, "reloaded": 40, "new": 5}
+    open_ = {t.inc.name: t for t in (done, loading, hinted, reloaded)}
+    names = to_read(open_, present, [Hint(UE, "change", "hinted")])
+    assert names == ["hinted", "loading", "new", "reloaded"]
+
+
+def test_a_read_again_refreshes_without_moving_any_address() -> None:
+    coming = state("a", 7, initstate="coming")
+    t = Tracked(stored(dataclasses.replace(coming, build_id=None), seq=0))
+    later = dataclasses.replace(
+        state("a", 7, text=BASE + 0x999), sections={".text": BASE + 0x999, ".data": BASE + 0x8000}
+    )
+    changes = look({"a": t}, {"a": 7}, {"a": later}, [])
+    (inc,) = changes.updated
+    assert inc.seq == 0 and inc.init_done == NOW and inc.state.initstate == "live"
+    assert inc.state.sections == {".text": BASE, ".data": BASE + 0x8000}
+    assert inc.state.build_id == "ab" * 20
+    assert not changes.opened and not changes.closed
+
+
+def test_a_look_that_finds_everything_as_it_was_changes_nothing() -> None:
+    t = Tracked(stored(state("a", 7), seq=0), frozenset({UE}))
+    changes = look({"a": t}, {"a": 7}, {"a": state("a", 7)}, [Hint(UE, "change", "a")])
+    assert changes == Changes()
