@@ -211,6 +211,41 @@ def encode(inc: Incarnation) -> tuple[bytes, bytes, list[str]]:
     return bytes(w.out + opt.out), key, names
 
 
+def _read_state(
+    r: _Reader, flags: int, name: str, base0: int, sections: dict[str, int]
+) -> ModuleState:
+    """The module's own fields of a record, in their order after the load time."""
+
+    def opt(bit: int, read: Callable[[], Any]) -> Any:
+        return read() if flags & bit else None
+
+    build_id = opt(F_BUILD_ID_RAW, lambda: r.blob().hex())
+    if flags & F_BUILD_ID_STR:
+        build_id = r.text()
+    coresize = opt(F_CORESIZE, r.varint)
+    initsize = opt(F_INITSIZE, r.varint)
+    initstate = opt(F_INITSTATE, r.text)
+    srcversion = opt(F_SRCVERSION, r.text)
+    taint = opt(F_TAINT, r.text)
+    core_rel = opt(F_CORE_BASE, r.zigzag)
+    inode = opt(F_INODE, r.varint)
+    faults = opt(F_FAULTS, r.texts) or ()
+    return ModuleState(
+        name=name,
+        build_id=build_id,
+        sections=sections,
+        coresize=coresize,
+        initsize=initsize,
+        initstate=initstate,
+        srcversion=srcversion,
+        taint=taint,
+        core_base=None if core_rel is None else base0 + core_rel,
+        restricted=bool(flags & F_RESTRICTED),
+        inode=inode,
+        faults=faults,
+    )
+
+
 def decode(
     raw: bytes | memoryview, boot_id: str, seq: int, layout: Callable[[bytes], list[str]]
 ) -> Incarnation:
@@ -233,40 +268,17 @@ def decode(
     loaded = Timestamp(mono, mono + r.zigzag(), r.zigzag())
     seen_by = r.seen_by()
 
+    state = _read_state(r, flags, name, base0, sections)
+
     def opt(bit: int, read: Callable[[], Any]) -> Any:
         return read() if flags & bit else None
 
-    build_id = opt(F_BUILD_ID_RAW, lambda: r.blob().hex())
-    if flags & F_BUILD_ID_STR:
-        build_id = r.text()
-    coresize = opt(F_CORESIZE, r.varint)
-    initsize = opt(F_INITSIZE, r.varint)
-    initstate = opt(F_INITSTATE, r.text)
-    srcversion = opt(F_SRCVERSION, r.text)
-    taint = opt(F_TAINT, r.text)
-    core_rel = opt(F_CORE_BASE, r.zigzag)
-    inode = opt(F_INODE, r.varint)
-    faults = opt(F_FAULTS, r.texts) or ()
     init_done = opt(F_INIT_DONE, lambda: r.since(loaded))
     unloaded = opt(F_UNLOADED, lambda: r.since(loaded))
     unloaded_after = opt(F_UNLOADED_AFTER, lambda: r.since(loaded))
     unload_seen_by = opt(F_UNLOAD_SEEN_BY, r.seen_by)
     if r.pos != len(buf):
         raise ValueError(f"{len(buf) - r.pos} bytes after the record")
-    state = ModuleState(
-        name=name,
-        build_id=build_id,
-        sections=sections,
-        coresize=coresize,
-        initsize=initsize,
-        initstate=initstate,
-        srcversion=srcversion,
-        taint=taint,
-        core_base=None if core_rel is None else base0 + core_rel,
-        restricted=bool(flags & F_RESTRICTED),
-        inode=inode,
-        faults=faults,
-    )
     return Incarnation(
         boot_id=boot_id,
         seq=seq,

@@ -141,6 +141,41 @@ def read_module(
         os.close(dfd)
 
 
+def _read_sections(sfd: int, faults: list[str]) -> tuple[dict[str, int], bool, bool]:
+    """The hex bases in an open ``sections/``: (bases, any read as zero
+    (restricted), the directory was empty)."""
+    sections: dict[str, int] = {}
+    restricted = False
+    names = sorted(os.listdir(sfd))
+    for sname in names:
+        raw = _read_small(sname, sfd)
+        if raw is None:
+            faults.append(f"sections/{sname}: unreadable")
+            continue
+        s = raw.strip().decode("ascii", "replace")
+        try:
+            addr = int(s, 16)
+        except ValueError:
+            faults.append(f"sections/{sname}: not a hex address: {s[:40]!r}")
+            continue
+        if addr == 0:
+            restricted = True
+        else:
+            sections[sname] = addr
+    return sections, restricted, not names
+
+
+def _read_build_id(dfd: int, faults: list[str]) -> str | None:
+    note = _read_small("notes/.note.gnu.build-id", dfd)
+    if note is None:
+        return None
+    try:
+        return find_build_id(note)
+    except NoteError as err:
+        faults.append(f"notes/.note.gnu.build-id: {err}")
+        return None
+
+
 def _read_module_at(
     dfd: int, root: Root, name: str, proc: Mapping[str, ProcModule] | None
 ) -> ModuleState | None:
@@ -161,35 +196,14 @@ def _read_module_at(
         faults.append(f"sections/: {err.strerror}")
     if sfd >= 0:
         try:
-            names = sorted(os.listdir(sfd))
-            if not names:
-                if initstate is None:
-                    return None  # torn down while we looked
-                faults.append("sections/ empty (still loading, or going)")
-            for sname in names:
-                raw = _read_small(sname, sfd)
-                if raw is None:
-                    faults.append(f"sections/{sname}: unreadable")
-                    continue
-                s = raw.strip().decode("ascii", "replace")
-                try:
-                    addr = int(s, 16)
-                except ValueError:
-                    faults.append(f"sections/{sname}: not a hex address: {s[:40]!r}")
-                    continue
-                if addr == 0:
-                    restricted = True
-                else:
-                    sections[sname] = addr
+            sections, restricted, empty = _read_sections(sfd, faults)
         finally:
             os.close(sfd)
-    build_id = None
-    note = _read_small("notes/.note.gnu.build-id", dfd)
-    if note is not None:
-        try:
-            build_id = find_build_id(note)
-        except NoteError as err:
-            faults.append(f"notes/.note.gnu.build-id: {err}")
+        if empty:
+            if initstate is None:
+                return None  # torn down while we looked
+            faults.append("sections/ empty (still loading, or going)")
+    build_id = _read_build_id(dfd, faults)
     pm = (proc if proc is not None else read_proc_modules(root)).get(name)
     if pm is not None and pm.base is None and pm.size:
         restricted = True

@@ -28,6 +28,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "options",
         "perfdata",
         "perfmatch",
+        "perfrecords",
         "queries",
         "reconcile",
         "records",
