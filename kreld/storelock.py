@@ -24,11 +24,14 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kreld.access import check_owner
 from kreld.errors import StoreDamaged, StoreError, StoreLocked
 from kreld.store import Store
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 LOCK_NAME = "kreld.lock"
 DAMAGED_PREFIX = "damaged-"
@@ -112,7 +115,7 @@ def damaged_stores(state_dir: str | os.PathLike[str]) -> list[str]:
     ]
 
 
-def open_writable(state_dir: Path, log: Any) -> Store:
+def open_writable(state_dir: Path, log: FilteringBoundLogger) -> Store:
     """Open the store for writing (the writer lock already held); a damaged one
     is set aside, logged at error level, and a fresh store started."""
     try:

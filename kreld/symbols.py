@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kreld import heap
 from kreld.elf import elf_symbol_entries, elf_symbols, gnu_build_id, module_symbol_letter
@@ -45,6 +45,9 @@ from kreld.symtab import (
     pack,
 )
 from kreld.sysfs_modules import list_modules
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 __all__ = ["ModuleFiles", "SymbolCapture", "ko_table"]
 
@@ -182,14 +185,14 @@ class SymbolCapture:
         store: Store,
         root: Root,
         boot: BootSnapshot,
-        log: Any | None,
+        log: FilteringBoundLogger | None,
         extra_dirs: Iterable[str] = (),
         defer: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
         self.root = root
         self.boot = boot
-        self.log = log if log is not None else _Quiet()
+        self.log: FilteringBoundLogger | _Quiet = log if log is not None else _Quiet()
         self.dirs = list(extra_dirs)
         self.files = ModuleFiles(root, boot.release, self.dirs)
         self._pending: queue.SimpleQueue[Incarnation | None] = queue.SimpleQueue()
