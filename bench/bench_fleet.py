@@ -29,6 +29,7 @@ from common import Result, bench_main, log, now_ns
 
 from kreld import fleet, methods
 from kreld.bucket import BucketStore
+from kreld.client import resolutions
 from kreld.model import BootSnapshot, Incarnation
 from kreld.s3 import Bucket
 from kreld.service import Service
@@ -173,7 +174,7 @@ def run(quick: bool) -> list[Result]:
     t0 = now_ns()
     resolve(cold)
     warm_ns = now_ns() - t0
-    image = got["results"][0]["image"]  # type: ignore[index]
+    image = resolutions([addr], got)[0].get("image")
     if image != "mod42":
         raise RuntimeError(f"resolved to {image!r}")
     results = real_server_listing(boots_total, list_ns, list_requests, quick)
