@@ -31,6 +31,11 @@ class BootSource(Protocol):
 
     def with_tables(self, keys: Iterable[str], fn: Callable[[SymbolTables], T]) -> T: ...
 
+    def hostname(self, boot_id: str) -> str | None:
+        """The name of the host the boot ran on, where the source holds many hosts
+        (a fleet bucket); None for a host's own store."""
+        ...
+
     def last_txnid(self) -> int:
         """Changes whenever what the source holds does (a cache key)."""
         ...

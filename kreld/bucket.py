@@ -100,6 +100,9 @@ class BucketStore:
     def host(self, boot_id: str) -> fleet.Host:
         return self.manifest(boot_id).host
 
+    def hostname(self, boot_id: str) -> str | None:
+        return self.host(boot_id).hostname
+
     def get_boot(self, boot_id: str) -> BootSnapshot:
         return self.manifest(boot_id).boot
 

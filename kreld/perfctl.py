@@ -11,7 +11,7 @@ recorded live at the sample's own time, and leaves every other line as it was.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -24,21 +24,9 @@ from kreld.queries import Region, init_live_at, is_init_section, module_regions
 from kreld.symtab import SymbolTables
 
 
-def _hostnames(store: BootSource) -> Callable[[str], str | None] | None:
-    """Each boot's host name, where the source keeps hosts (a fleet bucket)."""
-    host = getattr(store, "host", None)
-    if not callable(host):
-        return None
-
-    def name(boot_id: str) -> str | None:
-        return str(host(boot_id).hostname)
-
-    return name
-
-
 def find_boot(store: BootSource, h: PerfHeader, err: TextIO) -> BootMatch:
     """The recording's boot, said on *err* with what did not match."""
-    m = match_boot(h, store.list_boots(), store.incarnations, _hostnames(store))
+    m = match_boot(h, store.list_boots(), store.incarnations, store.hostname)
     print(
         f"kreldctl: {h.path}: boot {m.boot.boot_id} (release {m.boot.release}); "
         f"{len(m.chosen)} of {len(m.modules)} module maps matched a recorded load",

@@ -308,6 +308,10 @@ class StoreEnv:
             return False
         return st.f_bavail * st.f_frsize < _NEARLY_FULL
 
+    def hostname(self, boot_id: str) -> str | None:
+        """A host's own store holds only its boots: no host name to tell them by."""
+        return None
+
     def last_txnid(self) -> int:
         """The id of the last committed write, by any process: a cache key."""
         return int(self.env.info()["last_txnid"])
