@@ -31,7 +31,7 @@ from kreld.ctl_render import (
 from kreld.errors import ExitCode, InvalidArgument, KreldError
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Clock, Incarnation, parse_addr
-from kreld.options import resolve_config
+from kreld.options import leave, resolve_config
 
 if TYPE_CHECKING:
     from kreld.bootsource import BootSource
@@ -386,15 +386,6 @@ class Ctl:
                 )
             self.out.flush()
         return 0
-
-
-def leave(rc: int) -> int:
-    """*rc*, or an exit at once where obstore was used (see :func:`kreld.s3.leave`)."""
-    if "kreld.s3" not in sys.modules:
-        return rc
-    from kreld.s3 import leave as leave_s3
-
-    return leave_s3(rc)
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -32,7 +32,7 @@ from kreld.errors import ExitCode, KernelReadError, KreldError
 from kreld.kallsyms import KallsymsText
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp, hexaddr
-from kreld.options import add_common, resolve_config
+from kreld.options import add_common, leave, resolve_config
 from kreld.server import Server, bind_socket, limits_of, raise_fd_limit
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
@@ -117,15 +117,6 @@ def check_config(cfg: Config) -> None:
         from kreld.publish import check_config as check_publishing
 
         check_publishing(cfg)
-
-
-def leave(rc: int) -> int:
-    """*rc*, or an exit at once where the S3 client ran (see :func:`kreld.s3.leave`)."""
-    if "kreld.s3" not in sys.modules:
-        return rc
-    from kreld.s3 import leave as leave_s3
-
-    return leave_s3(rc)
 
 
 class Daemon:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sys
 from dataclasses import replace
 
 from kreld import consts
@@ -58,3 +61,16 @@ def resolve_config(args: argparse.Namespace) -> Config:
         if value is not None:
             changes[attr] = value
     return replace(cfg, **changes)
+
+
+def leave(rc: int) -> int:
+    """Exit with *rc* at once, skipping interpreter finalization, when obstore was used:
+    its Tokio runtime is never shut down, and a worker thread that meets ``Py_Finalize``
+    can abort the process (SIGABRT) after all the work is done (the race lancedb fixed for
+    its own runtime in lancedb/lancedb#4175).  Without obstore, returns *rc*."""
+    if sys.modules.get("obstore") is None:
+        return rc
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(rc)

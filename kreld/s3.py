@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import configparser
-import contextlib
 import os
 import re
-import sys
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -39,19 +37,6 @@ _ECHOED = re.compile(
 _FROM_FILES: set[str] = set()
 # Requests in flight at once when a reader fetches many objects.
 CONCURRENCY = 64
-
-
-def leave(rc: int) -> int:
-    """Exit with *rc* at once, skipping interpreter finalization, when obstore was used:
-    its Tokio runtime is never shut down, and a worker thread that meets ``Py_Finalize``
-    can abort the process (SIGABRT) after all the work is done (the race lancedb fixed for
-    its own runtime in lancedb/lancedb#4175).  Without obstore, returns *rc*."""
-    if sys.modules.get("obstore") is None:
-        return rc
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(rc)
 
 
 def missing_reason() -> str | None:
