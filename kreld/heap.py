@@ -9,13 +9,15 @@ to hand free pages of every arena back; it is called after each batch that
 read kallsyms, when the large buffers are gone.
 
 glibc also raises its mmap threshold each time a block it had mapped is freed
-(up to 32 MiB), after which the same buffers (a kallsyms read, a Resolve
-request or reply of some 100 KiB to a few MiB) are carved from an arena and
+(up to 32 MiB), after which the largest buffers (a kallsyms read of several
+MiB, the reply to a Resolve of 100,000 addresses) are carved from an arena and
 stay resident once freed.  :func:`tune`, called once when the daemon starts,
 fixes the threshold at :data:`MMAP_THRESHOLD`: a block that large is mapped
-for itself and unmapped when freed.  On this machine's root (122,000 kernel
-symbols) that keeps 5 MiB less resident after Resolve batches
-(bench/bench_memory.py).  Elsewhere than glibc both do nothing.
+for itself and unmapped when freed.  The threshold sits above a busy
+profiler's usual Resolve (10,000 addresses: a reply of some 300 KiB): at
+glibc's own 128 KiB every such reply was mapped and unmapped again, which
+cost Resolve over the socket a third of its throughput (bench_symbols).
+Elsewhere than glibc both do nothing.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-# Blocks this large or larger get a mapping of their own (glibc's default
-# before it starts raising it).
-MMAP_THRESHOLD = 128 * 1024
+# Blocks this large or larger get a mapping of their own: above the buffers
+# of an everyday Resolve, below a kallsyms read.
+MMAP_THRESHOLD = 1 << 20
 _M_MMAP_THRESHOLD = -3  # malloc.h
+_M_TRIM_THRESHOLD = -1
 
 _trim: Callable[[int], int] | None = None
 _looked = False
@@ -54,9 +57,16 @@ def _find() -> Callable[[int], int] | None:
 
 
 def tune() -> bool:
-    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD`; whether it could."""
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD`, and its trim
+    threshold at twice that, as glibc's own adjustment would set it (fixing the
+    one stops glibc moving the other, which would stay at 128 KiB and shrink the
+    heap after nearly every large free); whether it could."""
     mallopt = _libc("mallopt", "c_int", "c_int")
-    return mallopt is not None and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    return (
+        mallopt is not None
+        and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+        and mallopt(_M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD) == 1
+    )
 
 
 def trim() -> bool:

@@ -111,8 +111,8 @@ big = bytearray(4 << 20)  # freed, a mapped block: glibc would raise its thresho
 del big
 before = anon()
 held, pins = [], []
-for _ in range(100):  # 30 MiB of 300 KiB buffers, each with a small block that outlives it
-    held.append(b"\\1" * (300 << 10))
+for _ in range(20):  # 30 MiB of 1.5 MiB buffers, each with a small block that outlives it
+    held.append(b"\\1" * (1536 << 10))
     pins.append(b"\\2" * (100 << 10))
 del held
 print(anon() - before)
@@ -121,7 +121,7 @@ print(anon() - before)
 
 def test_the_daemons_heap_tuning_gives_freed_large_buffers_back() -> None:
     """With glibc's threshold fixed (kreld.heap.tune, at the daemon's start),
-    freed 300 KiB buffers between blocks still in use leave the process;
+    freed 1.5 MiB buffers between blocks still in use leave the process;
     without, glibc keeps them: less than half as much stays resident."""
 
     def kept(mode: str) -> int:
