@@ -18,11 +18,11 @@ import grp
 import os
 import stat
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kreld.errors import SocketError, StoreError
+from kreld.record import record
 
 if TYPE_CHECKING:  # the store imports this module; kreldctl show needs no socket
     import socket
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the store imports this module; kreldctl show needs no socke
     from kreld.config import Config
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Policy:
     """Who may connect: root, kreld's own uid, listed uids, members of listed groups."""
 

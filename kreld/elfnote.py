@@ -11,10 +11,10 @@ from __future__ import annotations
 import struct
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from enum import IntEnum
 
 from kreld.errors import NoteError
+from kreld.record import record
 
 _NHDR = struct.Struct("=III")
 
@@ -24,7 +24,7 @@ class NoteType(IntEnum):
     NT_VMCOREINFO = 0  # with name "VMCOREINFO"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Note:
     name: bytes
     type: int

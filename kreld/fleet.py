@@ -23,7 +23,6 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -31,6 +30,7 @@ import zstandard
 
 from kreld.errors import FleetObjectInvalid
 from kreld.model import BootSnapshot, Incarnation
+from kreld.record import record
 
 FORMAT = "kreld-fleet"
 VERSION = 1
@@ -44,7 +44,7 @@ _MACHINE_ID = re.compile(r"[0-9a-f]{32}")
 _BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Host:
     machine_id: str
     hostname: str
@@ -53,7 +53,7 @@ class Host:
         return {"machine_id": self.machine_id, "hostname": self.hostname}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class IndexEntry:
     """One boot's row in the listing, decoded from its object name."""
 
@@ -198,7 +198,7 @@ def decode_table(name: str, data: bytes) -> bytes:
         raise FleetObjectInvalid(name, f"damaged table: {e}") from e
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Manifest:
     host: Host
     boot: BootSnapshot
@@ -235,7 +235,7 @@ def decode_manifest(name: str, data: bytes) -> Manifest:
     return Manifest(host, boot, symbols, batches)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Batch:
     incarnations: tuple[Incarnation, ...]
     absolutes: dict[int, list[int]]

@@ -11,9 +11,10 @@ declarations whose members are ``string``, ``int``, ``float``, ``bool``,
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kreld.record import record
 
 INTERFACE_DESCRIPTION = Path(__file__).with_name("io.kreld.varlink").read_text()
 SERVICE_DESCRIPTION = """\
@@ -41,7 +42,7 @@ error ExpectedMore ()
 _SCALARS = frozenset({"string", "int", "float", "bool", "object"})
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Type:
     """A member's type: a scalar, ``?T`` (optional), ``[]T`` (array),
     ``[string]T`` (map) or a type declared in the interface (named)."""
@@ -55,14 +56,14 @@ class Type:
         return self.kind == "optional"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Signature:
     name: str
     parameters: dict[str, Type]
     returns: dict[str, Type]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Interface:
     name: str
     description: str

@@ -32,6 +32,7 @@ from kreld import consts
 from kreld.kernel import Root
 from kreld.model import Clock, Incarnation
 from kreld.queries import init_live_at, is_init_section
+from kreld.record import record
 from kreld.symtab import ABSOLUTE, MODULE_ABSOLUTE, SymbolTables, module_symbol_key
 
 Line = tuple[int, bytes, bytes]  # (address, type letter, name)
@@ -42,7 +43,7 @@ _CORE_LINE = re.compile(rb"^([0-9a-fA-F]+) (\S) ([^\t\n]+)$", re.MULTILINE)
 _OWNED_LINE = re.compile(rb"^([0-9a-fA-F]+) (\S) ([^\t\n]+)\t\[([^\]\n]+)\]", re.MULTILINE)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KallsymsText:
     """The raw text of one read, and where its bracketed tail starts."""
 

@@ -8,16 +8,16 @@ pointers (zeros) come back as ``None``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from kreld import consts, uuids
 from kreld.elfnote import find_build_id
 from kreld.errors import KernelReadError, NoteError
 from kreld.model import Anchors
+from kreld.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Root:
     """A filesystem root under which kernel interfaces are read."""
 

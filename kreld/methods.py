@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from kreld import __version__, consts
 from kreld.errors import InterfaceNotFound, MethodNotFound, MethodNotImplemented
 from kreld.interface import INTERFACES
 from kreld.queries import FEW
+from kreld.record import record
 from kreld.requests import (
     ExportKallsyms,
     GetBoot,
@@ -82,7 +82,7 @@ def _describe(_s: Service, r: GetInterfaceDescription) -> Reply:
     return {"description": iface.description}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Method:
     request: type[Request]
     # The answer, from the service and the typed request; None: the method

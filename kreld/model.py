@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from kreld.consts import ANCHOR_SYMBOLS
+from kreld.record import record
 
 JSON = dict[str, Any]
 
@@ -43,7 +43,7 @@ _CLOCK_IDS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Timestamp:
     """One instant on the three clocks a profiler may have sampled with (ns)."""
 
@@ -82,7 +82,7 @@ class OffsetSource(StrEnum):
     SYSTEM_MAP = "system.map"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KaslrOffset:
     value: int
     source: OffsetSource
@@ -100,7 +100,7 @@ class KaslrOffset:
 WIRE_ANCHORS = tuple(sym.removeprefix("_") for sym in ANCHOR_SYMBOLS)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Anchors:
     """Runtime addresses of the symbols that mark out the kernel image.
 
@@ -138,7 +138,7 @@ class Anchors:
         return (self.text, self.stext, self.etext, self.sinittext, self.einittext)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class BootSnapshot:
     """What kreld knows of one boot of the kernel."""
 
@@ -260,7 +260,7 @@ class ModuleEvent(StrEnum):
     UNLOAD = "unload"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ModuleState:
     """One read of ``/sys/module/<name>``: what the kernel shows now."""
 
@@ -278,7 +278,7 @@ class ModuleState:
     faults: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Incarnation:
     """One load of a module, from when it was seen loaded to when it was seen gone.
 

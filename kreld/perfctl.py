@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TextIO
 
 from kreld.bootsource import BootSource
@@ -21,6 +20,7 @@ from kreld.kallsyms import module_key, render_kallsyms
 from kreld.perfdata import KERNEL_MAP_PREFIX, PerfHeader
 from kreld.perfmatch import BootMatch, SampleClock, match_boot
 from kreld.queries import Region, init_live_at, is_init_section, module_regions
+from kreld.record import record
 from kreld.symtab import SymbolTables
 
 
@@ -86,7 +86,7 @@ def _parse_time(m: re.Match[str]) -> int:
 INIT_WINDOW_NS = 10_000_000_000
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Frame:
     symbol: str  # "func+0x1f", or "[unknown]" when no symbol covers it
     dso: str  # perf's name of the image: "[kernel.kallsyms]", "[brd]"

@@ -19,11 +19,11 @@ unknown.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from kreld.errors import NoBootForRecording
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr
 from kreld.perfdata import ClockId, ModuleMap, PerfHeader
+from kreld.record import record
 
 # The sample clocks that are kreld's own clocks.
 KRELD_CLOCKS = {
@@ -35,7 +35,7 @@ KRELD_CLOCKS = {
 NEAREST_SHOWN = 5
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SampleClock:
     """How a recording's sample times read on kreld's clocks.
 
@@ -50,13 +50,13 @@ class SampleClock:
     start: int | None  # when recording started, on *clock*
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ModuleChoice:
     map: ModuleMap
     inc: Incarnation | None  # None: kreld has no load of it at that base
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class BootMatch:
     boot: BootSnapshot
     modules: tuple[ModuleChoice, ...]

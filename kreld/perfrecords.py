@@ -8,10 +8,11 @@ tools/perf/Documentation/perf.data-file-format.txt and tools/perf/util/header.c.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import IntEnum
 
 from kreld.errors import PerfDataError
+from kreld.record import record
 
 _MAGIC = b"PERFILE2"
 _FILE_HEADER_SIZE = 104  # magic, size, attr_size, 3 sections, 256 feature bits
@@ -70,7 +71,7 @@ _MISC_MMAP_BUILD_ID = 1 << 14  # MMAP2 carries a build-id instead of a device
 _MISC_BUILD_ID_SIZE = 1 << 15  # a build-id event says its build-id's size
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class BuildIdEntry:
     """One entry of the build-id table."""
 
@@ -83,7 +84,7 @@ class BuildIdEntry:
         return None if not self.kernel or self.name == KERNEL_MAP_PREFIX else module_name(self.name)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ModuleMap:
     """A module as ``/proc/modules`` showed it when recording started."""
 
@@ -94,7 +95,7 @@ class ModuleMap:
     build_id: str | None = None  # MMAP2 with a build-id (perf >= 6.17)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClockData:
     """``HEADER_CLOCK_DATA``: the sample clock, and one instant read on it and on
     CLOCK_REALTIME when recording started."""
@@ -104,7 +105,7 @@ class ClockData:
     clock_ns: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PerfHeader:
     """What one recording says about its kernel."""
 

@@ -37,6 +37,7 @@ from kreld.errors import KernelReadError, KreldError
 from kreld.kernel import Root
 from kreld.model import BootSnapshot, Incarnation
 from kreld.pubstate import PubState, table_bytes
+from kreld.record import record
 from kreld.s3 import Bucket, open_bucket, require_fleet
 from kreld.store import Store
 from kreld.symtab import module_symbol_key
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 BACKOFF_INTERVALS = 30
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Target:
     url: str
     endpoint: str

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr
+from kreld.record import record
 from kreld.symtab import KEY_SPAN, SymbolTable, SymbolTables, module_symbol_key
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def init_live_at(inc: Incarnation, clock: Clock, t: int | None) -> bool:
     return inc.loaded.on(clock) <= t and (inc.init_done is None or t < inc.init_done.on(clock))
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Region:
     base: int
     limit: int  # exclusive upper bound
@@ -337,7 +337,7 @@ def _json_names(names: list[str]) -> bytes:
     return orjson.dumps(names)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Resolved:
     """Resolve's answer, as it travels (see ``Resolve`` in io.kreld.varlink):
     what is true of many addresses (a region: image, section, base, build-id,

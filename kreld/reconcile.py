@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from kreld.model import HintAction, Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.record import record
 
 GONE_FAULT = "gone before it could be read"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Hint:
     """A source's word that a module may have changed: only a reason to look."""
 
@@ -35,7 +35,7 @@ class Hint:
     name: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Tracked:
     """An incarnation and the sources whose add hints have been paired with it."""
 
@@ -43,7 +43,7 @@ class Tracked:
     hinted: frozenset[SeenBy] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Changes:
     """One look's outcome.
 
@@ -168,7 +168,7 @@ def to_read(
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Diff:
     opened: list[Incarnation]
     updated: list[Incarnation]

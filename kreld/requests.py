@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar, TypeVar
 
 from kreld.errors import InvalidArgument
 from kreld.interface import INTERFACES, Interface, Type, matches
 from kreld.model import Clock
+from kreld.record import record
 
 # Addresses one Resolve may ask about: its reply (some 30 bytes an address)
 # is built in memory, so this bounds what one call can make the daemon hold.
@@ -75,36 +76,36 @@ class Request:
     METHOD: ClassVar[str]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GetInfo(Request):
     INTERFACE = "org.varlink.service"
     METHOD = "GetInfo"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GetInterfaceDescription(Request):
     INTERFACE = "org.varlink.service"
     METHOD = "GetInterfaceDescription"
     interface: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GetBoot(Request):
     METHOD = "GetBoot"
     boot_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ListBoots(Request):
     METHOD = "ListBoots"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Snapshot(Request):
     METHOD = "Snapshot"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GetModules(Request):
     METHOD = "GetModules"
     boot_id: str | None = None
@@ -113,7 +114,7 @@ class GetModules(Request):
     all: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Resolve(Request):
     METHOD = "Resolve"
     addresses: list[int] = field(metadata=_ADDRESSES)
@@ -122,7 +123,7 @@ class Resolve(Request):
     clock: Clock = field(default=Clock.MONOTONIC, metadata=_CLOCK)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ExportKallsyms(Request):
     METHOD = "ExportKallsyms"
     boot_id: str | None = None
@@ -130,12 +131,12 @@ class ExportKallsyms(Request):
     clock: Clock = field(default=Clock.MONOTONIC, metadata=_CLOCK)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Status(Request):
     METHOD = "Status"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Subscribe(Request):
     METHOD = "Subscribe"
 
@@ -143,14 +144,14 @@ class Subscribe(Request):
 R = TypeVar("R", bound=Request)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Field:
     name: str
     type: Type
     parse: Callable[[object], Any] | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Spec:
     interface: Interface
     fields: tuple[_Field, ...]

@@ -28,6 +28,7 @@ from kreld.errors import KreldError, SocketError
 from kreld.interface import SERVICE_DESCRIPTION as SERVICE_DESCRIPTION
 from kreld.methods import METHODS, answer, lookup
 from kreld.model import Incarnation, ModuleEvent
+from kreld.record import record
 from kreld.requests import Subscribe, parse
 from kreld.service import Service
 from kreld.varlink import (
@@ -56,7 +57,7 @@ ACCEPT_BATCH = 32
 ACCEPT_HEADROOM = 6 * ACCEPT_BATCH
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Limits:
     max_message_bytes: int = consts.DEFAULT_MAX_MESSAGE_BYTES
     max_connections: int = consts.DEFAULT_MAX_CONNECTIONS

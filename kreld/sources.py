@@ -12,7 +12,6 @@ import errno
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from watchdog.events import (
@@ -24,6 +23,7 @@ from watchdog.events import (
 )
 
 from kreld.model import HintAction, SeenBy
+from kreld.record import record
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -58,7 +58,7 @@ class EventSource(Health, Protocol):
     def stop(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Uevent:
     action: str
     devpath: str

@@ -28,8 +28,9 @@ import struct
 import sys
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Literal, Protocol
+
+from kreld.record import record
 
 MAGIC = b"KRSYMTB1"
 _HEADER = struct.Struct("<8s6I")
@@ -51,7 +52,7 @@ def _pad8(n: int) -> int:
     return -n % 8
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Entry:
     section: int
     value: int

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from kreld import consts
 from kreld.elfnote import find_build_id
 from kreld.errors import KernelReadError, NoteError
 from kreld.kernel import Root
 from kreld.model import ModuleState
+from kreld.record import record
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProcModule:
     size: int | None
     state: str | None

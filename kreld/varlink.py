@@ -8,10 +8,11 @@ or ``{"error": "iface.Name", "parameters": {...}}``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from kreld.errors import KreldError
+from kreld.record import record
 
 INTERFACE = "io.kreld"
 SERVICE = "org.varlink.service"
@@ -46,7 +47,7 @@ def invalid_request(reason: str) -> VarlinkError:
     return VarlinkError(f"{INTERFACE}.InvalidRequest", {"reason": reason})
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Call:
     method: str
     parameters: dict[str, Any] = field(default_factory=dict)

@@ -16,7 +16,7 @@ README = KRELD.parent / "README.md"
 
 # The layers, lowest first: README.md's "Architecture" section, in code.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("__init__", "consts", "errors", "heap", "log", "model", "uuids"),
+    "base": ("__init__", "consts", "errors", "heap", "log", "model", "record", "uuids"),
     "pure": (
         "config",
         "ctl_args",
@@ -97,8 +97,8 @@ def test_imports_go_down_the_layers_never_up() -> None:
     assert not upward, "\n".join(upward)
 
 
-def test_the_model_imports_nothing_of_kreld_but_consts_and_errors() -> None:
-    assert imports_of(kreld_files()["model"]) <= {"consts", "errors"}
+def test_the_model_imports_nothing_of_kreld_but_consts_errors_and_record() -> None:
+    assert imports_of(kreld_files()["model"]) <= {"consts", "errors", "record"}
 
 
 def test_readers_of_proc_and_sys_never_import_the_store_server_service_or_cli() -> None:
