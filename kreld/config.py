@@ -7,19 +7,19 @@ naming the file and the key: a typo must not silently fall back to a default.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from kreld import consts
 from kreld.errors import ConfigError
+from kreld.record import field, fields, record, replace
 
 _WATCH_METHODS = ("auto", "poll", "inotify")
 # Marks a setting SIGHUP cannot change: it takes effect at the next start.
 _RESTART = {"restart": True}
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Config:
     state_dir: str = field(default=consts.DEFAULT_STATE_DIR, metadata=_RESTART)
     socket: str = field(default=consts.DEFAULT_SOCKET, metadata=_RESTART)

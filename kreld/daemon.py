@@ -18,7 +18,6 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +32,7 @@ from kreld.kallsyms import KallsymsText
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp, hexaddr
 from kreld.options import add_common, leave, resolve_config
+from kreld.record import fields, replace
 from kreld.server import Server, bind_socket, limits_of, raise_fd_limit
 from kreld.service import Service
 from kreld.snapshot import take_snapshot
@@ -371,7 +371,7 @@ class Daemon:
             return
         sd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
         changed = [
-            k for k in Config.__dataclass_fields__ if getattr(new, k) != getattr(self.cfg, k)
+            k for k in (f.name for f in fields(Config)) if getattr(new, k) != getattr(self.cfg, k)
         ]
         for key in changed:
             if key in RESTART_KEYS:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 from kreld import consts
 from kreld.kernel import Root
@@ -109,7 +108,7 @@ class KallsymsText:
 # -- a whole read, parsed (what the fast paths above are checked against) --------
 
 
-@dataclass
+@record
 class Kallsyms:
     """One read of ``/proc/kallsyms``, split as the kernel prints it."""
 

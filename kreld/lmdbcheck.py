@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 from kreld.errors import StoreCorrupt, StoreDamaged, StoreError
+from kreld.record import record
 
 LMDB_MAGIC = 0xBEEFC0DE
 _DATA_VERSION = 1
@@ -74,7 +74,7 @@ _whole: set[tuple[int, int, int, int]] = set()
 _readable: set[tuple[int, int, int, int]] = set()
 
 
-@dataclass(frozen=True)
+@record
 class Meta:
     """The fields of one meta page that say where the trees are."""
 

@@ -6,10 +6,10 @@ import argparse
 import contextlib
 import os
 import sys
-from dataclasses import replace
 
 from kreld import consts
 from kreld.config import Config, load_config
+from kreld.record import replace
 
 
 def add_common(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:

@@ -8,11 +8,10 @@ tools/perf/Documentation/perf.data-file-format.txt and tools/perf/util/header.c.
 from __future__ import annotations
 
 import struct
-from dataclasses import field
 from enum import IntEnum
 
 from kreld.errors import PerfDataError
-from kreld.record import record
+from kreld.record import field, record
 
 _MAGIC = b"PERFILE2"
 _FILE_HEADER_SIZE = 104  # magic, size, attr_size, 3 sections, 256 feature bits

@@ -17,11 +17,10 @@ still recorded.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
 from kreld.model import HintAction, Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.record import record
+from kreld.record import field, record, replace
 
 GONE_FAULT = "gone before it could be read"
 
@@ -58,7 +57,7 @@ class Changes:
     transients: tuple[Incarnation, ...] = ()
     updated: tuple[Incarnation, ...] = ()
     closed: tuple[Tracked, ...] = ()
-    paired: Mapping[int, frozenset[SeenBy]] = dataclasses.field(default_factory=dict)
+    paired: Mapping[int, frozenset[SeenBy]] = field(default_factory=dict)
 
     @property
     def writes(self) -> bool:
@@ -112,7 +111,7 @@ def new_incarnation(
 def refresh(inc: Incarnation, state: ModuleState, now: Timestamp) -> Incarnation:
     """What a later read adds to an open incarnation: never changes an address."""
     old = inc.state
-    merged = dataclasses.replace(
+    merged = replace(
         old,
         sections={**state.sections, **old.sections},
         build_id=old.build_id or state.build_id,
@@ -128,7 +127,7 @@ def refresh(inc: Incarnation, state: ModuleState, now: Timestamp) -> Incarnation
     init_done = inc.init_done
     if init_done is None and state.initstate == "live":
         init_done = now
-    return dataclasses.replace(inc, state=merged, init_done=init_done)
+    return replace(inc, state=merged, init_done=init_done)
 
 
 def gone_state(name: str) -> ModuleState:
@@ -197,7 +196,7 @@ def _diff(
                 continue
             by = said.get((name, HintAction.REMOVE), source)
             after = previous if previous.monotonic > t.inc.loaded.monotonic else t.inc.loaded
-            done = dataclasses.replace(t.inc, unloaded=now, unloaded_after=after, unload_seen_by=by)
+            done = replace(t.inc, unloaded=now, unloaded_after=after, unload_seen_by=by)
             out.closed.append(Tracked(done, t.hinted))
             continue
         new = refresh(t.inc, state, now)

@@ -1,37 +1,100 @@
-"""``@record``: a frozen, slotted dataclass that costs a fifth as much to define.
+"""``@record``: kreld's frozen records, at a small part of a dataclass's start-up cost.
 
-Every start of ``kreld`` and ``kreldctl`` defines some forty frozen records.
-On Python 3.11, ``@dataclass(frozen=True, slots=True)`` compiles six
-methods for each, one ``exec`` apiece (``__init__``, ``__repr__``,
-``__eq__``, ``__hash__``, ``__setattr__``, ``__delattr__``): 1.1 ms a class
-here, some 40 ms of every start (``bench/bench_startup.py``).
+Every start of ``kreld`` and ``kreldctl`` defines some fifty frozen records.
+On Python 3.11 that was dear twice over (``bench/bench_startup.py``):
 
-:func:`record` lets :func:`dataclasses.dataclass` do everything but the
-methods: the fields (defaults, factories, metadata), ``__slots__`` and
-``__match_args__``; the result is a real dataclass, so
-:func:`dataclasses.fields`, :func:`~dataclasses.replace` and
-:func:`~dataclasses.asdict` work on it.  Only ``__init__`` is compiled, since
-its signature must be the fields'; equality, hashing, ``repr`` and the
-frozen ``__setattr__`` are shared functions over an
-:func:`operator.attrgetter` of the fields, which make and compare records
-as fast as the generated ones.  0.22 ms a class.
+* ``@dataclass(frozen=True, slots=True)`` compiles six methods for each
+  class, one ``exec`` apiece: 1.1 ms a class here;
+* importing :mod:`dataclasses` imports :mod:`inspect` (and with it ``ast``,
+  ``dis``, ``tokenize``): 15 ms of a ``kreldctl`` that takes 90.
 
-What it leaves out, and refuses: ``__post_init__``, ``InitVar``, and fields
-with ``init``, ``repr``, ``compare`` or ``hash`` set, or ``kw_only``.  Use
-``@dataclass`` where a record needs them.
+:func:`record` reads the class's annotations itself (``ClassVar`` ones are
+not fields), gives the class ``__slots__`` and ``__match_args__``, compiles
+only ``__init__`` (its signature must be the fields'), and shares the rest:
+equality, hashing, ``repr`` and the frozen ``__setattr__`` work over an
+:func:`operator.attrgetter` of the fields and make and compare records as
+fast as a dataclass's generated methods.  Defining one costs 0.2 ms.
+
+:func:`field` gives a default factory, metadata or ``compare=False``;
+:func:`fields` and :func:`replace` are the counterparts of
+:mod:`dataclasses`' own.  Assigning to a record raises
+:class:`FrozenInstanceError`, an ``AttributeError``.  There is no
+``__post_init__``, ``InitVar`` or keyword-only field: a record is plain data.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-from dataclasses import MISSING, FrozenInstanceError
+from collections.abc import Callable, Mapping
 from operator import attrgetter
-from typing import Any, TypeVar, dataclass_transform
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 T = TypeVar("T")
 
 _object_setattr = object.__setattr__
+
+
+class FrozenInstanceError(AttributeError):
+    """An assignment to (or deletion of) a field of a record."""
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+_EMPTY: Mapping[str, Any] = {}
+
+
+class Field:
+    """One field of a record, as :func:`fields` returns it."""
+
+    __slots__ = ("compare", "default", "default_factory", "metadata", "name", "type")
+
+    def __init__(
+        self,
+        default: Any = MISSING,
+        default_factory: Callable[[], Any] | Any = MISSING,
+        metadata: Mapping[str, Any] | None = None,
+        compare: bool = True,
+    ) -> None:
+        if default is not MISSING and default_factory is not MISSING:
+            raise ValueError("a field takes a default or a default_factory, not both")
+        self.name = ""
+        self.type: Any = None
+        self.default = default
+        self.default_factory = default_factory
+        self.metadata: Mapping[str, Any] = metadata or _EMPTY
+        self.compare = compare
+
+    def __repr__(self) -> str:
+        return f"Field(name={self.name!r}, type={self.type!r}, default={self.default!r})"
+
+
+def field(
+    *,
+    default: Any = MISSING,
+    default_factory: Callable[[], Any] | Any = MISSING,
+    metadata: Mapping[str, Any] | None = None,
+    compare: bool = True,
+) -> Any:
+    """A field's default, default factory, metadata or exclusion from ``==``."""
+    return Field(default, default_factory, metadata, compare)
+
+
+def fields(obj: object) -> tuple[Field, ...]:
+    """The fields of a record (class or instance), in order."""
+    try:
+        return obj.__record_fields__  # type: ignore[attr-defined,no-any-return]
+    except AttributeError:
+        raise TypeError(f"{obj!r} is not a record") from None
+
+
+def replace(obj: T, /, **changes: Any) -> T:
+    """A copy of the record *obj* with *changes* to some of its fields."""
+    values = {f.name: getattr(obj, f.name) for f in fields(obj)}
+    values.update(changes)
+    return obj.__class__(**values)
 
 
 def _frozen_setattr(self: object, name: str, value: object) -> None:
@@ -42,15 +105,26 @@ def _frozen_delattr(self: object, name: str) -> None:
     raise FrozenInstanceError(f"cannot delete field {name!r}")
 
 
-def _check(cls: type, fields: tuple[dataclasses.Field[Any], ...]) -> None:
-    if hasattr(cls, "__post_init__"):
-        raise TypeError(f"@record {cls.__qualname__}: __post_init__ needs @dataclass")
-    for f in fields:
-        if not (f.init and f.repr and f.compare) or f.hash is not None or f.kw_only:
-            raise TypeError(f"@record {cls.__qualname__}.{f.name}: field options need @dataclass")
+def _is_classvar(annotation: object) -> bool:
+    if isinstance(annotation, str):  # from __future__ import annotations
+        return annotation.startswith(("ClassVar", "typing.ClassVar"))
+    return getattr(annotation, "__origin__", annotation) is ClassVar
 
 
-def _init(cls: type, fields: tuple[dataclasses.Field[Any], ...]) -> Callable[..., None]:
+def _own_fields(cls: type) -> list[Field]:
+    out = []
+    # Python >= 3.10: a class's __annotations__ are its own, never a base's.
+    for name, annotation in getattr(cls, "__annotations__", {}).items():
+        if _is_classvar(annotation):
+            continue
+        value = cls.__dict__.get(name, MISSING)
+        f = value if isinstance(value, Field) else Field(default=value)
+        f.name, f.type = name, annotation
+        out.append(f)
+    return out
+
+
+def _init(qualname: str, fields: tuple[Field, ...]) -> Callable[..., None]:
     """``__init__(self, <fields>)``, setting each through ``object.__setattr__``."""
     env: dict[str, Any] = {"_set": _object_setattr, "_NONE": MISSING}
     params, body = [], []
@@ -65,24 +139,34 @@ def _init(cls: type, fields: tuple[dataclasses.Field[Any], ...]) -> Callable[...
             params.append(f"{n}=_NONE")
             body.append(f" _set(self,'{n}',_f_{n}() if {n} is _NONE else {n})")
         else:
+            if any(p.partition("=")[2] for p in params):
+                raise TypeError(f"{qualname}: field {n!r} without a default follows one with")
             params.append(n)
             body.append(f" _set(self,'{n}',{n})")
     src = f"def __init__(self,{','.join(params)}):\n" + ("\n".join(body) or " pass")
     ns: dict[str, Any] = {}
     exec(src, env, ns)
     init: Callable[..., None] = ns["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__qualname__ = f"{qualname}.__init__"
     return init
 
 
-@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def record(cls: type[T]) -> type[T]:
-    """Make *cls* a frozen dataclass with ``__slots__`` (see the module's docstring)."""
-    new: Any = dataclasses.dataclass(cls, init=False, repr=False, eq=False, slots=True)
-    fields = dataclasses.fields(new)
-    _check(new, fields)
-    names = tuple(f.name for f in fields)
-    key: Callable[[Any], Any] = attrgetter(*names) if names else (lambda self: ())
+    """Make *cls* a frozen record with ``__slots__`` (see the module's docstring)."""
+    inherited: dict[str, Field] = {}
+    for base in reversed(cls.__mro__[1:]):
+        for f in getattr(base, "__record_fields__", ()):
+            inherited[f.name] = f
+    own = _own_fields(cls)
+    for f in own:
+        inherited.pop(f.name, None)
+    all_fields = (*inherited.values(), *own)
+    if "__post_init__" in cls.__dict__:
+        raise TypeError(f"@record {cls.__qualname__}: no __post_init__ in a record")
+    names = tuple(f.name for f in all_fields)
+    compared = tuple(f.name for f in all_fields if f.compare)
+    key: Callable[[Any], Any] = attrgetter(*compared) if compared else (lambda self: ())
 
     def __eq__(self: Any, other: object) -> bool:
         if other.__class__ is self.__class__:
@@ -97,26 +181,24 @@ def record(cls: type[T]) -> type[T]:
         return f"{self.__class__.__qualname__}({inner})"
 
     def __reduce__(self: Any) -> tuple[type, tuple[Any, ...]]:
-        # pickle and copy: rebuild through __init__ (the frozen __setattr__
-        # refuses the default slot-by-slot restore).
+        # pickle and copy rebuild through __init__: the frozen __setattr__
+        # refuses the default slot-by-slot restore.
         return self.__class__, tuple(getattr(self, n) for n in names)
 
-    methods: dict[str, Any] = {
-        "__init__": _init(new, fields),
-        "__eq__": __eq__,
-        "__hash__": __hash__,
-        "__repr__": __repr__,
-        "__reduce__": __reduce__,
-        "__setattr__": _frozen_setattr,
-        "__delattr__": _frozen_delattr,
-    }
-    for name, fn in methods.items():
-        if name != "__init__" and fn.__qualname__.startswith("record."):
-            fn.__qualname__ = f"{new.__qualname__}.{name}"
-        setattr(new, name, fn)
-    # What dataclasses reports of the class is what it is: frozen, with eq.
-    params = getattr(new, "__dataclass_params__", None)
-    for flag in ("init", "repr", "eq", "frozen"):
-        if hasattr(params, flag):
-            _object_setattr(params, flag, True)
+    ns = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    for f in own:
+        ns.pop(f.name, None)  # a default would shadow the slot
+    ns["__slots__"] = tuple(f.name for f in own)
+    ns["__match_args__"] = names
+    ns["__record_fields__"] = all_fields
+    ns["__init__"] = _init(cls.__qualname__, all_fields)
+    ns["__setattr__"] = _frozen_setattr
+    ns["__delattr__"] = _frozen_delattr
+    for name, fn in (("__eq__", __eq__), ("__hash__", __hash__), ("__repr__", __repr__)):
+        fn.__qualname__ = f"{cls.__qualname__}.{name}"
+        ns[name] = fn
+    ns["__reduce__"] = __reduce__
+    meta: Any = type(cls)
+    new = meta(cls.__name__, cls.__bases__, ns)
+    new.__qualname__ = cls.__qualname__
     return new  # type: ignore[no-any-return]

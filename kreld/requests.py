@@ -1,6 +1,6 @@
 """Typed requests: each call's parameters parsed once, at the edge.
 
-Every method kreld serves has a frozen dataclass here whose fields are the
+Every method kreld serves has a frozen record here whose fields are the
 method's parameters as ``io.kreld.varlink`` declares them (checked at
 import).  :func:`parse` turns a call's ``parameters`` object into one:
 an unknown parameter, or one not of its declared type, is
@@ -13,15 +13,13 @@ interface.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import field
 from typing import Any, ClassVar, TypeVar
 
 from kreld.errors import InvalidArgument
 from kreld.interface import INTERFACES, Interface, Type, matches
 from kreld.model import Clock
-from kreld.record import record
+from kreld.record import field, fields, record, replace
 
 # Addresses one Resolve may ask about: its reply (some 30 bytes an address)
 # is built in memory, so this bounds what one call can make the daemon hold.
@@ -163,12 +161,12 @@ def _spec_of(cls: type[Request]) -> _Spec:
     """The declared parameters of *cls*'s method, which must be its fields."""
     iface = INTERFACES[cls.INTERFACE]
     declared = iface.methods[cls.METHOD].parameters
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    if [f.name for f in fields] != list(declared):
+    own = fields(cls)
+    if [f.name for f in own] != list(declared):
         raise TypeError(f"{cls.__name__} does not have the parameters {cls.METHOD} declares")
     spec = _Spec(
         iface,
-        tuple(_Field(f.name, declared[f.name], f.metadata.get("parse")) for f in fields),
+        tuple(_Field(f.name, declared[f.name], f.metadata.get("parse")) for f in own),
         frozenset(declared),
         None,
     )
@@ -176,7 +174,7 @@ def _spec_of(cls: type[Request]) -> _Spec:
         bare: Request | None = _parse(cls, spec, {})
     except InvalidArgument:
         bare = None
-    return dataclasses.replace(spec, bare=bare)
+    return replace(spec, bare=bare)
 
 
 def parse(cls: type[R], params: Mapping[str, Any]) -> R:

@@ -11,7 +11,6 @@ so a module seen by two sources is recorded once.
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import threading
 from collections import deque
@@ -31,6 +30,7 @@ from kreld.reconcile import (
     same_load,
     to_read,
 )
+from kreld.record import replace
 from kreld.store import Store
 from kreld.sysfs_modules import ProcModule, list_modules, read_module, read_proc_modules
 
@@ -158,9 +158,7 @@ class ModuleTracker:
                 last if last is not None and last.monotonic > inc.loaded.monotonic else inc.loaded
             )
             closed.append(
-                dataclasses.replace(
-                    inc, unloaded=now, unloaded_after=after, unload_seen_by=SeenBy.STARTUP
-                )
+                replace(inc, unloaded=now, unloaded_after=after, unload_seen_by=SeenBy.STARTUP)
             )
         return closed, continued
 

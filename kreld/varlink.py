@@ -8,11 +8,10 @@ or ``{"error": "iface.Name", "parameters": {...}}``.
 from __future__ import annotations
 
 import json
-from dataclasses import field
 from typing import Any
 
 from kreld.errors import KreldError
-from kreld.record import record
+from kreld.record import field, record
 
 INTERFACE = "io.kreld"
 SERVICE = "org.varlink.service"

@@ -8,10 +8,10 @@ allocation that is freed once init has run.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
+from kreld import record
 from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.queries import AddressMap
 from kreld.requests import Resolve, parse
@@ -134,7 +134,7 @@ def test_resolve_on_a_recorded_boot_reuses_its_map_until_an_event(tmp_path: Path
     the same incarnations live -> the same map; another set -> another map; a recorded
     event (here: dummy's unload learnt later) drops them, and the answer follows."""
     old = boot()
-    current = dataclasses.replace(old, boot_id="00000000-0000-0000-0000-000000000002")
+    current = record.replace(old, boot_id="00000000-0000-0000-0000-000000000002")
     with Store(tmp_path / "st") as store:
         store.record_boot(old)
         store.record_boot(current)
@@ -155,7 +155,7 @@ def test_resolve_on_a_recorded_boot_reuses_its_map_until_an_event(tmp_path: Path
         first = list(svc._maps.values())
         assert resolve(T2.monotonic) == "dummy" and list(svc._maps.values()) == first
         assert resolve(T0.monotonic - 1) is None and len(svc._maps) == 2
-        gone = dataclasses.replace(dummy, unloaded=T1, unload_seen_by=SeenBy.POLL)
+        gone = record.replace(dummy, unloaded=T1, unload_seen_by=SeenBy.POLL)
         store.apply_module_changes(old.boot_id, [], [], [gone], None)
         assert resolve(T2.monotonic) == "dummy"  # no event told the service yet
         svc.invalidate()

@@ -7,9 +7,9 @@ and which hints came, then checks what :func:`kreld.reconcile.plan` decides.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 
+from kreld import record
 from kreld.model import Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.reconcile import (
     GONE_FAULT,
@@ -45,9 +45,9 @@ def state(name: str, inode: int, text: int = BASE, initstate: str = "live") -> M
 
 
 def stored(st: ModuleState, seq: int, *, by: SeenBy = UE, gone: bool = False) -> Incarnation:
-    inc = dataclasses.replace(new_incarnation(st, T0, by), boot_id="b", seq=seq)
+    inc = record.replace(new_incarnation(st, T0, by), boot_id="b", seq=seq)
     if gone:
-        return dataclasses.replace(inc, unloaded=PREV, unloaded_after=T0, unload_seen_by=by)
+        return record.replace(inc, unloaded=PREV, unloaded_after=T0, unload_seen_by=by)
     return inc
 
 
@@ -91,7 +91,7 @@ def test_an_open_module_gone_from_the_directory_is_closed_between_the_two_looks(
 
 def test_an_unload_before_the_previous_look_is_bounded_by_the_load_itself() -> None:
     """A module loaded after the previous look cannot have been gone before it loaded."""
-    late = dataclasses.replace(stored(state("a", 7), seq=0), loaded=Timestamp(8_000, 0, 0))
+    late = record.replace(stored(state("a", 7), seq=0), loaded=Timestamp(8_000, 0, 0))
     (closed,) = look({"a": Tracked(late)}, {}, {}, []).closed
     assert closed.inc.unloaded_after == late.loaded
 
@@ -135,7 +135,7 @@ def test_add_hints_of_two_sources_for_one_vanished_load_pair_through_recent_memo
     once the tracker remembers it (recent, with the first source paired)."""
     first = look({}, {}, {}, [Hint(UE, "add", "x")])
     (gone,) = first.transients
-    remembered = Tracked(dataclasses.replace(gone, boot_id="b", seq=9), frozenset({UE}))
+    remembered = Tracked(record.replace(gone, boot_id="b", seq=9), frozenset({UE}))
     second = look({}, {}, {}, [Hint(INO, "add", "x")], recent={"x": [remembered]})
     assert second.paired == {9: {INO}} and not second.transients
 
@@ -196,8 +196,8 @@ def test_only_changed_hinted_or_incomplete_modules_are_read_again() -> None:
 
 def test_a_read_again_refreshes_without_moving_any_address() -> None:
     coming = state("a", 7, initstate="coming")
-    t = Tracked(stored(dataclasses.replace(coming, build_id=None), seq=0))
-    later = dataclasses.replace(
+    t = Tracked(stored(record.replace(coming, build_id=None), seq=0))
+    later = record.replace(
         state("a", 7, text=BASE + 0x999), sections={".text": BASE + 0x999, ".data": BASE + 0x8000}
     )
     changes = look({"a": t}, {"a": 7}, {"a": later}, [])

@@ -3,14 +3,13 @@ damage by name, and the records of older stores stay readable."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import lmdb
 import pytest
 
-from kreld import consts, records
+from kreld import consts, record, records
 from kreld.errors import StoreCorrupt
 from kreld.model import Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.store import Store, inc_key
@@ -79,13 +78,13 @@ def test_odd_values_survive() -> None:
     the core base, and every way a module can be seen."""
     inc = incarnation()
     for seen in SeenBy:
-        odd = dataclasses.replace(
+        odd = record.replace(
             inc,
             seen_by=seen,
             unload_seen_by=seen,
             loaded=Timestamp(5, 5, -1_000),
             unloaded=Timestamp(4, 9, 2**63),
-            state=dataclasses.replace(
+            state=record.replace(
                 inc.state, build_id="ABC", core_base=inc.state.core_base + 0x800, faults=()
             ),
         )

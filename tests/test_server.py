@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from test_store import snap
 from kreld.client import Client, ConnectError, RemoteError, connect_unix, resolutions
 from kreld.errors import AddressesRestricted, NoSuchBoot, PermissionDenied
 from kreld.model import Timestamp
+from kreld.record import replace
 from kreld.store import Store
 
 

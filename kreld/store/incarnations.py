@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
 from kreld import records, uuids
 from kreld.errors import StoreCorrupt
 from kreld.model import Incarnation, Timestamp
+from kreld.record import replace
 from kreld.store.env import (
     SEQ,
     UNREADABLE,
@@ -55,7 +55,7 @@ class IncarnationTables(StoreEnv):
             seq = self._next_seq(txn, boot_id)
             out = []
             for inc in opened:
-                rec = dataclasses.replace(inc, boot_id=boot_id, seq=seq)
+                rec = replace(inc, boot_id=boot_id, seq=seq)
                 key = inc_key(boot_id, seq)
                 txn.put(key, self._encode(txn, rec), db=db)
                 if rec.unloaded is None:
