@@ -8,10 +8,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kreld.model import BootSnapshot, Incarnation
-from kreld.symtab import SymbolTables
+
+if TYPE_CHECKING:
+    from kreld.symtab import SymbolTables
 
 T = TypeVar("T")
 

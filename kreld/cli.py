@@ -60,7 +60,6 @@ class LocalBackend:
 
     def service(self) -> Service:
         if self._service is None:
-            from kreld.queries import loaded_at
             from kreld.service import Service
             from kreld.store import Store
             from kreld.storelock import damaged_stores
@@ -71,6 +70,8 @@ class LocalBackend:
                 return store.get_boot(self._current_id())
 
             def loaded() -> list[Incarnation]:
+                from kreld.queries import loaded_at  # not for show, boots
+
                 return loaded_at(store.incarnations(self._current_id()), Clock.MONOTONIC, None)
 
             def status() -> dict[str, Any]:

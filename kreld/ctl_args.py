@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from kreld.errors import InvalidArgument
 from kreld.model import Clock, hexaddr, parse_addr
-from kreld.options import add_common
+from kreld.options import HelpFormatter, add_common
 
 EPILOG = """\
 exit status:
@@ -29,14 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kreldctl",
         description="Inspect kernel and module relocations recorded by kreld.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_common(p)
     add_from(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def cmd(name: str, help: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help, description=help)
+        sp = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
         add_common(sp, suppress=True)
         add_from(sp, suppress=True)
         sp.add_argument("--json", action="store_true", help="print JSON (addresses as 0x strings)")

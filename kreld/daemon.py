@@ -31,7 +31,7 @@ from kreld.errors import ExitCode, KernelReadError, KreldError
 from kreld.kallsyms import KallsymsText
 from kreld.kernel import Root, read_boot_id
 from kreld.model import BootSnapshot, Timestamp, hexaddr
-from kreld.options import add_common, leave, resolve_config
+from kreld.options import HelpFormatter, add_common, leave, resolve_config
 from kreld.record import fields, replace
 from kreld.server import Server, bind_socket, limits_of, raise_fd_limit
 from kreld.service import Service
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kreld",
         description="Record the kernel's and its modules' relocations for profilers.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     add_common(p)
     p.add_argument(

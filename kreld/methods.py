@@ -18,7 +18,6 @@ from typing import Any
 from kreld import __version__, consts
 from kreld.errors import InterfaceNotFound, MethodNotFound, MethodNotImplemented
 from kreld.interface import INTERFACES
-from kreld.queries import FEW
 from kreld.record import record
 from kreld.requests import (
     ExportKallsyms,
@@ -61,7 +60,7 @@ def _quick_resolve(p: Params) -> bool:
         and p.get("at") is None
         and isinstance(addrs, list)
         # More than a few addresses import numpy the first time: not on the loop.
-        and len(addrs) <= (QUICK_RESOLVE if "numpy" in sys.modules else FEW)
+        and len(addrs) <= (QUICK_RESOLVE if "numpy" in sys.modules else consts.FEW_ADDRESSES)
     )
 
 

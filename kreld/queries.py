@@ -7,6 +7,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kreld.consts import FEW_ADDRESSES as FEW
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr
 from kreld.record import record
 from kreld.symtab import KEY_SPAN, SymbolTable, SymbolTables, module_symbol_key
@@ -17,9 +18,6 @@ if TYPE_CHECKING:
 
 # A section's extent is not in sysfs; bound it by its module's size, or this.
 _UNKNOWN_SIZE_BOUND = 1 << 24
-# Addresses that Resolve looks up one by one rather than with numpy (whose
-# fixed cost, some 200 us a call, is that of about 50 lookups in Python).
-FEW = 32
 
 
 def loaded_at(incs: Iterable[Incarnation], clock: Clock, t: int | None) -> list[Incarnation]:

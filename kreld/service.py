@@ -11,14 +11,17 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kreld import requests
 from kreld.bootsource import BootSource
 from kreld.errors import AddressesRestricted, MethodNotImplemented, SymbolsUnavailable
-from kreld.kallsyms import module_key, render_kallsyms
 from kreld.model import BootSnapshot, Clock, Incarnation, clock_now
-from kreld.queries import AddressMap, init_live_at, loaded_at
+
+if TYPE_CHECKING:
+    # Imported by the methods that ask about addresses and times, when they do:
+    # kreldctl show, boots and status need neither.
+    from kreld.queries import AddressMap
 
 # A method's answer: its reply parameters, as plain data or already encoded
 # as a JSON object (the answers built once and served many times).
@@ -122,6 +125,8 @@ class Service:
         return at
 
     def get_modules(self, req: requests.GetModules) -> Reply:
+        from kreld.queries import loaded_at
+
         boot, is_current = self._boot(req.boot_id)
         if req.all:
             return {"modules": [i.to_json() for i in self._incarnations(boot.boot_id)]}
@@ -133,6 +138,8 @@ class Service:
 
     def resolve(self, req: requests.Resolve) -> Reply:
         """Resolve's reply parameters as JSON (the server splices them into its reply)."""
+        from kreld.queries import AddressMap
+
         boot, is_current = self._boot(req.boot_id)
         if boot.restricted and not boot.anchors.known():
             raise AddressesRestricted(boot.restricted_reason or "")
@@ -155,6 +162,8 @@ class Service:
         """The address map of *boot* at *t*, from the cache when the same
         incarnations (and init sections) were live then; the cache is dropped
         with every recorded event, so a record updated since is never stale."""
+        from kreld.queries import AddressMap, init_live_at, loaded_at
+
         generation = self._generation
         incs = self._incarnations(boot.boot_id)
         live = tuple((i.seq, init_live_at(i, clock, t)) for i in loaded_at(incs, clock, t))
@@ -182,6 +191,9 @@ class Service:
         return key
 
     def export_kallsyms(self, req: requests.ExportKallsyms) -> Reply:
+        from kreld.kallsyms import module_key, render_kallsyms
+        from kreld.queries import loaded_at
+
         boot, is_current = self._boot(req.boot_id)
         clock = req.clock
         t = self._at(clock, req.at, is_current)
