@@ -6,8 +6,6 @@ reconciles against ``sys/module``.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 import threading
@@ -177,11 +175,13 @@ class UeventSource:
 
 def is_sysfs(path: str) -> bool:
     """Whether *path* lies on sysfs (where inotify sees nothing)."""
+    import ctypes  # loaded at start anyway (heap.py); ctypes.util's find_library
+    # would run ldconfig in a subprocess: the process's own symbols have statfs.
 
     class Statfs(ctypes.Structure):
         _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)
     buf = Statfs()
     if libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
         return True  # unknown: polling works everywhere
