@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
+    from kreld.requests import Addresses
+
 # A section's extent is not in sysfs; bound it by its module's size, or this.
 _UNKNOWN_SIZE_BOUND = 1 << 24
 # Addresses that Resolve looks up one by one rather than with numpy (whose
@@ -147,7 +149,7 @@ class AddressMap:
             self._members[i] = m
         return m
 
-    def resolve(self, addresses: Sequence[int], tables: SymbolTables | None = None) -> Resolved:
+    def resolve(self, addresses: Addresses, tables: SymbolTables | None = None) -> Resolved:
         """Place every address in its region and name its symbol.
 
         A few addresses are bisected one by one (numpy's fixed cost per call
@@ -156,7 +158,7 @@ class AddressMap:
         :meth:`~kreld.symtab.SymbolTable.lookup` names.
         """
         if len(addresses) <= FEW:
-            return self.resolve_few(addresses, tables)
+            return self.resolve_few([int(a) for a in addresses], tables)
         return self.resolve_bulk(addresses, tables)
 
     def resolve_few(self, addresses: Sequence[int], tables: SymbolTables | None = None) -> Resolved:
@@ -190,9 +192,7 @@ class AddressMap:
         sec = 0 if r.inc is None else table.section_index(r.section)
         return None if sec is None else table.lookup(sec, address - r.rel_base)
 
-    def resolve_bulk(
-        self, addresses: Sequence[int], tables: SymbolTables | None = None
-    ) -> Resolved:
+    def resolve_bulk(self, addresses: Addresses, tables: SymbolTables | None = None) -> Resolved:
         """:meth:`resolve` in bulk, with numpy: one ``searchsorted`` over the
         region bases, then one per symbol table over its sorted keys, straight
         from the store's map (the views must not outlive *tables*; what is
@@ -206,7 +206,7 @@ class AddressMap:
                 np.array(self._limits, dtype=np.uint64),
             )
         bases, limits = self._arrays
-        addrs = np.array(addresses, dtype=np.uint64)
+        addrs = np.asarray(addresses, dtype=np.uint64)
         n = len(addrs)
         ri = np.searchsorted(bases, addrs, side="right").astype(np.int64) - 1
         inside = ri >= 0
@@ -277,58 +277,72 @@ class AddressMap:
         names.add(table.names, np.asarray(table.name_end), entries)
 
 
-# Bytes that a name cannot carry into a JSON string as they are.
-_JSON_SPECIAL = bytes(b < 0x20 or b >= 0x7F or b in b'"\\' for b in range(256))
-
-
 class _Names:
     """The names of the symbols a reply names, gathered from the tables' blobs
-    into one (vectorized: no Python object per name)."""
+    straight into the JSON array the reply carries (vectorized: no Python
+    object per name)."""
 
     def __init__(self) -> None:
         self.count = 0
-        self._blobs: list[NDArray[np.uint8]] = []
-        self._lengths: list[NDArray[np.int64]] = []
+        self._parts: list[bytes] = []  # '"name",' for every name, some at a time
 
     def add(self, blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> None:
+        """Entries *entries* of a table (its names *blob*, their *ends* in it)."""
         import numpy as np
 
         entries = entries.astype(np.int64)  # the table's are u32: entry 0 has no end before it
         stop = ends[entries].astype(np.int64)
         start = np.where(entries > 0, ends[np.maximum(entries - 1, 0)], 0).astype(np.int64)
-        lengths = stop - start
-        # Byte k of name i is blob[start[i] + k]: one gather for all of them.
-        before = np.cumsum(lengths) - lengths
-        src = np.repeat(start - before, lengths) + np.arange(int(lengths.sum()))
-        self._blobs.append(np.frombuffer(blob, dtype=np.uint8)[src])
-        self._lengths.append(lengths)
         self.count += len(entries)
+        # Some names at a time, so that the index arrays (8 bytes per byte of
+        # name) stay small: a batch's buffers all together must stay below
+        # glibc's trim threshold (kreld.heap), or the heap shrinks after each
+        # call and grows again, a page fault per 4 KiB, in the next one.
+        upto = np.cumsum(stop - start)
+        cuts = np.searchsorted(upto, np.arange(_NAME_BYTES, int(upto[-1]), _NAME_BYTES)).tolist()
+        names = np.frombuffer(blob, dtype=np.uint8)
+        for lo, hi in zip([0, *cuts], [*cuts, len(entries)], strict=True):
+            if lo < hi:
+                self._parts.append(_quoted(names, start[lo:hi], stop[lo:hi]))
 
     def json(self) -> bytes:
-        """The names as a JSON array: '"' name '"' joined by ',', the quotes and
-        commas set around one copy of the names (escaped one by one only when
-        one needs it)."""
-        import numpy as np
-
-        if not self._blobs:
+        """The names as a JSON array."""
+        if not self._parts:
             return b"[]"
-        raw = np.concatenate(self._blobs)
-        lengths = np.concatenate(self._lengths)
-        if np.frombuffer(_JSON_SPECIAL, dtype=np.bool_)[raw].any():
-            blob, ends = raw.tobytes(), np.cumsum(lengths).tolist()
-            starts = [0, *ends[:-1]]
-            return _json_names(
-                [blob[s:e].decode("utf-8", "replace") for s, e in zip(starts, ends, strict=True)]
-            )
-        m = len(lengths)
-        before = np.cumsum(lengths) - lengths
-        start = before + 3 * np.arange(m) + 2
-        out = np.full(len(raw) + 3 * m + 1, ord(","), dtype=np.uint8)
-        out[0], out[-1] = ord("["), ord("]")
-        out[start - 1] = ord('"')
-        out[start + lengths] = ord('"')
-        out[np.repeat(start - before, lengths) + np.arange(len(raw))] = raw
-        return out.tobytes()
+        return b"".join((b"[", *self._parts[:-1], self._parts[-1][:-1], b"]"))
+
+
+# Bytes of names gathered at a time (see _Names.add).
+_NAME_BYTES = 32 << 10
+
+
+def _quoted(names: NDArray[np.uint8], start: NDArray[np.int64], stop: NDArray[np.int64]) -> bytes:
+    """'"' name '",' for each name ``names[start:stop]``, in order."""
+    import numpy as np
+
+    lengths = stop - start
+    total = int(lengths.sum())
+    # Byte k of name i is names[start[i] + k], gathered with one index array
+    # made by a running sum: +1 within a name, a jump at each name's start.
+    before = np.cumsum(lengths) - lengths
+    step = np.ones(total, dtype=np.int64)
+    step[before[1:]] = start[1:] - stop[:-1] + 1
+    step[:1] = start[:1]
+    raw = names[np.cumsum(step, out=step)]
+    if ((raw < 0x20) | (raw >= 0x7F) | (raw == ord('"')) | (raw == ord("\\"))).any():
+        # Rare: a name JSON must escape, or not ASCII: one by one.
+        text, cuts = raw.tobytes(), np.cumsum(lengths).tolist()
+        each = [text[a:b] for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
+        return _json_names([n.decode("utf-8", "replace") for n in each])[1:-1] + b","
+    # The quotes and commas, then the names around them.
+    first = before + 3 * np.arange(len(lengths)) + 1  # of each name in out
+    out = np.empty(total + 3 * len(lengths), dtype=np.uint8)
+    names_at = np.ones(len(out), dtype=bool)
+    for at, byte in ((first - 1, '"'), (first + lengths, '"'), (first + lengths + 1, ",")):
+        out[at] = ord(byte)
+        names_at[at] = False
+    out[names_at] = raw
+    return out.tobytes()
 
 
 def _json_names(names: list[str]) -> bytes:
