@@ -231,15 +231,16 @@ def resolutions(addresses: Sequence[str | int], reply: dict[str, Any]) -> list[d
     ``image``, ``section``, ``base`` (and ``seq``, ``build_id`` when known) and
     the ``offset`` into it; where a symbol is known, ``symbol`` and
     ``symbol_offset``.  Addresses and offsets as ``0x`` hex strings; no nulls."""
-    regions = reply["regions"]
+    regions = [{k: v for k, v in r.items() if k != "names"} for r in reply["regions"]]
     bases = [int(r["base"], 16) for r in regions]
+    # The names come region by region: the region each lies in.
+    owner = [k for k, r in enumerate(reply["regions"]) for _ in range(r["names"])]
     names = reply["symbols"]
     out: list[dict[str, Any]] = []
-    for a, ri, si, so in zip(
-        addresses, reply["region"], reply["symbol"], reply["symbol_offset"], strict=True
-    ):
+    for a, si, so in zip(addresses, reply["symbol"], reply["symbol_offset"], strict=True):
         value = a if isinstance(a, int) else int(a, 16)
         r: dict[str, Any] = {"address": hex(value)}
+        ri = owner[si] if si >= 0 else -2 - si
         if ri >= 0:
             r.update(regions[ri])
             r["offset"] = hex(value - bases[ri])

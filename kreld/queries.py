@@ -166,18 +166,28 @@ class AddressMap:
         where = [self._region_index(a) for a in addresses]
         used = sorted({i for i in where if i >= 0})
         renumber = {i: k for k, i in enumerate(used)}
-        symbol, offset = [], []
-        names: dict[str, int] = {}
-        for a, i in zip(addresses, where, strict=True):
-            hit = None if i < 0 else self._lookup(i, a, tables)
-            symbol.append(-1 if hit is None else names.setdefault(hit[0], len(names)))
-            offset.append(0 if hit is None else hit[1])
+        hits = [
+            None if i < 0 else self._lookup(i, a, tables)
+            for a, i in zip(addresses, where, strict=True)
+        ]
+        names: dict[int, dict[str, int]] = {i: {} for i in used}  # region's names, in order
+        for i, hit in zip(where, hits, strict=True):
+            if hit is not None:
+                names[i].setdefault(hit[0], len(names[i]))
+        first: dict[int, int] = {}
+        ordered: list[str] = []
+        for i in used:
+            first[i] = len(ordered)
+            ordered += names[i]
+        symbol = [
+            (-1 if i < 0 else -2 - renumber[i]) if hit is None else first[i] + names[i][hit[0]]
+            for i, hit in zip(where, hits, strict=True)
+        ]
         return Resolved(
-            [self.members(i) for i in used],
-            [renumber.get(i, -1) for i in where],
-            _json_names(list(names)),
+            [{**self.members(i), "names": len(names[i])} for i in used],
+            _json_names(ordered),
             symbol,
-            offset,
+            [0 if hit is None else hit[1] for hit in hits],
         )
 
     def _region_index(self, address: int) -> int:
@@ -219,11 +229,12 @@ class AddressMap:
         used = np.flatnonzero(np.bincount(ric[inside], minlength=len(bases)))
         renumber = np.full(len(bases) or 1, -1, dtype=np.int32)
         renumber[used] = np.arange(len(used), dtype=np.int32)
-        region = np.where(inside, renumber[ric], -1).astype(np.int32)
 
-        symbol = np.full(n, -1, dtype=np.int32)
+        # Per address: its symbol's place among its region's names, -1 for none.
+        local = np.full(n, -1, dtype=np.int32)
         offset = np.zeros(n, dtype=np.int64)
-        names = _Names()
+        counts = np.zeros(len(bases) or 1, dtype=np.int64)  # names per region
+        parts: dict[int, list[bytes]] = {}  # each region's names, JSON
         # The regions of each table (a kernel's .text and .init.text, a
         # module's sections) are looked up together.
         by_table: dict[str, list[int]] = {}
@@ -234,9 +245,16 @@ class AddressMap:
         for key, regs in by_table.items():
             table = tables.get(key) if tables is not None else None
             if table is not None:
-                self._name_bulk(table, regs, addrs, ric, inside, (symbol, offset, names))
-        regions = [self.members(i) for i in used.tolist()]
-        return Resolved(regions, region, names.json(), symbol, offset)
+                self._name_bulk(table, regs, addrs, ric, inside, (local, offset, counts, parts))
+        # Names travel region by region: an address's symbol index is its
+        # place among its region's names after those of the regions before.
+        first = np.cumsum(counts) - counts
+        symbol = np.where(
+            local >= 0, first[ric] + local, np.where(inside, -2 - renumber[ric], -1)
+        ).astype(np.int32)
+        names = [p for i in used.tolist() for p in parts.get(i, ())]
+        regions = [{**self.members(i), "names": int(counts[i])} for i in used.tolist()]
+        return Resolved(regions, _Names.json(names), symbol, offset)
 
     def _name_bulk(
         self,
@@ -245,13 +263,14 @@ class AddressMap:
         addrs: NDArray[np.uint64],
         ric: NDArray[np.int64],
         inside: NDArray[np.bool_],
-        out: tuple[NDArray[np.int32], NDArray[np.int64], _Names],
+        out: tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.int64], dict[int, list[bytes]]],
     ) -> None:
-        """Name the addresses of regions *regs*, all in *table*, into *out*
-        (symbol indices, offsets and the reply's names)."""
+        """Name the addresses of regions *regs*, all in *table*, into *out*:
+        each address's place among its region's names and its offset, each
+        region's count of names and those names as JSON."""
         import numpy as np
 
-        symbol, offset, names = out
+        local, offset, counts, parts = out
         zero = np.zeros(len(self._bases), dtype=np.int64)  # key of value 0 in the section
         rel = np.zeros(len(self._bases), dtype=np.uint64)  # what values are relative to
         mine = np.zeros(len(self._bases), dtype=bool)
@@ -268,7 +287,9 @@ class AddressMap:
         # In ascending order: the search of each key starts where the last one
         # ended, in memory it has just read (random keys miss the cache over
         # a kernel's 120,000 keys: three times slower, sorting included), and
-        # the hits come out sorted, so each distinct one is where it changes.
+        # the hits come out sorted and region by region (a region's keys all
+        # lie above those of the table's regions below it), so each distinct
+        # one is where they change.
         order = np.argsort(want)
         at, rr, want = at[order], rr[order], want[order]
         keys = np.asarray(table.keys)
@@ -277,14 +298,26 @@ class AddressMap:
         jc = np.where(ok, j, 0)
         found = keys[jc] if len(keys) else np.zeros(len(jc), dtype=np.int64)
         ok &= found >= zero[rr] - KEY_SPAN  # not a symbol of an earlier section
-        at, hit = at[ok], jc[ok]
+        at, hit, rr = at[ok], jc[ok], rr[ok]
         offset[at] = (want - found)[ok]
         if not len(hit):
             return
         new = np.empty(len(hit), dtype=bool)
-        new[0], new[1:] = True, hit[1:] != hit[:-1]
-        symbol[at] = np.cumsum(new, dtype=np.int32) + (names.count - 1)
-        names.add(table.names, np.asarray(table.name_end), np.asarray(table.sorted)[hit[new]])
+        new[0], new[1:] = True, (hit[1:] != hit[:-1]) | (rr[1:] != rr[:-1])
+        seen = np.cumsum(new) - 1  # distinct hits before each, in this table
+        starts = np.flatnonzero(np.r_[True, rr[1:] != rr[:-1]])  # each region's run
+        before = np.repeat(seen[starts], np.diff(np.r_[starts, len(rr)]))
+        local[at] = seen - before
+        entries = np.asarray(table.sorted)[hit[new]]
+        ends = np.asarray(table.name_end)
+        for k, lo in enumerate(starts.tolist()):
+            reg = int(rr[lo])
+            a, b = (
+                int(seen[lo]),
+                (int(seen[starts[k + 1]]) if k + 1 < len(starts) else len(entries)),
+            )
+            counts[reg] = b - a
+            parts[reg] = _Names.quote(table.names, ends, entries[a:b])
 
 
 class _Names:
@@ -292,18 +325,15 @@ class _Names:
     straight into the JSON array the reply carries (vectorized: no Python
     object per name)."""
 
-    def __init__(self) -> None:
-        self.count = 0
-        self._parts: list[bytes] = []  # '"name",' for every name, some at a time
-
-    def add(self, blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> None:
-        """Entries *entries* of a table (its names *blob*, their *ends* in it)."""
+    @staticmethod
+    def quote(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> list[bytes]:
+        """'"name",' for entries *entries* of a table (its names *blob*, their
+        *ends* in it), some names a part."""
         import numpy as np
 
         entries = entries.astype(np.int64)  # the table's are u32: entry 0 has no end before it
         stop = ends[entries].astype(np.int64)
         start = np.where(entries > 0, ends[np.maximum(entries - 1, 0)], 0).astype(np.int64)
-        self.count += len(entries)
         # Some names at a time, so that the index arrays (8 bytes per byte of
         # name) stay small: a batch's buffers all together must stay below
         # glibc's trim threshold (kreld.heap), or the heap shrinks after each
@@ -311,15 +341,18 @@ class _Names:
         upto = np.cumsum(stop - start)
         cuts = np.searchsorted(upto, np.arange(_NAME_BYTES, int(upto[-1]), _NAME_BYTES)).tolist()
         names = np.frombuffer(blob, dtype=np.uint8)
-        for lo, hi in zip([0, *cuts], [*cuts, len(entries)], strict=True):
-            if lo < hi:
-                self._parts.append(_quoted(names, start[lo:hi], stop[lo:hi]))
+        return [
+            _quoted(names, start[lo:hi], stop[lo:hi])
+            for lo, hi in zip([0, *cuts], [*cuts, len(entries)], strict=True)
+            if lo < hi
+        ]
 
-    def json(self) -> bytes:
-        """The names as a JSON array."""
-        if not self._parts:
+    @staticmethod
+    def json(parts: list[bytes]) -> bytes:
+        """The names of *parts* (from :meth:`quote`) as a JSON array."""
+        if not parts:
             return b"[]"
-        return b"".join((b"[", *self._parts[:-1], self._parts[-1][:-1], b"]"))
+        return b"".join((b"[", *parts[:-1], parts[-1][:-1], b"]"))
 
 
 # Bytes of names gathered at a time (see _Names.add).
@@ -364,16 +397,17 @@ def _json_names(names: list[str]) -> bytes:
 @dataclass(frozen=True, slots=True)
 class Resolved:
     """Resolve's answer, as it travels (see ``Resolve`` in io.kreld.varlink):
-    what is true of many addresses (a region: image, section, base, build-id,
-    incarnation) once, and per address small integers referring to it."""
+    what is true of many addresses once (a region: image, section, base,
+    build-id, incarnation; a symbol's name and the region it lies in), and
+    per address two small integers referring to it."""
 
+    # Each region that held an address, with the count of its names.
     regions: list[dict[str, object]]
-    # Per address: the index of its region, -1 for none (a list or a numpy array).
-    region: Sequence[int] | NDArray[np.int32]
-    symbols_json: bytes  # the distinct symbol names, a JSON array
-    # Per address: the index of its symbol's name, -1 for none; bytes past its start.
+    symbols_json: bytes  # the distinct symbol names, region by region, a JSON array
+    # Per address: the index of its symbol's name; without a symbol, -2 - the
+    # index of its region, or -1 for none (a list or a numpy array).
     symbol: Sequence[int] | NDArray[np.int32]
-    symbol_offset: Sequence[int] | NDArray[np.int64]
+    symbol_offset: Sequence[int] | NDArray[np.int64]  # bytes past the symbol's start
 
     def to_json(self) -> bytes:
         """The reply's parameters as compact JSON."""
@@ -384,8 +418,6 @@ class Resolved:
             (
                 b'{"regions":',
                 orjson.dumps(self.regions),
-                b',"region":',
-                orjson.dumps(self.region, option=opt),
                 b',"symbols":',
                 self.symbols_json,
                 b',"symbol":',

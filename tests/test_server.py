@@ -94,7 +94,7 @@ def test_every_method_answers_what_the_store_holds(served: Any) -> None:
     }
     assert (r[1]["image"], r[1]["section"], r[1]["offset"]) == ("kernel", ".text", "0x1234")
     assert r[2] == {"address": "0x10"}
-    assert res["region"][2] == -1 and len(res["regions"]) == 2
+    assert res["symbol"][2] == -1 and len(res["regions"]) == 2
     assert status["boot_id"] == tree.boot_id
     assert status["incarnations"] == counts["incarnations"] == 2
     assert status["loaded_modules"] == 2 and status["connections"] >= 1
@@ -176,7 +176,7 @@ def test_named_errors_for_bad_calls(served: Any) -> None:
         assert c.call("GetBoot")["boot"]["boot_id"]
         # A batch at the limit is answered, one past it refused by name.
         at_limit = [hex(0xFFFFFFFFC0000000 + k) for k in range(100_000)]
-        assert len(c.call("Resolve", addresses=at_limit)["region"]) == 100_000
+        assert len(c.call("Resolve", addresses=at_limit)["symbol"]) == 100_000
         c.send("Resolve", {"addresses": [*at_limit, "0x1"]})
         reply = c.receive()
         assert reply["error"] == "org.varlink.service.InvalidParameter", reply
