@@ -300,24 +300,35 @@ class AddressMap:
         ok &= found >= zero[rr] - KEY_SPAN  # not a symbol of an earlier section
         at, hit, rr = at[ok], jc[ok], rr[ok]
         offset[at] = (want - found)[ok]
-        if not len(hit):
-            return
-        new = np.empty(len(hit), dtype=bool)
-        new[0], new[1:] = True, (hit[1:] != hit[:-1]) | (rr[1:] != rr[:-1])
-        seen = np.cumsum(new) - 1  # distinct hits before each, in this table
-        starts = np.flatnonzero(np.r_[True, rr[1:] != rr[:-1]])  # each region's run
-        before = np.repeat(seen[starts], np.diff(np.r_[starts, len(rr)]))
-        local[at] = seen - before
-        entries = np.asarray(table.sorted)[hit[new]]
-        ends = np.asarray(table.name_end)
-        for k, lo in enumerate(starts.tolist()):
-            reg = int(rr[lo])
-            a, b = (
-                int(seen[lo]),
-                (int(seen[starts[k + 1]]) if k + 1 < len(starts) else len(entries)),
-            )
-            counts[reg] = b - a
-            parts[reg] = _Names.quote(table.names, ends, entries[a:b])
+        if len(hit):
+            _name_regions(table, at, rr, hit, (local, counts, parts))
+
+
+def _name_regions(
+    table: SymbolTable,
+    at: NDArray[np.intp],
+    rr: NDArray[np.int64],
+    hit: NDArray[np.int64],
+    out: tuple[NDArray[np.int32], NDArray[np.int64], dict[int, list[bytes]]],
+) -> None:
+    """The names of *table* that addresses *at* (of regions *rr*) hit (key
+    indices *hit*, in ascending order): into *out*, each address's place
+    among its region's names, each region's count and its names as JSON."""
+    import numpy as np
+
+    local, counts, parts = out
+    new = np.empty(len(hit), dtype=bool)
+    new[0], new[1:] = True, (hit[1:] != hit[:-1]) | (rr[1:] != rr[:-1])
+    seen = np.cumsum(new) - 1  # distinct hits before each, in this table
+    starts = np.flatnonzero(np.r_[True, rr[1:] != rr[:-1]])  # each region's run
+    local[at] = seen - np.repeat(seen[starts], np.diff(np.r_[starts, len(rr)]))
+    entries = np.asarray(table.sorted)[hit[new]]
+    ends = np.asarray(table.name_end)
+    bounds = [*seen[starts].tolist(), len(entries)]
+    for k, lo in enumerate(starts.tolist()):
+        reg = int(rr[lo])
+        counts[reg] = bounds[k + 1] - bounds[k]
+        parts[reg] = _Names.quote(table.names, ends, entries[bounds[k] : bounds[k + 1]])
 
 
 class _Names:
