@@ -374,29 +374,28 @@ def _quoted(names: NDArray[np.uint8], start: NDArray[np.int64], stop: NDArray[np
     """'"' name '",' for each name ``names[start:stop]``, in order."""
     import numpy as np
 
-    lengths = stop - start
-    total = int(lengths.sum())
-    # Byte k of name i is names[start[i] + k], gathered with one index array
-    # made by a running sum: +1 within a name, a jump at each name's start.
-    before = np.cumsum(lengths) - lengths
-    step = np.ones(total, dtype=np.int64)
-    step[before[1:]] = start[1:] - stop[:-1] + 1
+    # Each name and the byte after it (the next name's first, past the end:
+    # the last byte again), gathered with one index array made by a running
+    # sum: +1 within a name, a jump to each name's start; the bytes after
+    # become NULs, which bytes.replace() turns into the '","' between names.
+    spans = stop - start + 1
+    step = np.ones(int(spans.sum()), dtype=np.int64)
+    ends = np.cumsum(spans) - 1  # of each name's byte after, in the gathered bytes
+    step[ends[:-1] + 1] = start[1:] - stop[:-1]
     step[:1] = start[:1]
-    raw = names[np.cumsum(step, out=step)]
-    if ((raw < 0x20) | (raw >= 0x7F) | (raw == ord('"')) | (raw == ord("\\"))).any():
-        # Rare: a name JSON must escape, or not ASCII: one by one.
-        text, cuts = raw.tobytes(), np.cumsum(lengths).tolist()
-        each = [text[a:b] for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
+    gathered = names.take(np.cumsum(step, out=step), mode="clip")
+    gathered[ends] = 0
+    text = gathered.tobytes()
+    if text.translate(None, _PLAIN_OR_NUL) or text.count(b"\0") != len(spans):
+        # Rare: a name JSON must escape, or not ASCII (or holding a NUL): one by one.
+        firsts = [0, *(ends[:-1] + 1).tolist()]
+        each = [text[a:b] for a, b in zip(firsts, ends.tolist(), strict=True)]
         return _json_names([n.decode("utf-8", "replace") for n in each])[1:-1] + b","
-    # The quotes and commas, then the names around them.
-    first = before + 3 * np.arange(len(lengths)) + 1  # of each name in out
-    out = np.empty(total + 3 * len(lengths), dtype=np.uint8)
-    names_at = np.ones(len(out), dtype=bool)
-    for at, byte in ((first - 1, '"'), (first + lengths, '"'), (first + lengths + 1, ",")):
-        out[at] = ord(byte)
-        names_at[at] = False
-    out[names_at] = raw
-    return out.tobytes()
+    return b'"' + text[:-1].replace(b"\0", b'","') + b'",'
+
+
+# The bytes a name carries into a JSON string as they are, and NUL.
+_PLAIN_OR_NUL = bytes([0, *(b for b in range(0x20, 0x7F) if b not in b'"\\')])
 
 
 def _json_names(names: list[str]) -> bytes:

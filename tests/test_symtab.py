@@ -157,6 +157,30 @@ def test_reply_states_each_region_and_name_once_with_no_nulls() -> None:
         }  # fmt: skip
 
 
+def test_names_of_any_bytes_travel_as_json_reads_them_back() -> None:
+    """A batch's names are joined as they are, unless one needs JSON's escapes
+    (quotes, backslashes, control bytes, NUL, not ASCII): then each is encoded
+    alone.  Both ways, a stdlib json client reads back the table's own names."""
+    odd = [b"plain", b'quo"te', b"back\\slash", b"nul\0byte", b"tab\tbed", "caf\u00e9".encode(),
+           b"\xff\xfe", b"del\x7f"]  # fmt: skip
+    for names in (odd, [b"plain", b"nul\0byte"], [b"plain_%d" % k for k in range(20)]):
+        core = [(TEXT + 0x40 * k, b"T", n) for k, n in enumerate(names * 200)]
+        core.append((TEXT + 0x40 * len(core), b"T", b"_etext"))
+        tables = {"k:x": SymbolTable(kernel_table(core, TEXT))}
+        boot = BootSnapshot(
+            "00000000-0000-0000-0000-000000000001", "6.1", "#1", "cd" * 20,
+            Anchors(TEXT, TEXT, TEXT + 0x40 * len(core)), None, False, None, 0,
+            Timestamp(1, 1, 1),
+        )  # fmt: skip
+        amap = AddressMap(boot, [], Clock.MONOTONIC, None, "k:x")
+        addrs = [TEXT + 0x40 * k + 3 for k in range(len(core) - 1)]
+        reply = json.loads(amap.resolve_bulk(addrs, tables).to_json())
+        got = [reply["symbols"][i] for i in reply["symbol"]]
+        assert got == [n.decode("utf-8", "replace") for n in names * 200]
+        few = json.loads(amap.resolve_few(addrs, tables).to_json())
+        assert resolutions(addrs, few) == resolutions(addrs, reply)
+
+
 def test_a_symbol_found_from_two_regions_is_named_once_in_each() -> None:
     """Names travel region by region, so a symbol that names addresses of two
     regions (here the last kernel symbol before .init.text, which holds no
