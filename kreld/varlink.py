@@ -64,16 +64,14 @@ def _reject_constant(name: str) -> Any:
 
 def parse_call(raw: bytes) -> Call:
     """Decode one message (without its NUL); raise a named error when malformed."""
-    import orjson  # loaded by the daemon's first Resolve anyway; never by kreldctl
-
     try:
-        # orjson reads a batch of 10,000 addresses in half of json's time.  It
-        # takes what json takes but NaN, Infinity (rejected both ways), lone
-        # surrogates and nesting past 1024 (json's to judge: it says why), and
-        # reads integers past 64 bits as floats (no parameter takes either).
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        obj = _parse_json(raw)
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as e:
+        raise invalid_request(f"not UTF-8 at byte {e.start}") from e
+    except RecursionError as e:
+        raise invalid_request("JSON nested too deeply") from e
+    except ValueError as e:  # JSONDecodeError, or an integer with too many digits
+        raise invalid_request(f"not JSON: {str(e)[:120]}") from e
     if not isinstance(obj, dict):
         raise invalid_request("a call must be a JSON object")
     oneway = obj.get("oneway", False)
@@ -84,18 +82,6 @@ def parse_call(raw: bytes) -> Call:
     except VarlinkError as e:
         e.oneway = oneway
         raise
-
-
-def _parse_json(raw: bytes) -> Any:
-    """*raw* decoded by json, or the named error that says why it is not JSON."""
-    try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
-    except UnicodeDecodeError as e:
-        raise invalid_request(f"not UTF-8 at byte {e.start}") from e
-    except RecursionError as e:
-        raise invalid_request("JSON nested too deeply") from e
-    except ValueError as e:  # JSONDecodeError, or an integer with too many digits
-        raise invalid_request(f"not JSON: {str(e)[:120]}") from e
 
 
 def _checked_call(obj: dict[str, Any], oneway: bool) -> Call:
