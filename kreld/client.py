@@ -132,14 +132,12 @@ class Client:
         return method if "." in method else f"io.kreld.{method}"
 
     def send(self, method: str, parameters: dict[str, Any], more: bool = False) -> None:
-        msg: dict[str, Any] = {"method": self._qualify(method), "parameters": parameters}
-        if more:
-            msg["more"] = True
+        data = encode_call(self._qualify(method), parameters, more)
         # kreld may have answered and closed before reading the call (too many
         # connections, permission denied): that answer is still to be read, and
         # receive() raises ConnectError if there is none.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.sock.sendall(json.dumps(msg, separators=(",", ":")).encode() + b"\0")
+            self.sock.sendall(data)
 
     def receive(self) -> dict[str, Any]:
         """The next reply object (raw: with ``parameters``, ``continues`` or ``error``)."""
@@ -193,21 +191,56 @@ class Client:
                 return
 
 
+def encode_call(method: str, parameters: dict[str, Any], more: bool = False) -> bytes:
+    """A varlink call as it travels, NUL included.  A long list of plain
+    strings (Resolve's addresses) is joined as it is rather than encoded
+    string by string: the same JSON, in a third of json.dumps' time."""
+    members = []
+    for k, v in parameters.items():
+        plain = _plain_strings(v) if isinstance(v, list) and len(v) > _PLAIN_LIST else None
+        members.append(json.dumps(k).encode() + b":" + (plain or _dumps(v)))
+    tail = b',"more":true}\0' if more else b"}\0"
+    return b"".join(
+        (b'{"method":', _dumps(method), b',"parameters":{', b",".join(members), b"}", tail)
+    )
+
+
+def _dumps(v: object) -> bytes:
+    return json.dumps(v, separators=(",", ":")).encode()
+
+
+_PLAIN_LIST = 64  # items from which a list of strings is tried as plain
+# The bytes JSON carries in a string as they are, but for '"'.
+_PLAIN = bytes(b for b in range(0x20, 0x7F) if b not in b'"\\')
+
+
+def _plain_strings(items: list[Any]) -> bytes | None:
+    """*items* as a JSON array if all are strings JSON need not escape
+    (printable ASCII without quotes or backslashes); None otherwise."""
+    try:
+        out = ('["' + '","'.join(items) + '"]').encode()
+    except TypeError:  # not all strings
+        return None
+    # Once the plain bytes are deleted, only the quotes around each string are left.
+    return out if out.translate(None, _PLAIN) == b'"' * (2 * len(items)) else None
+
+
 def resolutions(addresses: Sequence[str | int], reply: dict[str, Any]) -> list[dict[str, Any]]:
     """A ``Resolve`` reply, one object per address asked, as in kreldctl's
     ``resolve --json``: ``address``; where a region held it, that region's
     ``image``, ``section``, ``base`` (and ``seq``, ``build_id`` when known) and
     the ``offset`` into it; where a symbol is known, ``symbol`` and
     ``symbol_offset``.  Addresses and offsets as ``0x`` hex strings; no nulls."""
-    regions = reply["regions"]
+    regions = [{k: v for k, v in r.items() if k != "names"} for r in reply["regions"]]
     bases = [int(r["base"], 16) for r in regions]
+    # The names come region by region: the region each lies in.
+    owner = [k for k, r in enumerate(reply["regions"]) for _ in range(r["names"])]
     names = reply["symbols"]
     out: list[dict[str, Any]] = []
-    for a, ri, si, so in zip(
-        addresses, reply["region"], reply["symbol"], reply["symbol_offset"], strict=True
-    ):
+    for a, si, so in zip(addresses, reply["symbol"], reply["symbol_offset"], strict=True):
         value = a if isinstance(a, int) else int(a, 16)
         r: dict[str, Any] = {"address": hex(value)}
+        ri = owner[si] if si >= 0 else -2 - si
         if ri >= 0:
             r.update(regions[ri])
             r["offset"] = hex(value - bases[ri])

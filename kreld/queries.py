@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
+    from kreld.requests import Addresses
+
 # A section's extent is not in sysfs; bound it by its module's size, or this.
 _UNKNOWN_SIZE_BOUND = 1 << 24
 
@@ -145,7 +147,7 @@ class AddressMap:
             self._members[i] = m
         return m
 
-    def resolve(self, addresses: Sequence[int], tables: SymbolTables | None = None) -> Resolved:
+    def resolve(self, addresses: Addresses, tables: SymbolTables | None = None) -> Resolved:
         """Place every address in its region and name its symbol.
 
         A few addresses are bisected one by one (numpy's fixed cost per call
@@ -154,7 +156,7 @@ class AddressMap:
         :meth:`~kreld.symtab.SymbolTable.lookup` names.
         """
         if len(addresses) <= FEW:
-            return self.resolve_few(addresses, tables)
+            return self.resolve_few([int(a) for a in addresses], tables)
         return self.resolve_bulk(addresses, tables)
 
     def resolve_few(self, addresses: Sequence[int], tables: SymbolTables | None = None) -> Resolved:
@@ -162,18 +164,28 @@ class AddressMap:
         where = [self._region_index(a) for a in addresses]
         used = sorted({i for i in where if i >= 0})
         renumber = {i: k for k, i in enumerate(used)}
-        symbol, offset = [], []
-        names: dict[str, int] = {}
-        for a, i in zip(addresses, where, strict=True):
-            hit = None if i < 0 else self._lookup(i, a, tables)
-            symbol.append(-1 if hit is None else names.setdefault(hit[0], len(names)))
-            offset.append(0 if hit is None else hit[1])
+        hits = [
+            None if i < 0 else self._lookup(i, a, tables)
+            for a, i in zip(addresses, where, strict=True)
+        ]
+        names: dict[int, dict[str, int]] = {i: {} for i in used}  # region's names, in order
+        for i, hit in zip(where, hits, strict=True):
+            if hit is not None:
+                names[i].setdefault(hit[0], len(names[i]))
+        first: dict[int, int] = {}
+        ordered: list[str] = []
+        for i in used:
+            first[i] = len(ordered)
+            ordered += names[i]
+        symbol = [
+            (-1 if i < 0 else -2 - renumber[i]) if hit is None else first[i] + names[i][hit[0]]
+            for i, hit in zip(where, hits, strict=True)
+        ]
         return Resolved(
-            [self.members(i) for i in used],
-            [renumber.get(i, -1) for i in where],
-            _json_names(list(names)),
+            [{**self.members(i), "names": len(names[i])} for i in used],
+            _json_names(ordered),
             symbol,
-            offset,
+            [0 if hit is None else hit[1] for hit in hits],
         )
 
     def _region_index(self, address: int) -> int:
@@ -188,9 +200,7 @@ class AddressMap:
         sec = 0 if r.inc is None else table.section_index(r.section)
         return None if sec is None else table.lookup(sec, address - r.rel_base)
 
-    def resolve_bulk(
-        self, addresses: Sequence[int], tables: SymbolTables | None = None
-    ) -> Resolved:
+    def resolve_bulk(self, addresses: Addresses, tables: SymbolTables | None = None) -> Resolved:
         """:meth:`resolve` in bulk, with numpy: one ``searchsorted`` over the
         region bases, then one per symbol table over its sorted keys, straight
         from the store's map (the views must not outlive *tables*; what is
@@ -204,7 +214,7 @@ class AddressMap:
                 np.array(self._limits, dtype=np.uint64),
             )
         bases, limits = self._arrays
-        addrs = np.array(addresses, dtype=np.uint64)
+        addrs = np.asarray(addresses, dtype=np.uint64)
         n = len(addrs)
         ri = np.searchsorted(bases, addrs, side="right").astype(np.int64) - 1
         inside = ri >= 0
@@ -213,14 +223,16 @@ class AddressMap:
             inside &= addrs < limits[ric]
         else:
             inside[:] = False
-        used = np.unique(ric[inside])
+        # The regions that held an address, in order (few: counted, not sorted).
+        used = np.flatnonzero(np.bincount(ric[inside], minlength=len(bases)))
         renumber = np.full(len(bases) or 1, -1, dtype=np.int32)
         renumber[used] = np.arange(len(used), dtype=np.int32)
-        region = np.where(inside, renumber[ric], -1).astype(np.int32)
 
-        symbol = np.full(n, -1, dtype=np.int32)
+        # Per address: its symbol's place among its region's names, -1 for none.
+        local = np.full(n, -1, dtype=np.int32)
         offset = np.zeros(n, dtype=np.int64)
-        names = _Names()
+        counts = np.zeros(len(bases) or 1, dtype=np.int64)  # names per region
+        parts: dict[int, list[bytes]] = {}  # each region's names, JSON
         # The regions of each table (a kernel's .text and .init.text, a
         # module's sections) are looked up together.
         by_table: dict[str, list[int]] = {}
@@ -231,9 +243,16 @@ class AddressMap:
         for key, regs in by_table.items():
             table = tables.get(key) if tables is not None else None
             if table is not None:
-                self._name_bulk(table, regs, addrs, ric, inside, (symbol, offset, names))
-        regions = [self.members(i) for i in used.tolist()]
-        return Resolved(regions, region, names.json(), symbol, offset)
+                self._name_bulk(table, regs, addrs, ric, inside, (local, offset, counts, parts))
+        # Names travel region by region: an address's symbol index is its
+        # place among its region's names after those of the regions before.
+        first = np.cumsum(counts) - counts
+        symbol = np.where(
+            local >= 0, first[ric] + local, np.where(inside, -2 - renumber[ric], -1)
+        ).astype(np.int32)
+        names = [p for i in used.tolist() for p in parts.get(i, ())]
+        regions = [{**self.members(i), "names": int(counts[i])} for i in used.tolist()]
+        return Resolved(regions, _Names.json(names), symbol, offset)
 
     def _name_bulk(
         self,
@@ -242,13 +261,14 @@ class AddressMap:
         addrs: NDArray[np.uint64],
         ric: NDArray[np.int64],
         inside: NDArray[np.bool_],
-        out: tuple[NDArray[np.int32], NDArray[np.int64], _Names],
+        out: tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.int64], dict[int, list[bytes]]],
     ) -> None:
-        """Name the addresses of regions *regs*, all in *table*, into *out*
-        (symbol indices, offsets and the reply's names)."""
+        """Name the addresses of regions *regs*, all in *table*, into *out*:
+        each address's place among its region's names and its offset, each
+        region's count of names and those names as JSON."""
         import numpy as np
 
-        symbol, offset, names = out
+        local, offset, counts, parts = out
         zero = np.zeros(len(self._bases), dtype=np.int64)  # key of value 0 in the section
         rel = np.zeros(len(self._bases), dtype=np.uint64)  # what values are relative to
         mine = np.zeros(len(self._bases), dtype=bool)
@@ -262,71 +282,118 @@ class AddressMap:
             return
         rr = ric[at]
         want = (addrs[at] - rel[rr]).view(np.int64) + zero[rr]
+        # In ascending order: the search of each key starts where the last one
+        # ended, in memory it has just read (random keys miss the cache over
+        # a kernel's 120,000 keys: three times slower, sorting included), and
+        # the hits come out sorted and region by region (a region's keys all
+        # lie above those of the table's regions below it), so each distinct
+        # one is where they change.
+        order = np.argsort(want)
+        at, rr, want = at[order], rr[order], want[order]
         keys = np.asarray(table.keys)
         j = np.searchsorted(keys, want, side="right") - 1
         ok = j >= 0
         jc = np.where(ok, j, 0)
         found = keys[jc] if len(keys) else np.zeros(len(jc), dtype=np.int64)
         ok &= found >= zero[rr] - KEY_SPAN  # not a symbol of an earlier section
-        at, hit = at[ok], jc[ok]
+        at, hit, rr = at[ok], jc[ok], rr[ok]
         offset[at] = (want - found)[ok]
-        entries, which = np.unique(np.asarray(table.sorted)[hit], return_inverse=True)
-        symbol[at] = which.astype(np.int32) + names.count
-        names.add(table.names, np.asarray(table.name_end), entries)
+        if len(hit):
+            _name_regions(table, at, rr, hit, (local, counts, parts))
 
 
-# Bytes that a name cannot carry into a JSON string as they are.
-_JSON_SPECIAL = bytes(b < 0x20 or b >= 0x7F or b in b'"\\' for b in range(256))
+def _name_regions(
+    table: SymbolTable,
+    at: NDArray[np.intp],
+    rr: NDArray[np.int64],
+    hit: NDArray[np.int64],
+    out: tuple[NDArray[np.int32], NDArray[np.int64], dict[int, list[bytes]]],
+) -> None:
+    """The names of *table* that addresses *at* (of regions *rr*) hit (key
+    indices *hit*, in ascending order): into *out*, each address's place
+    among its region's names, each region's count and its names as JSON."""
+    import numpy as np
+
+    local, counts, parts = out
+    new = np.empty(len(hit), dtype=bool)
+    new[0], new[1:] = True, (hit[1:] != hit[:-1]) | (rr[1:] != rr[:-1])
+    seen = np.cumsum(new) - 1  # distinct hits before each, in this table
+    starts = np.flatnonzero(np.r_[True, rr[1:] != rr[:-1]])  # each region's run
+    local[at] = seen - np.repeat(seen[starts], np.diff(np.r_[starts, len(rr)]))
+    entries = np.asarray(table.sorted)[hit[new]]
+    ends = np.asarray(table.name_end)
+    bounds = [*seen[starts].tolist(), len(entries)]
+    for k, lo in enumerate(starts.tolist()):
+        reg = int(rr[lo])
+        counts[reg] = bounds[k + 1] - bounds[k]
+        parts[reg] = _Names.quote(table.names, ends, entries[bounds[k] : bounds[k + 1]])
 
 
 class _Names:
     """The names of the symbols a reply names, gathered from the tables' blobs
-    into one (vectorized: no Python object per name)."""
+    straight into the JSON array the reply carries (vectorized: no Python
+    object per name)."""
 
-    def __init__(self) -> None:
-        self.count = 0
-        self._blobs: list[NDArray[np.uint8]] = []
-        self._lengths: list[NDArray[np.int64]] = []
-
-    def add(self, blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> None:
+    @staticmethod
+    def quote(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> list[bytes]:
+        """'"name",' for entries *entries* of a table (its names *blob*, their
+        *ends* in it), some names a part."""
         import numpy as np
 
         entries = entries.astype(np.int64)  # the table's are u32: entry 0 has no end before it
         stop = ends[entries].astype(np.int64)
         start = np.where(entries > 0, ends[np.maximum(entries - 1, 0)], 0).astype(np.int64)
-        lengths = stop - start
-        # Byte k of name i is blob[start[i] + k]: one gather for all of them.
-        before = np.cumsum(lengths) - lengths
-        src = np.repeat(start - before, lengths) + np.arange(int(lengths.sum()))
-        self._blobs.append(np.frombuffer(blob, dtype=np.uint8)[src])
-        self._lengths.append(lengths)
-        self.count += len(entries)
+        # Some names at a time, so that the index arrays (8 bytes per byte of
+        # name) stay small: a batch's buffers all together must stay below
+        # glibc's trim threshold (kreld.heap), or the heap shrinks after each
+        # call and grows again, a page fault per 4 KiB, in the next one.
+        upto = np.cumsum(stop - start)
+        cuts = np.searchsorted(upto, np.arange(_NAME_BYTES, int(upto[-1]), _NAME_BYTES)).tolist()
+        names = np.frombuffer(blob, dtype=np.uint8)
+        return [
+            _quoted(names, start[lo:hi], stop[lo:hi])
+            for lo, hi in zip([0, *cuts], [*cuts, len(entries)], strict=True)
+            if lo < hi
+        ]
 
-    def json(self) -> bytes:
-        """The names as a JSON array: '"' name '"' joined by ',', the quotes and
-        commas set around one copy of the names (escaped one by one only when
-        one needs it)."""
-        import numpy as np
-
-        if not self._blobs:
+    @staticmethod
+    def json(parts: list[bytes]) -> bytes:
+        """The names of *parts* (from :meth:`quote`) as a JSON array."""
+        if not parts:
             return b"[]"
-        raw = np.concatenate(self._blobs)
-        lengths = np.concatenate(self._lengths)
-        if np.frombuffer(_JSON_SPECIAL, dtype=np.bool_)[raw].any():
-            blob, ends = raw.tobytes(), np.cumsum(lengths).tolist()
-            starts = [0, *ends[:-1]]
-            return _json_names(
-                [blob[s:e].decode("utf-8", "replace") for s, e in zip(starts, ends, strict=True)]
-            )
-        m = len(lengths)
-        before = np.cumsum(lengths) - lengths
-        start = before + 3 * np.arange(m) + 2
-        out = np.full(len(raw) + 3 * m + 1, ord(","), dtype=np.uint8)
-        out[0], out[-1] = ord("["), ord("]")
-        out[start - 1] = ord('"')
-        out[start + lengths] = ord('"')
-        out[np.repeat(start - before, lengths) + np.arange(len(raw))] = raw
-        return out.tobytes()
+        return b"".join((b"[", *parts[:-1], parts[-1][:-1], b"]"))
+
+
+# Bytes of names gathered at a time (see _Names.add).
+_NAME_BYTES = 32 << 10
+
+
+def _quoted(names: NDArray[np.uint8], start: NDArray[np.int64], stop: NDArray[np.int64]) -> bytes:
+    """'"' name '",' for each name ``names[start:stop]``, in order."""
+    import numpy as np
+
+    # Each name and the byte after it (the next name's first, past the end:
+    # the last byte again), gathered with one index array made by a running
+    # sum: +1 within a name, a jump to each name's start; the bytes after
+    # become NULs, which bytes.replace() turns into the '","' between names.
+    spans = stop - start + 1
+    step = np.ones(int(spans.sum()), dtype=np.int64)
+    ends = np.cumsum(spans) - 1  # of each name's byte after, in the gathered bytes
+    step[ends[:-1] + 1] = start[1:] - stop[:-1]
+    step[:1] = start[:1]
+    gathered = names.take(np.cumsum(step, out=step), mode="clip")
+    gathered[ends] = 0
+    text = gathered.tobytes()
+    if text.translate(None, _PLAIN_OR_NUL) or text.count(b"\0") != len(spans):
+        # Rare: a name JSON must escape, or not ASCII (or holding a NUL): one by one.
+        firsts = [0, *(ends[:-1] + 1).tolist()]
+        each = [text[a:b] for a, b in zip(firsts, ends.tolist(), strict=True)]
+        return _json_names([n.decode("utf-8", "replace") for n in each])[1:-1] + b","
+    return b'"' + text[:-1].replace(b"\0", b'","') + b'",'
+
+
+# The bytes a name carries into a JSON string as they are, and NUL.
+_PLAIN_OR_NUL = bytes([0, *(b for b in range(0x20, 0x7F) if b not in b'"\\')])
 
 
 def _json_names(names: list[str]) -> bytes:
@@ -338,16 +405,17 @@ def _json_names(names: list[str]) -> bytes:
 @record
 class Resolved:
     """Resolve's answer, as it travels (see ``Resolve`` in io.kreld.varlink):
-    what is true of many addresses (a region: image, section, base, build-id,
-    incarnation) once, and per address small integers referring to it."""
+    what is true of many addresses once (a region: image, section, base,
+    build-id, incarnation; a symbol's name and the region it lies in), and
+    per address two small integers referring to it."""
 
+    # Each region that held an address, with the count of its names.
     regions: list[dict[str, object]]
-    # Per address: the index of its region, -1 for none (a list or a numpy array).
-    region: Sequence[int] | NDArray[np.int32]
-    symbols_json: bytes  # the distinct symbol names, a JSON array
-    # Per address: the index of its symbol's name, -1 for none; bytes past its start.
+    symbols_json: bytes  # the distinct symbol names, region by region, a JSON array
+    # Per address: the index of its symbol's name; without a symbol, -2 - the
+    # index of its region, or -1 for none (a list or a numpy array).
     symbol: Sequence[int] | NDArray[np.int32]
-    symbol_offset: Sequence[int] | NDArray[np.int64]
+    symbol_offset: Sequence[int] | NDArray[np.int64]  # bytes past the symbol's start
 
     def to_json(self) -> bytes:
         """The reply's parameters as compact JSON."""
@@ -358,8 +426,6 @@ class Resolved:
             (
                 b'{"regions":',
                 orjson.dumps(self.regions),
-                b',"region":',
-                orjson.dumps(self.region, option=opt),
                 b',"symbols":',
                 self.symbols_json,
                 b',"symbol":',

@@ -14,29 +14,45 @@ interface.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from kreld.errors import InvalidArgument
 from kreld.interface import INTERFACES, Interface, Type, matches
 from kreld.model import Clock
 from kreld.record import field, fields, record, replace
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import numpy as np
+    from numpy.typing import NDArray
+
+    # Resolve's addresses as parsed: a list, or for a batch an array of u64.
+    Addresses: TypeAlias = list[int] | NDArray[np.uint64]
+
 # Addresses one Resolve may ask about: its reply (some 30 bytes an address)
 # is built in memory, so this bounds what one call can make the daemon hold.
 MAX_RESOLVE_ADDRESSES = 100_000
 # Longest string parameter (a boot-id, a clock, an interface name) accepted.
 MAX_STRING = 256
+# Address lists longer than this are parsed as a batch, with numpy, when they
+# are written alike (see _parse_alike); shorter ones never load numpy.
+BATCH_ADDRESSES = 32
 
 
 def invalid(name: str) -> InvalidArgument:
     return InvalidArgument(name, "rejected by kreld")
 
 
-def parse_addresses(raw: object) -> list[int]:
+def parse_addresses(raw: object) -> Addresses:
     """Resolve's ``addresses``: at most :data:`MAX_RESOLVE_ADDRESSES` hex
     strings (``0x`` optional), each below 2**64."""
     if not isinstance(raw, list) or len(raw) > MAX_RESOLVE_ADDRESSES:
         raise invalid("addresses")
+    if len(raw) > BATCH_ADDRESSES:
+        batch = _parse_alike(raw)
+        if batch is not None:
+            return batch
     try:
         # int() in one pass, then what parse_addr() checks, for all at once:
         # int() took only strings; no "_" digit separators; no value past 64 bits.
@@ -46,6 +62,47 @@ def parse_addresses(raw: object) -> list[int]:
     except (ValueError, TypeError) as e:
         raise invalid("addresses") from e
     return addrs
+
+
+def _parse_alike(raw: list[Any]) -> NDArray[np.uint64] | None:
+    """*raw* parsed at once when every address is written alike, as a profiler
+    writes them: ``0x`` and the same number (at most 16) of hex digits; None
+    for anything else, which :func:`parse_addresses` parses one by one.
+
+    The strings are joined by newlines into one ASCII buffer and read as rows
+    of equal width.  With ``0x`` at the start of every row and a newline at
+    its end, and every byte between them a hex digit (``bytes.fromhex`` skips
+    whitespace: fewer bytes than digits / 2 say it met some), no string holds
+    a newline or anything but its digits, and 16 digits are below 2**64.
+    (int() one by one costs some 2.4 ms for 10,000 addresses, this a fifth.)"""
+    try:
+        text = "\n".join(raw).encode("ascii")  # TypeError: not all strings
+    except (TypeError, UnicodeEncodeError):
+        return None
+    n = len(raw)
+    width, rest = divmod(len(text) + 1, n)
+    digits = width - 3
+    if rest or not 1 <= digits <= 16:
+        return None
+    import numpy as np
+
+    rows = np.frombuffer(text + b"\n", dtype=np.uint8).reshape(n, width)
+    if (
+        (rows[:, 0] != ord("0")).any()
+        or ((rows[:, 1] | 0x20) != ord("x")).any()
+        or (rows[:, -1] != ord("\n")).any()
+    ):
+        return None
+    hexes = rows[:, 2:-1]
+    if digits < 16:  # zeros in front: 8 bytes a row
+        hexes = np.concatenate((np.full((n, 16 - digits), ord("0"), dtype=np.uint8), hexes), 1)
+    try:
+        octets = bytes.fromhex(hexes.tobytes().decode("ascii"))
+    except ValueError:
+        return None
+    if len(octets) != 8 * n:
+        return None
+    return np.frombuffer(octets, dtype=">u8").astype(np.uint64)
 
 
 def parse_clock(raw: object) -> Clock:
@@ -115,7 +172,7 @@ class GetModules(Request):
 @record
 class Resolve(Request):
     METHOD = "Resolve"
-    addresses: list[int] = field(metadata=_ADDRESSES)
+    addresses: Addresses = field(metadata=_ADDRESSES)
     boot_id: str | None = None
     at: int | None = None
     clock: Clock = field(default=Clock.MONOTONIC, metadata=_CLOCK)

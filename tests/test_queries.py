@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from kreld import record
+from kreld.client import resolutions
 from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.queries import AddressMap
 from kreld.requests import Resolve, parse
@@ -79,9 +80,8 @@ def incarnation(
 
 def where(amap: AddressMap, addr: int) -> tuple[str, str] | None:
     """The image and section Resolve places *addr* in."""
-    reply = json.loads(amap.resolve([addr]).to_json())
-    (r,) = reply["region"]
-    return None if r < 0 else (reply["regions"][r]["image"], reply["regions"][r]["section"])
+    (r,) = resolutions([addr], json.loads(amap.resolve([addr]).to_json()))
+    return (r["image"], r["section"]) if "image" in r else None
 
 
 def test_freed_init_layout_of_one_module_does_not_capture_anothers_core() -> None:
@@ -148,8 +148,8 @@ def test_resolve_on_a_recorded_boot_reuses_its_map_until_an_event(tmp_path: Path
         def resolve(at: int) -> str | None:
             params = {"addresses": ["0xffffffffc0000010"], "boot_id": old.boot_id, "at": at}
             reply = json.loads(svc.resolve(parse(Resolve, params)))  # type: ignore[arg-type]
-            (r,) = reply["region"]
-            return None if r < 0 else str(reply["regions"][r]["image"])
+            (r,) = resolutions([0xFFFFFFFFC0000010], reply)
+            return str(r["image"]) if "image" in r else None
 
         assert resolve(T1.monotonic) == "dummy"
         first = list(svc._maps.values())

@@ -90,6 +90,57 @@ def test_a_bad_parameter_is_invalid_parameter_naming_it(
     assert e.value.parameters() == {"parameter": named}
 
 
+def _batch(last: object) -> list[object]:
+    """A batch long enough to be parsed at once, written alike but for *last*."""
+    return [f"{0xFFFFFFFF81000000 + 16 * i:#018x}" for i in range(requests.BATCH_ADDRESSES)] + [
+        last
+    ]
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        "0xffffffff8100001_",  # not a digit, in the place of one
+        "0xffffffff81_00001",  # a digit separator int() would take
+        "0xffffffff8100 001",  # whitespace bytes.fromhex() would skip
+        "0xffffff\n8100001a",  # a newline, the batch's own row separator
+        "0x1ffffffff81000010",  # 17 digits: past 64 bits
+        "-xffffffff81000010",
+        "0yffffffff81000010",
+        "0xffffffff8100001\u00e9",  # not ASCII
+        0xFFFFFFFF81000010,  # not a string
+        None,
+    ],
+)
+def test_a_batch_with_one_bad_address_is_invalid_whatever_spoils_it(last: object) -> None:
+    """A batch written alike is parsed at once; any address that int() or the
+    64-bit bound would refuse still makes the whole call InvalidParameter."""
+    with pytest.raises(InvalidArgument) as e:
+        requests.parse(requests.Resolve, {"addresses": _batch(last)})
+    assert e.value.parameters() == {"parameter": "addresses"}
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        "{:#018x}",  # as a profiler writes kernel addresses
+        "0X{:016X}",  # capitals
+        "{:#x}",  # widths that differ: parsed one by one
+        "{:#06x}",  # fewer digits, all the same width
+        " {:x} ",  # what int() accepts besides
+    ],
+)
+def test_a_batch_parses_to_the_values_int_reads(written: str) -> None:
+    """Batches, alike or not, give the values int(a, 16) gives one by one."""
+    values = [0, 1, 0xFFFF, 0xFFFFFFFFFFFFFFFF, 0xFFFFFFFF81234567, *range(64, 64 * 40, 64)]
+    if "06x" in written:
+        values = [v & 0xFFFF for v in values]
+    raw = [written.format(v) for v in values]
+    assert len(raw) > requests.BATCH_ADDRESSES
+    got = requests.parse(requests.Resolve, {"addresses": raw}).addresses
+    assert [int(a) for a in got] == [int(a, 16) for a in raw] == values
+
+
 def test_good_parameters_become_typed_fields() -> None:
     r = requests.parse(
         requests.Resolve, {"addresses": ["0x10", "ffff"], "at": 7, "clock": "boottime"}

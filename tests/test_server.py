@@ -21,8 +21,15 @@ from conftest import Daemon, _bin, kreldctl, notify_messages, notify_socket, raw
 from faketree import FakeTree
 from test_store import snap
 
-from kreld.client import Client, ConnectError, RemoteError, connect_unix, resolutions
-from kreld.errors import AddressesRestricted, NoSuchBoot, PermissionDenied
+from kreld.client import (
+    Client,
+    ConnectError,
+    RemoteError,
+    connect_unix,
+    encode_call,
+    resolutions,
+)
+from kreld.errors import AddressesRestricted, InvalidArgument, NoSuchBoot, PermissionDenied
 from kreld.model import Timestamp
 from kreld.record import replace
 from kreld.store import Store
@@ -87,12 +94,43 @@ def test_every_method_answers_what_the_store_holds(served: Any) -> None:
     }
     assert (r[1]["image"], r[1]["section"], r[1]["offset"]) == ("kernel", ".text", "0x1234")
     assert r[2] == {"address": "0x10"}
-    assert res["region"][2] == -1 and len(res["regions"]) == 2
+    assert res["symbol"][2] == -1 and len(res["regions"]) == 2
     assert status["boot_id"] == tree.boot_id
     assert status["incarnations"] == counts["incarnations"] == 2
     assert status["loaded_modules"] == 2 and status["connections"] >= 1
     assert {s["name"] for s in status["sources"]} >= {"watch-inotify", "tracker"}
     assert info["interfaces"] == ["org.varlink.service", "io.kreld"]
+
+
+def test_a_batch_the_client_joins_as_it_is_gets_the_answers_of_one_encoded_by_json(
+    served: Any,
+) -> None:
+    """The client writes a long list of plain strings as it is (no json.dumps):
+    the daemon answers it as it answers the same call written by json.dumps,
+    and a list with a string JSON must escape goes through json.dumps and still
+    gets InvalidParameter."""
+    _, tree, _state, sock = served
+    asked = [f"{tree.text + 0x40 * i:#018x}" for i in range(300)] + ["0xffffffffc0100010"]
+    plain = encode_call("io.kreld.Resolve", {"addresses": asked})
+    assert (
+        plain
+        == json.dumps(
+            {"method": "io.kreld.Resolve", "parameters": {"addresses": asked}},
+            separators=(",", ":"),
+        ).encode()
+        + b"\0"
+    )
+    with Client(str(sock)) as c:
+        joined = c.call("Resolve", addresses=asked)
+        c.sock.sendall(
+            json.dumps({"method": "io.kreld.Resolve", "parameters": {"addresses": asked}}).encode()
+            + b"\0"
+        )
+        assert c.receive()["parameters"] == joined
+        assert resolutions(asked, joined)[-1]["image"] == "veth"
+        for odd in ('0x1"', "0x1\\", "0x\u00e9", "0x1\x01"):
+            with pytest.raises(InvalidArgument):
+                c.call("Resolve", addresses=[*asked, odd])
 
 
 def test_interface_description_declares_every_method_and_error(served: Any) -> None:
@@ -138,7 +176,7 @@ def test_named_errors_for_bad_calls(served: Any) -> None:
         assert c.call("GetBoot")["boot"]["boot_id"]
         # A batch at the limit is answered, one past it refused by name.
         at_limit = [hex(0xFFFFFFFFC0000000 + k) for k in range(100_000)]
-        assert len(c.call("Resolve", addresses=at_limit)["region"]) == 100_000
+        assert len(c.call("Resolve", addresses=at_limit)["symbol"]) == 100_000
         c.send("Resolve", {"addresses": [*at_limit, "0x1"]})
         reply = c.receive()
         assert reply["error"] == "org.varlink.service.InvalidParameter", reply

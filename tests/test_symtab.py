@@ -126,37 +126,81 @@ def test_a_few_addresses_one_by_one_get_the_answers_of_the_bulk_path() -> None:
 def test_reply_states_each_region_and_name_once_with_no_nulls() -> None:
     """Facts shared by many addresses travel once: one region object per region
     that held an address (the kernel's with its build-id, the module's with its
-    seq and build-id), one name per distinct symbol; per address only small
-    integers, -1 where nothing held it; no member is ever null."""
+    seq and build-id) with the count of its names, one name per distinct
+    symbol, region by region; per address only two small integers: the
+    symbol's index (-2 - the region's where it has none, -1 where nothing held
+    the address) and the offset; no member is ever null."""
     amap, tables, mod_base = kernel_and_module()
-    addrs = [TEXT + 0x61, TEXT + 0x62, mod_base + 0x101, 5, TEXT + 0x61, mod_base + 0x1FFF]
+    addrs = [mod_base + 0x101, TEXT + 0x61, TEXT + 0x62, 5, TEXT + 0x61, mod_base + 0x1FFF]
     addrs.append(mod_base + 0x10A0)  # in .data, before its first symbol
     k1, off = tables["k:x"].lookup(0, 0x61) or ("", 0)
     for path in (amap.resolve_few, amap.resolve_bulk):  # a few addresses, a batch
         reply = json.loads(path(addrs, tables).to_json())
         assert reply["regions"] == [
-            {"image": "kernel", "section": ".text", "base": f"{TEXT:#x}", "build_id": "cd" * 20},
+            {"image": "kernel", "section": ".text", "base": f"{TEXT:#x}", "build_id": "cd" * 20,
+             "names": 1},
             {"image": "odd", "section": ".text", "base": f"{mod_base:#x}", "seq": 0,
-             "build_id": "ab" * 20},
+             "build_id": "ab" * 20, "names": 1},
             {"image": "odd", "section": ".data", "base": f"{mod_base + 0x1080:#x}", "seq": 0,
-             "build_id": "ab" * 20},
+             "build_id": "ab" * 20, "names": 1},
         ]  # fmt: skip
-        assert reply["region"] == [0, 0, 1, -1, 0, 2, 2]
-        names = reply["symbols"]
-        assert len(names) == len(set(names)) == 3
-        assert [names[i] if i >= 0 else None for i in reply["symbol"]] == [
-            k1, k1, 'odd "name" \\1', None, k1, 'odd "name" \\19', None,
-        ]  # fmt: skip
-        assert reply["symbol_offset"] == [off, off + 1, 1, 0, off, 0x1FFF - 0x1300, 0]
+        assert reply["symbols"] == [k1, 'odd "name" \\1', 'odd "name" \\19']
+        assert reply["symbol"] == [1, 0, 0, -1, 0, 2, -2 - 2]
+        assert reply["symbol_offset"] == [1, off, off + 1, 0, off, 0x1FFF - 0x1300, 0]
         assert "null" not in json.dumps(reply)
+        assert [(r.get("section"), r.get("symbol")) for r in resolutions(addrs, reply)] == [
+            (".text", 'odd "name" \\1'), (".text", k1), (".text", k1), (None, None),
+            (".text", k1), (".data", 'odd "name" \\19'), (".data", None),
+        ]  # fmt: skip
         assert json.loads(path([], tables).to_json()) == {
-            "regions": [], "region": [], "symbols": [], "symbol": [], "symbol_offset": []
+            "regions": [], "symbols": [], "symbol": [], "symbol_offset": []
         }  # fmt: skip
 
 
-def kernel_and_module() -> tuple[AddressMap, dict[str, SymbolTable], int]:
+def test_names_of_any_bytes_travel_as_json_reads_them_back() -> None:
+    """A batch's names are joined as they are, unless one needs JSON's escapes
+    (quotes, backslashes, control bytes, NUL, not ASCII): then each is encoded
+    alone.  Both ways, a stdlib json client reads back the table's own names."""
+    odd = [b"plain", b'quo"te', b"back\\slash", b"nul\0byte", b"tab\tbed", "caf\u00e9".encode(),
+           b"\xff\xfe", b"del\x7f"]  # fmt: skip
+    for names in (odd, [b"plain", b"nul\0byte"], [b"plain_%d" % k for k in range(20)]):
+        core = [(TEXT + 0x40 * k, b"T", n) for k, n in enumerate(names * 200)]
+        core.append((TEXT + 0x40 * len(core), b"T", b"_etext"))
+        tables = {"k:x": SymbolTable(kernel_table(core, TEXT))}
+        boot = BootSnapshot(
+            "00000000-0000-0000-0000-000000000001", "6.1", "#1", "cd" * 20,
+            Anchors(TEXT, TEXT, TEXT + 0x40 * len(core)), None, False, None, 0,
+            Timestamp(1, 1, 1),
+        )  # fmt: skip
+        amap = AddressMap(boot, [], Clock.MONOTONIC, None, "k:x")
+        addrs = [TEXT + 0x40 * k + 3 for k in range(len(core) - 1)]
+        reply = json.loads(amap.resolve_bulk(addrs, tables).to_json())
+        got = [reply["symbols"][i] for i in reply["symbol"]]
+        assert got == [n.decode("utf-8", "replace") for n in names * 200]
+        few = json.loads(amap.resolve_few(addrs, tables).to_json())
+        assert resolutions(addrs, few) == resolutions(addrs, reply)
+
+
+def test_a_symbol_found_from_two_regions_is_named_once_in_each() -> None:
+    """Names travel region by region, so a symbol that names addresses of two
+    regions (here the last kernel symbol before .init.text, which holds no
+    symbol of its own) is listed under each; both paths agree."""
+    amap, tables, _mod_base = kernel_and_module(init_text=True)
+    last = TEXT + 0x40 * 6000  # _etext, inside .text here
+    addrs = [last + 0x10, last + 0x1010, last + 0x11] * 20
+    few = json.loads(amap.resolve_few(addrs, tables).to_json())
+    bulk = json.loads(amap.resolve_bulk(addrs, tables).to_json())
+    assert few == bulk
+    assert [r["section"] for r in bulk["regions"]] == [".text", ".init.text"]
+    assert bulk["symbols"] == ["_etext", "_etext"] and bulk["symbol"][:3] == [0, 1, 0]
+    assert bulk["symbol_offset"][:3] == [0x10, 0x1010, 0x11]
+
+
+def kernel_and_module(init_text: bool = False) -> tuple[AddressMap, dict[str, SymbolTable], int]:
     """A kernel table of 6,000 functions and a module whose names need escaping,
-    with a .data section (from +0x1080) whose first symbol is at +0x1100."""
+    with a .data section (from +0x1080) whose first symbol is at +0x1100.  With
+    *init_text*, .text ends 0x100 past _etext and an .init.text without
+    symbols lies 0x1000 past it."""
     rng = random.Random(3)
     core = [(TEXT + 0x40 * k + rng.randrange(0x20), b"T", f"k{k}".encode()) for k in range(6000)]
     core.append((TEXT + 0x40 * 6000, b"T", b"_etext"))
@@ -168,7 +212,10 @@ def kernel_and_module() -> tuple[AddressMap, dict[str, SymbolTable], int]:
     assert mtab is not None
     boot = BootSnapshot(
         "00000000-0000-0000-0000-000000000001", "6.1", "#1", "cd" * 20,
-        Anchors(TEXT, TEXT, TEXT + 0x40 * 6000), None, False, None, 0, Timestamp(1, 1, 1),
+        Anchors(TEXT, TEXT, TEXT + 0x40 * 6000 + 0x100 * init_text,
+                TEXT + 0x40 * 6000 + 0x1000 if init_text else None,
+                TEXT + 0x40 * 6000 + 0x2000 if init_text else None),
+        None, False, None, 0, Timestamp(1, 1, 1),
     )  # fmt: skip
     state = ModuleState("odd", "ab" * 20, sections, 0x2000, 0, "live", None, None,
                         mod_base, False, None)  # fmt: skip

@@ -390,8 +390,13 @@ def test_10000_fuzzed_messages(served: Served) -> None:
             assert isinstance(r.get("parameters"), dict), r
             p = r["parameters"]
             # A Resolve of one address in the kernel: a tag's answer, in order.
-            regions, region = p.get("regions"), p.get("region")
-            if region == [0] and isinstance(regions, list) and regions[0].get("image") == "kernel":
+            regions, symbol = p.get("regions"), p.get("symbol")
+            if (
+                isinstance(symbol, list)
+                and len(symbol) == 1
+                and isinstance(regions, list)
+                and [r.get("image") for r in regions] == ["kernel"]
+            ):
                 answered.append(p)
         assert len(answered) == len(tags), (payload[:300], replies[-3:])
         for k, (t, p) in enumerate(zip(tags, answered, strict=True)):
