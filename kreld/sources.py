@@ -188,6 +188,10 @@ def is_sysfs(path: str) -> bool:
     return bool((buf.f_type & 0xFFFFFFFF) == SYSFS_MAGIC)
 
 
+# What a WatchSource asks its observer for (inotify: IN_CREATE, IN_DELETE, IN_MOVE).
+WATCHED: list[type[FileSystemEvent]] = [DirCreatedEvent, DirDeletedEvent, DirMovedEvent]
+
+
 class _Handler(FileSystemEventHandler):
     def __init__(self, source: WatchSource) -> None:
         self.source = source
@@ -219,7 +223,11 @@ class WatchSource:
             from watchdog.observers.inotify import InotifyObserver
 
             self.observer = InotifyObserver()
-        self.observer.schedule(_Handler(self), path, recursive=False)
+        # Only module directories coming and going: the tracker's own reads of
+        # sys/module (listing it, opening each module's directory) would
+        # otherwise come back as opened/closed events on every load, each
+        # decoded and dispatched by watchdog's threads to be thrown away.
+        self.observer.schedule(_Handler(self), path, recursive=False, event_filter=WATCHED)
         self.events = 0
         self.healthy = True
         self.last_error: str | None = None

@@ -8,13 +8,15 @@ import os
 import struct
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
+from watchdog.events import FileSystemEvent
 
 from kreld.model import SeenBy
-from kreld.sources import Uevent, UeventSource, module_event, parse_uevent
+from kreld.sources import Uevent, UeventSource, WatchSource, module_event, parse_uevent
 
 MEM_NULL_UEVENT = "/sys/devices/virtual/mem/null/uevent"
 
@@ -235,6 +237,55 @@ def test_real_netlink_uevent_reaches_the_monitor_and_is_ignored() -> None:
         assert src.healthy
         # Not a module: the tracker was never told to look.
         assert all(h[2] != "null" for h in rec.hints)
+    finally:
+        stop.set()
+        src.stop()
+
+
+class _Seen(WatchSource):
+    """A real WatchSource that also keeps the type of every event its observer delivers."""
+
+    def __init__(self, notify: Recorder, path: str) -> None:
+        self.delivered: list[str] = []
+        super().__init__(notify, path, "inotify", 1.0, json_logger(io.StringIO()))
+
+    def handle(self, event: FileSystemEvent) -> None:
+        self.delivered.append(type(event).__name__)
+        super().handle(event)
+
+
+def test_the_inotify_watch_is_woken_only_by_module_directories_coming_and_going(
+    tmp_path: Path,
+) -> None:
+    """Listing the directory and reading a module's files (what the tracker does
+    on every load) deliver no event; a directory created, renamed in and
+    deleted is still each a hint."""
+    mods = tmp_path / "module"
+    (mods / "old" / "sections").mkdir(parents=True)
+    rec = Recorder()
+    src = _Seen(rec, str(mods))
+    stop = threading.Event()
+    src.start(stop)
+    try:
+        for _ in range(3):
+            assert [e.name for e in os.scandir(mods)] == ["old"]
+            (mods / "old" / "initstate").write_text("live\n")
+            (mods / "old" / "initstate").read_text()
+            os.close(os.open(mods / "old", os.O_RDONLY | os.O_DIRECTORY))
+        (mods / "new").mkdir()
+        (tmp_path / "stage").mkdir()
+        os.rename(tmp_path / "stage", mods / "moved")
+        (mods / "new").rmdir()
+        want = [
+            (SeenBy.INOTIFY, "add", "new"),
+            (SeenBy.INOTIFY, "add", "moved"),
+            (SeenBy.INOTIFY, "remove", "new"),
+        ]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and rec.hints != want:
+            time.sleep(0.02)
+        assert rec.hints == want
+        assert set(src.delivered) <= {"DirCreatedEvent", "DirMovedEvent", "DirDeletedEvent"}
     finally:
         stop.set()
         src.stop()
