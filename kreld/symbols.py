@@ -11,8 +11,8 @@ The worker never parses all of kallsyms for a module: it takes the module's
 lines out of the raw text (:class:`kreld.kallsyms.KallsymsText`), and once
 the kernel's table is captured it keeps only the text's bracketed tail, the
 core lines streamed through a small buffer and dropped.  It reads
-kallsyms only for loads that need it (a build with no table yet, or one
-whose table keeps per-cpu values), and it stands aside while the tracker is
+kallsyms only for loads that need it (still loaded, and of a build with no
+table yet or one whose table keeps per-cpu values), and it stands aside while the tracker is
 reading a module's sections: those vanish with the module, a table does not.
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kreld import heap
+from kreld import consts, heap
 from kreld.elf import elf_symbol_entries, elf_symbols, gnu_build_id, module_symbol_letter
 from kreld.errors import KernelReadError, KreldError
 from kreld.kallsyms import KallsymsText, Line
@@ -291,7 +291,7 @@ class SymbolCapture:
         kallsyms where any needs it."""
         stale = self._initial is not None
         whole = not self._kernel_done
-        if not whole and not any(self._needs_kallsyms(i) for i in incs):
+        if not whole and not any(self._loaded(i) and self._needs_kallsyms(i) for i in incs):
             ks = None
         else:
             ks = self._read(whole)
@@ -316,6 +316,19 @@ class SymbolCapture:
         deadline = time.monotonic() + DEFER_MAX
         while self.defer() and time.monotonic() < deadline and not stop.is_set():
             time.sleep(0.002)
+
+    def _loaded(self, inc: Incarnation) -> bool:
+        """Whether *inc* is still loaded (its sysfs directory the one it was read
+        from).  Once it is not, kallsyms shows none of its lines: free_module()
+        tears down the module's sysfs directory, then marks it
+        MODULE_STATE_UNFORMED, which module_get_kallsym() skips.  So a load
+        gone before its batch (a burst unloaded at once) costs no read."""
+        if inc.state.inode is None:
+            return True
+        try:
+            return os.stat(self.root / consts.SYS_MODULE / inc.name).st_ino == inc.state.inode
+        except OSError:
+            return False
 
     def _needs_kallsyms(self, inc: Incarnation) -> bool:
         """Whether capturing *inc* needs kallsyms: its build has no table from
