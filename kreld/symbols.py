@@ -10,10 +10,11 @@ burst of module loads into one read of kallsyms, so the tracker never waits.
 The worker never parses all of kallsyms for a module: it takes the module's
 lines out of the raw text (:class:`kreld.kallsyms.KallsymsText`), and once
 the kernel's table is captured it keeps only the text's bracketed tail, the
-core lines streamed through a small buffer and dropped.  It reads
-kallsyms only for loads that need it (still loaded, and of a build with no
-table yet or one whose table keeps per-cpu values), and it stands aside while the tracker is
-reading a module's sections: those vanish with the module, a table does not.
+core lines streamed through a small buffer and dropped.  It reads kallsyms
+only for loads that need it (still loaded, and of a build with no table yet
+or one whose table keeps per-cpu values), and it stands aside while the
+tracker is reading a module's sections: those vanish with the module, a
+table does not.
 """
 
 from __future__ import annotations
@@ -319,10 +320,11 @@ class SymbolCapture:
 
     def _loaded(self, inc: Incarnation) -> bool:
         """Whether *inc* is still loaded (its sysfs directory the one it was read
-        from).  Once it is not, kallsyms shows none of its lines: free_module()
-        tears down the module's sysfs directory, then marks it
-        MODULE_STATE_UNFORMED, which module_get_kallsym() skips.  So a load
-        gone before its batch (a burst unloaded at once) costs no read."""
+        from).  Once it is not, kallsyms shows none of its lines:
+        free_module() (kernel/module/main.c) tears down the module's sysfs
+        directory, then marks it MODULE_STATE_UNFORMED, which
+        module_get_kallsym() skips.  So a load gone before its batch (a burst
+        unloaded at once) costs no read."""
         if inc.state.inode is None:
             return True
         try:
