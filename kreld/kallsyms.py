@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from kreld import consts
+from kreld.errors import KernelReadError
 from kreld.kernel import Root
 from kreld.model import Clock, Incarnation
 from kreld.queries import init_live_at, is_init_section
@@ -35,6 +36,8 @@ from kreld.record import record
 from kreld.symtab import ABSOLUTE, MODULE_ABSOLUTE, SymbolTables, module_symbol_key
 
 Line = tuple[int, bytes, bytes]  # (address, type letter, name)
+# The buffer the core lines pass through in KallsymsText.read_tail.
+TAIL_CHUNK = 1 << 18
 
 # address, type letter, name (a core line: no tab), one line at a time.
 _CORE_LINE = re.compile(rb"^([0-9a-fA-F]+) (\S) ([^\t\n]+)$", re.MULTILINE)
@@ -61,6 +64,42 @@ class KallsymsText:
         """Read ``/proc/kallsyms`` under *root* (:class:`KernelReadError` if it cannot)."""
         taken = time.monotonic_ns()
         return cls.of(root.read_bytes(consts.KALLSYMS), taken)
+
+    @classmethod
+    def read_tail(cls, root: Root, chunk: int = TAIL_CHUNK) -> KallsymsText:
+        """Read ``/proc/kallsyms`` under *root*, keeping only its bracketed tail
+        (the lines with an owner): what a module's capture needs.
+
+        The core lines (megabytes) pass through one reused buffer of *chunk*
+        bytes and are never kept: no buffer of the whole text is allocated,
+        faulted in and freed again for each batch of loads.  The result has
+        no core lines (:meth:`core` yields nothing).
+        """
+        taken = time.monotonic_ns()
+        path = root / consts.KALLSYMS
+        buf = bytearray(chunk)
+        view = memoryview(buf)
+        kept: list[bytes] = []
+        partial = b""  # the start of a line that runs into the next chunk
+        try:
+            with open(path, "rb", buffering=0) as f:
+                while n := f.readinto(buf):
+                    if kept:
+                        kept.append(bytes(view[:n]))
+                        continue
+                    tab = buf.find(b"\t", 0, n)  # a core line has none
+                    end = n if tab < 0 else tab
+                    nl = buf.rfind(b"\n", 0, end)
+                    start = partial + bytes(view[:end]) if nl < 0 else bytes(view[nl + 1 : end])
+                    if tab < 0:
+                        partial = start
+                    else:
+                        kept += [start, bytes(view[tab:n])]
+        except OSError as e:
+            raise KernelReadError(str(path), e.strerror or str(e)) from e
+        finally:
+            view.release()
+        return cls(b"".join(kept), 0, taken)
 
     def core(self) -> Iterator[Line]:
         """The kernel's own lines, in the kernel's order, one at a time."""

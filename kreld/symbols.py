@@ -8,10 +8,13 @@ a build-id that must match.  A worker thread does the reading, coalescing a
 burst of module loads into one read of kallsyms, so the tracker never waits.
 
 The worker never parses all of kallsyms for a module: it takes the module's
-lines out of the raw text (:class:`kreld.kallsyms.KallsymsText`).  It reads
-kallsyms only for loads that need it (a build with no table yet, or one
-whose table keeps per-cpu values), and it stands aside while the tracker is
-reading a module's sections: those vanish with the module, a table does not.
+lines out of the raw text (:class:`kreld.kallsyms.KallsymsText`), and once
+the kernel's table is captured it keeps only the text's bracketed tail, the
+core lines streamed through a small buffer and dropped.  It reads kallsyms
+only for loads that need it (still loaded, and of a build with no table yet
+or one whose table keeps per-cpu values), and it stands aside while the
+tracker is reading a module's sections: those vanish with the module, a
+table does not.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kreld import heap
+from kreld import consts, heap
 from kreld.elf import elf_symbol_entries, elf_symbols, gnu_build_id, module_symbol_letter
 from kreld.errors import KernelReadError, KreldError
 from kreld.kallsyms import KallsymsText, Line
@@ -288,20 +291,22 @@ class SymbolCapture:
         """The kernel's table (first time) and *incs*' tables, from one read of
         kallsyms where any needs it."""
         stale = self._initial is not None
-        if self._kernel_done and not any(self._needs_kallsyms(i) for i in incs):
+        whole = not self._kernel_done
+        if not whole and not any(self._loaded(i) and self._needs_kallsyms(i) for i in incs):
             ks = None
         else:
-            ks = self._read()
-        if not self._kernel_done:
+            ks = self._read(whole)
+        if whole:
             self.capture_kernel(ks)
             self._kernel_done = True
         missing = self.capture_modules(incs, ks, stale=stale and ks is not None)
         if missing:
             # Loaded after the start's read: a read of now shows them.
-            self.capture_modules(missing, self._read())
-        if ks is not None:
+            self.capture_modules(missing, self._read(whole=False))
+        if ks is not None and whole:
             # The raw text (megabytes) must not outlive its batch: drop it and
-            # give the heap it grew back (see kreld.heap).
+            # give the heap it grew back (see kreld.heap).  A read of the
+            # tail alone never held the core lines.
             del ks
             heap.trim()
 
@@ -312,6 +317,20 @@ class SymbolCapture:
         deadline = time.monotonic() + DEFER_MAX
         while self.defer() and time.monotonic() < deadline and not stop.is_set():
             time.sleep(0.002)
+
+    def _loaded(self, inc: Incarnation) -> bool:
+        """Whether *inc* is still loaded (its sysfs directory the one it was read
+        from).  Once it is not, kallsyms shows none of its lines:
+        free_module() (kernel/module/main.c) tears down the module's sysfs
+        directory, then marks it MODULE_STATE_UNFORMED, which
+        module_get_kallsym() skips.  So a load gone before its batch (a burst
+        unloaded at once) costs no read."""
+        if inc.state.inode is None:
+            return True
+        try:
+            return os.stat(self.root / consts.SYS_MODULE / inc.name).st_ino == inc.state.inode
+        except OSError:
+            return False
 
     def _needs_kallsyms(self, inc: Incarnation) -> bool:
         """Whether capturing *inc* needs kallsyms: its build has no table from
@@ -324,13 +343,15 @@ class SymbolCapture:
             return True
         return bool(self.store.with_tables([key], lambda t: absolute_entries(t.get(key))))
 
-    def _read(self) -> KallsymsText | None:
-        """The start's read, the first time; then a read of now."""
+    def _read(self, whole: bool) -> KallsymsText | None:
+        """The start's read, the first time; then a read of now: of all of
+        kallsyms when *whole* (the kernel's table), else of its bracketed tail
+        only (modules' lines)."""
         if self._initial is not None:
             ks, self._initial = self._initial, None
             return ks
         try:
-            ks = KallsymsText.read(self.root)
+            ks = KallsymsText.read(self.root) if whole else KallsymsText.read_tail(self.root)
         except KernelReadError as e:
             self.log.warning("kallsyms_unreadable", error=str(e))
             return None

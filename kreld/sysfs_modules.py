@@ -95,12 +95,18 @@ def _exists(path: str) -> bool:
 
 
 def _read_small(path: str, dir_fd: int) -> bytes | None:
-    """Read *path* relative to the directory open as *dir_fd*."""
+    """Read *path* relative to the directory open as *dir_fd* (one read: a
+    sysfs attribute is at most a page, and is produced whole by one read)."""
     try:
-        with open(path, "rb", opener=lambda p, flags: os.open(p, flags, dir_fd=dir_fd)) as f:
-            return f.read(65536)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
+    try:
+        return os.read(fd, 65536)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _text(path: str, dir_fd: int) -> str | None:

@@ -218,8 +218,10 @@ class ModuleTracker:
         """One pass: look at the directory, plan what changed, apply the plan."""
         now = Timestamp.now()
         present = list_modules(self.root)
-        proc = read_proc_modules(self.root)
-        states = {n: read_module(self.root, n, proc) for n in to_read(self._open, present, hints)}
+        names = to_read(self._open, present, hints)
+        # /proc/modules only when a module is read (not for an unload).
+        proc = read_proc_modules(self.root) if names else {}
+        states = {n: read_module(self.root, n, proc) for n in names}
         changes = plan(
             self._open,
             present,

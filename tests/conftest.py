@@ -10,16 +10,26 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from faketree import FakeTree
 from kreldproc import KreldProcess
 
 from kreld.client import connect_unix
+from kreld.kallsyms import KallsymsText
+from kreld.kernel import Root
+from kreld.model import BootSnapshot
+from kreld.snapshot import take_snapshot
+from kreld.store import Store
+from kreld.symbols import SymbolCapture
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 BIN = Path(sys.executable).parent
 
@@ -49,6 +59,27 @@ def tree(tmp_path: Path) -> FakeTree:
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"
+
+
+@contextlib.contextmanager
+def symbol_worker(
+    tree: FakeTree, state: Path, log: FilteringBoundLogger | None = None
+) -> Iterator[tuple[Store, BootSnapshot, SymbolCapture]]:
+    """A symbol worker on *tree* (no daemon), its boot recorded in a store at
+    *state*, started on the start's own read of kallsyms and through that
+    first capture; stopped on leaving."""
+    root = Root(tree.root)
+    snap, _ = take_snapshot(root, [], None)
+    stop = threading.Event()
+    with Store(str(state)) as store:
+        stored, _, _ = store.record_boot(snap)
+        capture = SymbolCapture(store, root, stored, log)
+        capture.start(stop, [], KallsymsText.read(root))
+        try:
+            assert capture.idle.wait(30)
+            yield store, stored, capture
+        finally:
+            stop.set()
 
 
 def kreldctl(

@@ -3,9 +3,13 @@ the same answers as parsing every line."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from kreld.errors import KernelReadError
 from kreld.kallsyms import KallsymsText, parse_kallsyms
+from kreld.kernel import Root
 from kreld.symtab import SymbolTable, kernel_table
 
 TEXT = 0xFFFFFFFF81000000
@@ -74,3 +78,32 @@ def test_a_kallsyms_without_modules_has_an_empty_tail() -> None:
     assert ks.module("x") == []
     assert ks.owned(set()) == []
     assert len(list(ks.core())) == 2
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 7, 26, 64, 1 << 18])
+def test_a_read_of_the_tail_keeps_every_owners_lines_and_no_core_line(
+    tmp_path: Path, chunk: int
+) -> None:
+    """Whatever the chunks the core lines stream through (one byte, a chunk
+    ending inside the first owned line, or all at once), the tail read gives
+    each owner the lines a whole read gives, and keeps no core line."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/kallsyms").write_bytes(RAW)
+    whole = KallsymsText.of(RAW)
+    tail = KallsymsText.read_tail(Root(tmp_path), chunk)
+    assert tail.data == RAW[whole.tail :]
+    assert list(tail.core()) == []
+    for owner in parse_kallsyms(RAW).order:
+        assert tail.module(owner) == whole.module(owner), owner
+    assert tail.owned(set()) == whole.owned(set())
+
+
+def test_a_read_of_the_tail_of_a_kallsyms_without_owners_is_empty(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/kallsyms").write_bytes(b"ffffffff81000000 T _text\nffffffff81000010 t x\n")
+    assert KallsymsText.read_tail(Root(tmp_path), 5).data == b""
+
+
+def test_an_unreadable_kallsyms_is_a_kernel_read_error(tmp_path: Path) -> None:
+    with pytest.raises(KernelReadError):
+        KallsymsText.read_tail(Root(tmp_path))

@@ -6,12 +6,11 @@ import gc
 import json
 import subprocess
 import sys
-import threading
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import kreldctl
+from conftest import kreldctl, symbol_worker
 from faketree import FakeTree
 from test_startup import HEAVY, imported_by, run_cli
 
@@ -19,10 +18,6 @@ from kreld import uuids
 from kreld.config import load_config
 from kreld.errors import ConfigError
 from kreld.kallsyms import KallsymsText
-from kreld.kernel import Root
-from kreld.snapshot import take_snapshot
-from kreld.store import Store
-from kreld.symbols import SymbolCapture
 
 COMMENTS = "# kreld's configuration: every key at its default.\n\n  #[log]\n\t# level = 'info'\n"
 
@@ -73,20 +68,10 @@ def test_kreldctl_show_with_a_commented_config_loads_no_toml_hash_uuid_or_loggin
 def test_the_symbol_worker_lets_go_of_the_raw_kallsyms_once_captured(
     tree: FakeTree, tmp_path: Path
 ) -> None:
-    root = Root(tree.root)
-    snap, _ = take_snapshot(root, [], None)
-    stop = threading.Event()
-    with Store(str(tmp_path / "state")) as store:
-        stored, _, _ = store.record_boot(snap)
-        capture = SymbolCapture(store, root, stored, None)
-        capture.start(stop, [], KallsymsText.read(root))
-        try:
-            assert capture.idle.wait(30)
-            assert store.boot_symbols(stored.boot_id) is not None  # it did capture
-            gc.collect()
-            assert [o for o in gc.get_objects() if isinstance(o, KallsymsText)] == []
-        finally:
-            stop.set()
+    with symbol_worker(tree, tmp_path / "state") as (store, stored, _capture):
+        assert store.boot_symbols(stored.boot_id) is not None  # it did capture
+        gc.collect()
+        assert [o for o in gc.get_objects() if isinstance(o, KallsymsText)] == []
     assert json.dumps(stored.to_json())  # the boot stays usable
 
 

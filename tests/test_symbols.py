@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import io
 import json
 import lzma
 import os
@@ -25,15 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, kreldctl, raw_exchange, wait_until
+import structlog
+from conftest import Daemon, kreldctl, raw_exchange, symbol_worker, wait_until
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 from faketree import FakeTree, kcore, link_vmlinux
 
 from kreld.client import resolutions
 from kreld.kernel import Root
+from kreld.model import Incarnation, SeenBy, Timestamp
+from kreld.reconcile import new_incarnation
 from kreld.snapshot import take_snapshot
 from kreld.store import Store
+from kreld.sysfs_modules import read_module
 
 LINK = 0xFFFFFFFF81000000  # where x86-64 links _text
 RELEASE = "6.1.0-fake"
@@ -1147,3 +1152,43 @@ def test_export_of_a_boot_recorded_without_symbols_is_symbols_unavailable(
     reply = call(m.sock, "ExportKallsyms", boot_id=m.tree.boot_id)
     assert_same_lines(ok(reply)["kallsyms"], m.kallsyms())
     assert d.stop(signal.SIGTERM) == 0
+
+
+def test_a_load_gone_before_its_batch_costs_no_read_of_kallsyms(
+    tree: FakeTree, tmp_path: Path
+) -> None:
+    """The kernel drops an unloaded module's lines from kallsyms with its sysfs
+    directory, so the worker reads kallsyms only for a load still there: with
+    kallsyms unreadable after the start, a load gone before its batch is
+    captured (from its .ko, here none) without a try, one still loaded tries."""
+    root = Root(tree.root)
+    buf = io.StringIO()
+    log = structlog.wrap_logger(
+        structlog.PrintLogger(buf),
+        processors=[structlog.processors.add_log_level, structlog.processors.JSONRenderer()],
+    )
+
+    def events(name: str) -> list[dict[str, Any]]:
+        lines = [json.loads(ln) for ln in buf.getvalue().splitlines() if ln.strip()]
+        return [e for e in lines if e["event"] == name]
+
+    def load(name: str, base: int) -> Incarnation:
+        tree.add_module(name, base)
+        state = read_module(root, name)
+        assert state is not None
+        return new_incarnation(state, Timestamp.now(), SeenBy.INOTIFY)
+
+    with symbol_worker(tree, tmp_path / "state", log) as (store, stored, capture):
+        assert store.boot_symbols(stored.boot_id) is not None
+        (tree.root / "proc/kallsyms").unlink()
+        (tree.root / "proc/kallsyms").mkdir()  # a read now fails, and says so
+        gone = load("gone", 0xFFFFFFFFC1000000)
+        tree.remove_module("gone")
+        capture.on_event("load", gone)
+        assert capture.idle.wait(30)
+        assert [e["module"] for e in events("module_symbols_unavailable")] == ["gone"]
+        assert events("kallsyms_unreadable") == []
+        capture.on_event("load", load("here", 0xFFFFFFFFC2000000))
+        assert capture.idle.wait(30)
+        assert [e["module"] for e in events("module_symbols_unavailable")] == ["gone", "here"]
+        assert len(events("kallsyms_unreadable")) == 1

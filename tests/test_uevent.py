@@ -5,16 +5,26 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import struct
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
+from watchdog.events import FileSystemEvent
 
 from kreld.model import SeenBy
-from kreld.sources import Uevent, UeventSource, module_event, parse_uevent
+from kreld.sources import (
+    DirentListing,
+    Uevent,
+    UeventSource,
+    WatchSource,
+    module_event,
+    parse_uevent,
+)
 
 MEM_NULL_UEVENT = "/sys/devices/virtual/mem/null/uevent"
 
@@ -238,3 +248,103 @@ def test_real_netlink_uevent_reaches_the_monitor_and_is_ignored() -> None:
     finally:
         stop.set()
         src.stop()
+
+
+class _Seen(WatchSource):
+    """A real WatchSource that also keeps the type of every event its observer delivers."""
+
+    def __init__(self, notify: Recorder, path: str) -> None:
+        self.delivered: list[str] = []
+        super().__init__(notify, path, "inotify", 1.0, json_logger(io.StringIO()))
+
+    def handle(self, event: FileSystemEvent) -> None:
+        self.delivered.append(type(event).__name__)
+        super().handle(event)
+
+
+def test_the_inotify_watch_is_woken_only_by_module_directories_coming_and_going(
+    tmp_path: Path,
+) -> None:
+    """Listing the directory and reading a module's files (what the tracker does
+    on every load) deliver no event; a directory created, renamed in and
+    deleted is still each a hint."""
+    mods = tmp_path / "module"
+    (mods / "old" / "sections").mkdir(parents=True)
+    rec = Recorder()
+    src = _Seen(rec, str(mods))
+    stop = threading.Event()
+    src.start(stop)
+    try:
+        for _ in range(3):
+            assert [e.name for e in os.scandir(mods)] == ["old"]
+            (mods / "old" / "initstate").write_text("live\n")
+            (mods / "old" / "initstate").read_text()
+            os.close(os.open(mods / "old", os.O_RDONLY | os.O_DIRECTORY))
+        (mods / "new").mkdir()
+        (tmp_path / "stage").mkdir()
+        os.rename(tmp_path / "stage", mods / "moved")
+        (mods / "new").rmdir()
+        want = [
+            (SeenBy.INOTIFY, "add", "new"),
+            (SeenBy.INOTIFY, "add", "moved"),
+            (SeenBy.INOTIFY, "remove", "new"),
+        ]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and rec.hints != want:
+            time.sleep(0.02)
+        assert rec.hints == want
+        assert set(src.delivered) <= {"DirCreatedEvent", "DirMovedEvent", "DirDeletedEvent"}
+    finally:
+        stop.set()
+        src.stop()
+
+
+def test_the_polling_snapshot_sees_loads_unloads_and_a_reload_under_the_same_name(
+    tmp_path: Path,
+) -> None:
+    """The poll lists the directory without a stat of each entry, and still
+    tells a module directory that appears, one that goes, and one removed and
+    made again under the same name (a new inode) between two polls."""
+    mods = tmp_path / "module"
+    (mods / "builtin" / "parameters").mkdir(parents=True)
+    (mods / "reloaded").mkdir()
+    rec = Recorder()
+    src = WatchSource(rec, str(mods), "poll", 0.1, json_logger(io.StringIO()))
+    stop = threading.Event()
+    src.start(stop)
+    try:
+        time.sleep(0.3)  # the first snapshot is taken
+        (mods / "new").mkdir()
+        # Moved away, not removed: a disk filesystem would give the new
+        # directory the freed inode (kernfs numbers each directory anew).
+        os.rename(mods / "reloaded", tmp_path / "unloaded")
+        (mods / "reloaded").mkdir()
+        (mods / "builtin" / "parameters" / "x").write_text("1")
+        want = [
+            (SeenBy.POLL, "add", "new"),
+            (SeenBy.POLL, "add", "reloaded"),
+            (SeenBy.POLL, "remove", "reloaded"),
+        ]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and sorted(rec.hints) != want:
+            time.sleep(0.02)
+        assert sorted(rec.hints) == want
+        (mods / "new").rmdir()
+        while time.monotonic() < deadline and len(rec.hints) < 4:
+            time.sleep(0.02)
+        assert rec.hints[3:] == [(SeenBy.POLL, "remove", "new")]
+    finally:
+        stop.set()
+        src.stop()
+
+
+def test_a_listed_entry_has_the_identity_and_kind_a_stat_gives(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("x")
+    listing = DirentListing()
+    root = listing.stat(str(tmp_path))
+    assert root.st_ino == os.stat(tmp_path).st_ino
+    for entry in listing.listdir(str(tmp_path)):
+        got, real = listing.stat(entry.path), os.stat(entry.path)
+        assert (got.st_ino, got.st_dev) == (real.st_ino, real.st_dev)
+        assert stat.S_ISDIR(got.st_mode) == stat.S_ISDIR(real.st_mode)
