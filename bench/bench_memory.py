@@ -8,8 +8,10 @@ kernel-text addresses (the first loads numpy and orjson, and touches the
 table's pages in the LMDB map).  Baselines, measured in the same run: a bare
 Python (the same interpreter) importing what the daemon has loaded at each
 point (``kreld.daemon``; then also numpy and orjson) and nothing else.
-Goal: steady state after the restart <= 40 MiB.  The peak of the first
-capture is measured by bench_snapshot / bench_modules.
+Goal (issue 13): steady state after the restart, table cached, <= 40 MiB.
+The same bound after Resolve calls is a stricter figure of our own: numpy
+alone, loaded by the first large Resolve, holds some 11 MiB.  The peak of
+the first capture is measured by bench_startup.
 
 Run alone: ``.venv/bin/python bench/bench_memory.py [--quick]``.
 """
@@ -106,10 +108,11 @@ def run(quick: bool) -> list[Result]:
     )
     res = [
         Result("kreld VmRSS after a restart, kernel table cached, idle (MiB)",
-               idle["VmRSS"] / MIB, "", base_idle["VmRSS"] / MIB, tag_i, desc_i),
+               idle["VmRSS"] / MIB, "", base_idle["VmRSS"] / MIB, tag_i, desc_i,
+               f"<= {GOAL_MIB} MiB", idle["VmRSS"] <= GOAL_MIB * MIB),
         Result(f"kreld VmRSS after a restart, then {calls} Resolve of 10,000 addresses (MiB)",
                steady["VmRSS"] / MIB, "", base_steady["VmRSS"] / MIB, tag_s, desc_s,
-               f"<= {GOAL_MIB} MiB", steady["VmRSS"] <= GOAL_MIB * MIB),
+               f"<= {GOAL_MIB} MiB (ours, stricter)", steady["VmRSS"] <= GOAL_MIB * MIB),
         Result("  of which RssAnon (heap) (MiB)", steady["RssAnon"] / MIB, "",
                base_steady["RssAnon"] / MIB, tag_s),
         Result("  of which RssFile (code, LMDB map pages) (MiB)", steady["RssFile"] / MIB, "",

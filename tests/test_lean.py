@@ -8,13 +8,15 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import kreldctl, symbol_worker
+from conftest import kreldctl, start, symbol_worker
 from faketree import FakeTree
 from test_startup import HEAVY, imported_by, run_cli
 
 from kreld import uuids
+from kreld.client import Client
 from kreld.config import load_config
 from kreld.errors import ConfigError
 from kreld.kallsyms import KallsymsText
@@ -118,3 +120,22 @@ def test_the_daemons_heap_tuning_gives_freed_large_buffers_back() -> None:
     tuned, default = kept("tune"), kept("default")
     assert default > 30 << 20  # the 30 MiB freed stayed: what the tuning is for
     assert tuned < default / 2
+
+
+def test_the_daemon_serves_without_loading_openssl(
+    tree: FakeTree, tmp_path: Path, daemon_factory: Any
+) -> None:
+    """asyncio would load ssl (OpenSSL) only to offer TLS; kreld's socket is AF_UNIX."""
+    d = start(daemon_factory, tree, tmp_path / "state", tmp_path / "kreld.sock")
+    assert Client(str(tmp_path / "kreld.sock")).call("GetBoot")["boot"]["boot_id"] == tree.boot_id
+    maps = Path(f"/proc/{d.proc.pid}/maps").read_text()
+    mapped = {line.split()[-1] for line in maps.splitlines() if "/" in line}
+    assert not [p for p in mapped if "libssl" in p or "/_ssl." in p], sorted(mapped)
+    assert any("/_asyncio." in p for p in mapped)  # the probe sees extension modules
+    assert d.stop() == 0
+
+
+def test_a_process_that_loaded_ssl_keeps_it_when_it_imports_the_daemon() -> None:
+    code = "import ssl, kreld.daemon, sys; print(sys.modules['ssl'] is ssl, ssl.OPENSSL_VERSION)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("True OpenSSL")
