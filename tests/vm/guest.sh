@@ -51,6 +51,9 @@ mark() {
 }
 
 facts() {
+    # Boot's own module loads (udev's coldplug: CPU crypto drivers and the like)
+    # may still be running; let them finish before the list kreld is held to.
+    udevadm settle --timeout=60 2>/dev/null || true
     cat /proc/sys/kernel/random/boot_id >"$OUT/boot_id"
     uname -r >"$OUT/release"
     od -An -v -tx1 /sys/kernel/notes >"$OUT/kernel_notes.hex"
@@ -94,6 +97,7 @@ start_kreld() {
     KPID=$!
     wait_log 1 ready
     mark kreld_ready
+    cat /proc/modules >"$OUT/modules.ready"
 }
 
 stop_kreld() {
