@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from kreld import consts
 from kreld.errors import InvalidArgument
 from kreld.interface import INTERFACES, Interface, Type, matches
 from kreld.model import Clock
@@ -36,8 +37,10 @@ MAX_RESOLVE_ADDRESSES = 100_000
 # Longest string parameter (a boot-id, a clock, an interface name) accepted.
 MAX_STRING = 256
 # Address lists longer than this are parsed as a batch, with numpy, when they
-# are written alike (see _parse_alike); shorter ones never load numpy.
-BATCH_ADDRESSES = 32
+# are written alike (see _parse_alike); shorter ones never load numpy.  The
+# threshold below which Resolve looks addresses up one by one, too: a list
+# parsed into an array is one resolved in bulk.
+BATCH_ADDRESSES = consts.FEW_ADDRESSES
 
 
 def invalid(name: str) -> InvalidArgument:
