@@ -11,6 +11,7 @@ from kreld.consts import FEW_ADDRESSES as FEW
 from kreld.model import BootSnapshot, Clock, Incarnation, hexaddr
 from kreld.record import record
 from kreld.symtab import KEY_SPAN, SymbolTable, SymbolTables, module_symbol_key
+from kreld.varlink import JSON_PLAIN
 
 if TYPE_CHECKING:
     import numpy as np
@@ -393,7 +394,7 @@ def _quoted(names: NDArray[np.uint8], start: NDArray[np.int64], stop: NDArray[np
 
 
 # The bytes a name carries into a JSON string as they are, and NUL.
-_PLAIN_OR_NUL = bytes([0, *(b for b in range(0x20, 0x7F) if b not in b'"\\')])
+_PLAIN_OR_NUL = b"\0" + JSON_PLAIN
 
 
 def _json_names(names: list[str]) -> bytes:

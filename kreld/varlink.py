@@ -101,8 +101,44 @@ def _checked_call(obj: dict[str, Any], oneway: bool) -> Call:
     return Call(method, params, more, oneway)
 
 
+# The bytes a JSON string carries as they are: printable ASCII but '"' and '\\'.
+JSON_PLAIN = bytes(b for b in range(0x20, 0x7F) if b not in b'"\\')
+
+
+def encode_call(method: str, parameters: dict[str, Any], more: bool = False) -> bytes:
+    """A varlink call as it travels, NUL included.  A long list of plain
+    strings (Resolve's addresses) is joined as it is rather than encoded
+    string by string: the same JSON, in a third of json.dumps' time."""
+    members = []
+    for k, v in parameters.items():
+        plain = _plain_strings(v) if isinstance(v, list) and len(v) > _PLAIN_LIST else None
+        members.append(json.dumps(k).encode() + b":" + (plain or _dumps(v)))
+    tail = b',"more":true}\0' if more else b"}\0"
+    return b"".join(
+        (b'{"method":', _dumps(method), b',"parameters":{', b",".join(members), b"}", tail)
+    )
+
+
+def _dumps(v: object) -> bytes:
+    return json.dumps(v, separators=(",", ":")).encode()
+
+
+_PLAIN_LIST = 64  # items from which a list of strings is tried as plain
+
+
+def _plain_strings(items: list[Any]) -> bytes | None:
+    """*items* as a JSON array if all are strings JSON need not escape
+    (printable ASCII without quotes or backslashes); None otherwise."""
+    try:
+        out = ('["' + '","'.join(items) + '"]').encode()
+    except TypeError:  # not all strings
+        return None
+    # Once the plain bytes are deleted, only the quotes around each string are left.
+    return out if out.translate(None, JSON_PLAIN) == b'"' * (2 * len(items)) else None
+
+
 def encode(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\0"
+    return _dumps(obj) + b"\0"
 
 
 def reply(parameters: dict[str, Any], continues: bool = False) -> bytes:

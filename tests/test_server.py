@@ -26,13 +26,13 @@ from kreld.client import (
     ConnectError,
     RemoteError,
     connect_unix,
-    encode_call,
     resolutions,
 )
 from kreld.errors import AddressesRestricted, InvalidArgument, NoSuchBoot, PermissionDenied
 from kreld.model import Timestamp
 from kreld.record import replace
 from kreld.store import Store
+from kreld.varlink import encode_call
 
 
 @pytest.fixture
