@@ -253,7 +253,7 @@ class AddressMap:
         ).astype(np.int32)
         names = [p for i in used.tolist() for p in parts.get(i, ())]
         regions = [{**self.members(i), "names": int(counts[i])} for i in used.tolist()]
-        return Resolved(regions, _Names.json(names), symbol, offset)
+        return Resolved(regions, _names_json(names), symbol, offset)
 
     def _name_bulk(
         self,
@@ -327,45 +327,44 @@ def _name_regions(
     for k, lo in enumerate(starts.tolist()):
         reg = int(rr[lo])
         counts[reg] = bounds[k + 1] - bounds[k]
-        parts[reg] = _Names.quote(table.names, ends, entries[bounds[k] : bounds[k + 1]])
+        parts[reg] = _quote_names(table.names, ends, entries[bounds[k] : bounds[k + 1]])
 
 
-class _Names:
-    """The names of the symbols a reply names, gathered from the tables' blobs
-    straight into the JSON array the reply carries (vectorized: no Python
-    object per name)."""
-
-    @staticmethod
-    def quote(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> list[bytes]:
-        """'"name",' for entries *entries* of a table (its names *blob*, their
-        *ends* in it), some names a part."""
-        import numpy as np
-
-        entries = entries.astype(np.int64)  # the table's are u32: entry 0 has no end before it
-        stop = ends[entries].astype(np.int64)
-        start = np.where(entries > 0, ends[np.maximum(entries - 1, 0)], 0).astype(np.int64)
-        # Some names at a time, so that the index arrays (8 bytes per byte of
-        # name) stay small: a batch's buffers all together must stay below
-        # glibc's trim threshold (kreld.heap), or the heap shrinks after each
-        # call and grows again, a page fault per 4 KiB, in the next one.
-        upto = np.cumsum(stop - start)
-        cuts = np.searchsorted(upto, np.arange(_NAME_BYTES, int(upto[-1]), _NAME_BYTES)).tolist()
-        names = np.frombuffer(blob, dtype=np.uint8)
-        return [
-            _quoted(names, start[lo:hi], stop[lo:hi])
-            for lo, hi in zip([0, *cuts], [*cuts, len(entries)], strict=True)
-            if lo < hi
-        ]
-
-    @staticmethod
-    def json(parts: list[bytes]) -> bytes:
-        """The names of *parts* (from :meth:`quote`) as a JSON array."""
-        if not parts:
-            return b"[]"
-        return b"".join((b"[", *parts[:-1], parts[-1][:-1], b"]"))
+# The names of the symbols a reply names are gathered from the tables' blobs
+# straight into the JSON array the reply carries (vectorized: no Python object
+# per name): quoted some at a time, then joined.
 
 
-# Bytes of names gathered at a time (see _Names.add).
+def _quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> list[bytes]:
+    """'"name",' for entries *entries* of a table (its names *blob*, their
+    *ends* in it), some names a part."""
+    import numpy as np
+
+    entries = entries.astype(np.int64)  # the table's are u32: entry 0 has no end before it
+    stop = ends[entries].astype(np.int64)
+    start = np.where(entries > 0, ends[np.maximum(entries - 1, 0)], 0).astype(np.int64)
+    # Some names at a time, so that the index arrays (8 bytes per byte of
+    # name) stay small: a batch's buffers all together must stay below
+    # glibc's trim threshold (kreld.heap), or the heap shrinks after each
+    # call and grows again, a page fault per 4 KiB, in the next one.
+    upto = np.cumsum(stop - start)
+    cuts = np.searchsorted(upto, np.arange(_NAME_BYTES, int(upto[-1]), _NAME_BYTES)).tolist()
+    names = np.frombuffer(blob, dtype=np.uint8)
+    return [
+        _quoted(names, start[lo:hi], stop[lo:hi])
+        for lo, hi in zip([0, *cuts], [*cuts, len(entries)], strict=True)
+        if lo < hi
+    ]
+
+
+def _names_json(parts: list[bytes]) -> bytes:
+    """The names of *parts* (from :func:`_quote_names`) as a JSON array."""
+    if not parts:
+        return b"[]"
+    return b"".join((b"[", *parts[:-1], parts[-1][:-1], b"]"))
+
+
+# Bytes of names gathered at a time (see _quote_names).
 _NAME_BYTES = 32 << 10
 
 
