@@ -4,7 +4,7 @@ Every start of ``kreld`` and ``kreldctl`` defines some fifty frozen records.
 On Python 3.11 that was dear twice over (``bench/bench_startup.py``):
 
 * ``@dataclass(frozen=True, slots=True)`` compiles six methods for each
-  class, one ``exec`` apiece: 1.1 ms a class here;
+  class, one ``exec`` apiece: 0.7 to 1.1 ms a class here;
 * importing :mod:`dataclasses` imports :mod:`inspect` (and with it ``ast``,
   ``dis``, ``tokenize``): 15 ms of a ``kreldctl`` that takes 90.
 
@@ -12,8 +12,11 @@ On Python 3.11 that was dear twice over (``bench/bench_startup.py``):
 not fields), gives the class ``__slots__`` and ``__match_args__``, compiles
 only ``__init__`` (its signature must be the fields'), and shares the rest:
 equality, hashing, ``repr`` and the frozen ``__setattr__`` work over an
-:func:`operator.attrgetter` of the fields and make and compare records as
-fast as a dataclass's generated methods.  Defining one costs 0.2 ms.
+:func:`operator.attrgetter` of the fields (here, per call: ``__init__``
+0.95 us against a dataclass's 1.13, ``==`` 0.90 against 0.85, ``hash``
+0.27 against 0.21; no record is hashed per address).  Defining one costs 0.2 ms, a
+quarter of a frozen, slotted dataclass (tests/test_record.py checks it is
+under half).
 
 :func:`field` gives a default factory, metadata or ``compare=False``;
 :func:`fields` and :func:`replace` are the counterparts of
