@@ -380,7 +380,7 @@ class Daemon:
             return
         sd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
         changed = [
-            k for k in (f.name for f in fields(Config)) if getattr(new, k) != getattr(self.cfg, k)
+            f.name for f in fields(Config) if getattr(new, f.name) != getattr(self.cfg, f.name)
         ]
         for key in changed:
             if key in RESTART_KEYS:
