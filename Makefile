@@ -60,7 +60,7 @@ all: wheel
 
 wheel: $(WHEEL)
 
-$(WHEEL): pyproject.toml README.md $(wildcard kreld/*.py kreld/*.varlink) scripts/build_wheel.py
+$(WHEEL): pyproject.toml README.md $(shell find kreld -name "*.py" -o -name "*.varlink") scripts/build_wheel.py
 	$(PYTHON) scripts/build_wheel.py --outdir $(BUILDDIR) .
 
 install: install-python install-data

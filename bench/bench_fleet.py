@@ -1,8 +1,8 @@
 """Issue 15: the fleet bucket at scale (10,000 hosts x 10 boots x 100 modules, 20 builds).
 
-Objects are generated with kreld's own encoders (:mod:`kreld.fleet`, as the publisher
+Objects are generated with kreld's own encoders (:mod:`kreld.fleet.layout`, as the publisher
 writes them) into obstore's in-memory store, and read back with the real reader
-(:class:`kreld.bucket.BucketStore` and :class:`kreld.service.Service`, as ``kreldctl
+(:class:`kreld.fleet.bucket.BucketStore` and :class:`kreld.server.service.Service`, as ``kreldctl
 --from`` runs them); what a real server would add is its request latency, so the
 requests each step makes are counted and printed beside its time.
 
@@ -27,13 +27,14 @@ import uuid
 
 from common import Result, bench_main, log, now_ns
 
-from kreld import fleet, methods
-from kreld.bucket import BucketStore
 from kreld.client import resolutions
-from kreld.model import BootSnapshot, Incarnation
-from kreld.s3 import Bucket
-from kreld.service import Service
-from kreld.symtab import kernel_table, module_table
+from kreld.core.model import BootSnapshot, Incarnation
+from kreld.core.symtab import kernel_table, module_table
+from kreld.fleet import layout as fleet
+from kreld.fleet.bucket import BucketStore
+from kreld.fleet.s3 import Bucket
+from kreld.server import methods
+from kreld.server.service import Service
 
 MODULES = 100
 BUILDS = 20
@@ -216,7 +217,7 @@ def real_server_listing(boots_total: int, memory_ns: int, pages: int, quick: boo
     import obstore
     from s3server import running_s3, weed_binary
 
-    from kreld.s3 import open_bucket
+    from kreld.fleet.s3 import open_bucket
 
     if weed_binary() is None:
         log("no weed binary: the real-server listing is skipped")

@@ -72,8 +72,8 @@ from common import (
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.polling import PollingObserver
 
-from kreld import consts
-from kreld.model import Incarnation
+from kreld.core import consts
+from kreld.core.model import Incarnation
 from kreld.store import Store, boot_key, inc_key
 
 BACKGROUND_MODULES = 100

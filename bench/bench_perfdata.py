@@ -31,8 +31,8 @@ from pathlib import Path
 
 from common import REPO, Result, bench_main, interleaved, log, median, run_quiet, venv_tool
 
-from kreld.kernel import Root, read_boot_id
-from kreld.perfdata import read_perf_header
+from kreld.kernel.info import Root, read_boot_id
+from kreld.perf.reader import read_perf_header
 
 MIN_SIZE = 100 << 20
 

@@ -69,7 +69,7 @@ from common import (
 )
 
 from kreld.client import Client
-from kreld.model import (
+from kreld.core.model import (
     Anchors,
     BootSnapshot,
     Incarnation,

@@ -37,8 +37,8 @@ from common import (
     venv_tool,
 )
 
-from kreld.kernel import Root
-from kreld.snapshot import take_snapshot
+from kreld.kernel.info import Root
+from kreld.kernel.snapshot import take_snapshot
 from kreld.store import Store
 
 KALLSYMS = "/proc/kallsyms"

@@ -1,14 +1,14 @@
 """Issue 5: the symbol cache against parsing symbols again, and what a boot costs.
 
 * Opening a cached kernel table: a read transaction on an existing store,
-  a :class:`kreld.symtab.SymbolTable` over the buffer and one lookup
+  a :class:`kreld.core.symtab.SymbolTable` over the buffer and one lookup
   (``Store.with_tables``), against (a) reading the same symbols with
   pyelftools from an ELF file that holds them (built here: an assembly file
   with every core-kernel symbol name of ``/proc/kallsyms`` as a label,
   assembled with ``gcc -c``; the first of each name is global, the repeats,
   in files of their own, local, joined with ``ld -r``) into ``(value, name)``
   pairs, and (b) reading and parsing ``/proc/kallsyms`` with
-  :func:`kreld.kallsyms.parse_kallsyms`.  Goal: >= 500x faster than pyelftools.
+  :func:`kreld.kernel.kallsyms.parse_kallsyms`.  Goal: >= 500x faster than pyelftools.
 * Addresses symbolized per second in batch: in-process
   (``Service.resolve`` on a store whose kernel table is cached) and
   over the socket (a ``kreld --root /`` of the bench's own, once ``Resolve``
@@ -58,15 +58,15 @@ from common import (
 )
 from elftools.elf.elffile import ELFFile
 
-from kreld import methods
 from kreld.client import Client
-from kreld.kallsyms import KallsymsText, parse_kallsyms
-from kreld.kernel import Root
-from kreld.requests import Resolve, parse
-from kreld.service import Service
-from kreld.snapshot import take_snapshot
+from kreld.kernel.info import Root
+from kreld.kernel.kallsyms import KallsymsText, parse_kallsyms
+from kreld.kernel.snapshot import take_snapshot
+from kreld.server import methods
+from kreld.server.service import Service
 from kreld.store import Store
-from kreld.symbols import SymbolCapture
+from kreld.symbols.capture import SymbolCapture
+from kreld.varlink.requests import Resolve, parse
 
 ELF_GOAL = 500
 INPROC_GOAL = 1_000_000
@@ -278,7 +278,7 @@ def figures_live(quick: bool, tmp: Path) -> list[Result]:
     )
     ks_tag, ks_desc = (
         "kallsyms",
-        "read /proc/kallsyms and parse it with kreld.kallsyms.parse_kallsyms",
+        "read /proc/kallsyms and parse it with kreld.kernel.kallsyms.parse_kallsyms",
     )
     res = [
         Result(

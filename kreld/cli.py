@@ -16,9 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from kreld.config import Config
-from kreld.ctl_args import addresses_in, build_parser, parse_time
-from kreld.ctl_render import (
+from kreld.config.options import leave, resolve_config
+from kreld.config.settings import Config
+from kreld.core.errors import ExitCode, InvalidArgument, KreldError
+from kreld.core.model import BootSnapshot, Clock, Incarnation, parse_addr
+from kreld.ctl.args import addresses_in, build_parser, parse_time
+from kreld.ctl.render import (
     fmt_realtime,
     render_boot,
     render_modules,
@@ -28,17 +31,14 @@ from kreld.ctl_render import (
     symbol_of,
     warn_restricted,
 )
-from kreld.errors import ExitCode, InvalidArgument, KreldError
-from kreld.kernel import Root, read_boot_id
-from kreld.model import BootSnapshot, Clock, Incarnation, parse_addr
-from kreld.options import leave, resolve_config
+from kreld.kernel.info import Root, read_boot_id
 
 if TYPE_CHECKING:
-    from kreld.bootsource import BootSource
-    from kreld.bucket import BucketBackend
     from kreld.client import Client
-    from kreld.perfdata import PerfHeader
-    from kreld.service import Service
+    from kreld.fleet.bucket import BucketBackend
+    from kreld.perf.reader import PerfHeader
+    from kreld.server.service import Service
+    from kreld.store.bootsource import BootSource
 
 
 class LocalBackend:
@@ -60,9 +60,9 @@ class LocalBackend:
 
     def service(self) -> Service:
         if self._service is None:
-            from kreld.service import Service
+            from kreld.server.service import Service
             from kreld.store import Store
-            from kreld.storelock import damaged_stores
+            from kreld.store.lock import damaged_stores
 
             store = Store(self.cfg.state_dir, readonly=True)
 
@@ -70,7 +70,7 @@ class LocalBackend:
                 return store.get_boot(self._current_id())
 
             def loaded() -> list[Incarnation]:
-                from kreld.queries import loaded_at  # not for show, boots
+                from kreld.symbols.queries import loaded_at  # not for show, boots
 
                 return loaded_at(store.incarnations(self._current_id()), Clock.MONOTONIC, None)
 
@@ -97,10 +97,10 @@ class LocalBackend:
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         if method == "Snapshot":
-            from kreld.kallsyms import KallsymsText  # only when scanning
-            from kreld.snapshot import take_snapshot
+            from kreld.kernel.kallsyms import KallsymsText  # only when scanning
+            from kreld.kernel.snapshot import take_snapshot
             from kreld.store import Store
-            from kreld.symbols import SymbolCapture
+            from kreld.symbols.capture import SymbolCapture
 
             try:  # one read, for the snapshot and the kernel's table
                 ks: KallsymsText | None = KallsymsText.read(self.root)
@@ -109,7 +109,7 @@ class LocalBackend:
             snap, _notes = take_snapshot(
                 self.root, self.cfg.debuginfo_dirs, ks.data if ks else None
             )
-            from kreld.storelock import writer_lock
+            from kreld.store.lock import writer_lock
 
             # No daemon answered: write as one, under its lock (StoreLocked if one runs).
             with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
@@ -117,7 +117,7 @@ class LocalBackend:
                 if ks and not stored.restricted and store.boot_symbols(stored.boot_id) is None:
                     SymbolCapture(store, self.root, stored, None).capture_kernel(ks)
             return {"boot": stored.to_json(), "new": added, "updated": changed}
-        from kreld import methods
+        from kreld.server import methods
 
         return methods.call(self.service(), method, params)
 
@@ -142,7 +142,7 @@ class Ctl:
         directly, whatever daemon runs on the default socket.
         """
         if self._backend is None and self.args.source:
-            from kreld.bucket import BucketBackend  # obstore: only for a bucket
+            from kreld.fleet.bucket import BucketBackend  # obstore: only for a bucket
 
             self._backend = BucketBackend(self.args.source)
         if self._backend is None:
@@ -272,7 +272,7 @@ class Ctl:
     def symbolize(self) -> int:
         if self.args.for_perf:
             header = self.perf_header()  # a bad file is told first
-            from kreld import perfctl
+            from kreld.perf import commands as perfctl
 
             return perfctl.symbolize_for(self.perf_store(), header, sys.stdin, self.out, self.err)
         addrs: list[str] = []
@@ -281,7 +281,7 @@ class Ctl:
         at = self._at()
         results: list[dict[str, Any]] = []
         from kreld.client import resolutions
-        from kreld.requests import MAX_RESOLVE_ADDRESSES
+        from kreld.varlink.requests import MAX_RESOLVE_ADDRESSES
 
         step = MAX_RESOLVE_ADDRESSES
         for i in range(0, len(addrs), step):
@@ -300,7 +300,7 @@ class Ctl:
             raise InvalidArgument(
                 "--for", "the recording names its boot and times: no --boot, --at"
             )
-        from kreld.perfdata import read_perf_header
+        from kreld.perf.reader import read_perf_header
 
         return read_perf_header(self.args.for_perf)
 
@@ -316,7 +316,7 @@ class Ctl:
     def export(self) -> int:
         if self.args.for_perf:
             header = self.perf_header()  # a bad file is told first
-            from kreld import perfctl
+            from kreld.perf import commands as perfctl
 
             res = {"kallsyms": perfctl.export_for(self.perf_store(), header, self.err)}
         else:
@@ -344,7 +344,7 @@ class Ctl:
         except KreldError:
             current = None
         from kreld.store import Store
-        from kreld.storelock import writer_lock
+        from kreld.store.lock import writer_lock
 
         with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
             before = store.size_bytes()

@@ -6,8 +6,8 @@
 
 ``call`` returns a reply's parameters; ``stream`` iterates the replies of a
 call made with ``more`` (``Subscribe``).  Error replies raise typed
-:class:`~kreld.errors.KreldError` subclasses (:class:`~kreld.errors.NoSuchBoot`,
-:class:`~kreld.errors.PermissionDenied`, ...), others :class:`RemoteError`.
+:class:`~kreld.core.errors.KreldError` subclasses (:class:`~kreld.core.errors.NoSuchBoot`,
+:class:`~kreld.core.errors.PermissionDenied`, ...), others :class:`RemoteError`.
 A ``Resolve`` reply says what many addresses share once (see io.kreld.varlink);
 :meth:`Client.resolve` and :func:`resolutions` spell it out per address.
 """
@@ -21,8 +21,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kreld import consts
-from kreld.errors import (
+from kreld.core import consts
+from kreld.core.errors import (
     AddressesRestricted,
     AmbiguousBoot,
     InvalidArgument,
@@ -34,7 +34,7 @@ from kreld.errors import (
     StoreFull,
     SymbolsUnavailable,
 )
-from kreld.varlink import encode_call
+from kreld.varlink.wire import encode_call
 
 
 class RemoteError(KreldError):

@@ -32,28 +32,29 @@ from typing import TYPE_CHECKING, Any
 
 from systemd import daemon as sd
 
-from kreld import __version__, heap
-from kreld import log as klog
-from kreld.access import policy_of
-from kreld.config import RESTART_KEYS, Config
-from kreld.errors import ExitCode, KernelReadError, KreldError
-from kreld.kallsyms import KallsymsText
-from kreld.kernel import Root, read_boot_id
-from kreld.model import BootSnapshot, Timestamp, hexaddr
-from kreld.options import HelpFormatter, add_common, leave, resolve_config
-from kreld.record import fields, replace
-from kreld.server import Server, bind_socket, limits_of, raise_fd_limit
-from kreld.service import Service
-from kreld.snapshot import take_snapshot
-from kreld.sources import EventSource, UeventSource, WatchSource, health
-from kreld.storelock import WriterLock, damaged_stores, open_writable
-from kreld.symbols import SymbolCapture
-from kreld.tracker import ModuleTracker
+from kreld import __version__
+from kreld.config.options import HelpFormatter, add_common, leave, resolve_config
+from kreld.config.settings import RESTART_KEYS, Config
+from kreld.core import heap
+from kreld.core import log as klog
+from kreld.core.errors import ExitCode, KernelReadError, KreldError
+from kreld.core.model import BootSnapshot, Timestamp, hexaddr
+from kreld.core.record import fields, replace
+from kreld.kernel.info import Root, read_boot_id
+from kreld.kernel.kallsyms import KallsymsText
+from kreld.kernel.snapshot import take_snapshot
+from kreld.server.access import policy_of
+from kreld.server.listener import Server, bind_socket, limits_of, raise_fd_limit
+from kreld.server.service import Service
+from kreld.store.lock import WriterLock, damaged_stores, open_writable
+from kreld.symbols.capture import SymbolCapture
+from kreld.tracker.sources import EventSource, UeventSource, WatchSource, health
+from kreld.tracker.tracker import ModuleTracker
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
-    from kreld.publish import Publisher
+    from kreld.fleet.publish import Publisher
 
 EPILOG = """\
 signals:
@@ -120,10 +121,10 @@ def log_boot(
 
 
 def check_config(cfg: Config) -> None:
-    """:func:`kreld.publish.check_config`, imported only when ``[publish]`` is
+    """:func:`kreld.fleet.publish.check_config`, imported only when ``[publish]`` is
     set: fleet publishing (zstandard, the S3 client) is not every host's."""
     if cfg.publish_url:
-        from kreld.publish import check_config as check_publishing
+        from kreld.fleet.publish import check_config as check_publishing
 
         check_publishing(cfg)
 
@@ -223,7 +224,7 @@ class Daemon:
 
     def configure_publishing(self, cfg: Config) -> None:
         """Start, retarget or stop fleet publishing (imported only when used)."""
-        from kreld.publish import configure
+        from kreld.fleet.publish import configure
 
         self.publisher = configure(
             self.publisher, cfg, self.store, self.root, self.current_id, self.log, self.stop_threads
@@ -456,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.exit_code)
     klog.configure(args.log_level or cfg.log_level, args.log_format or cfg.log_format)
     log = klog.get()
-    heap.tune()  # before the first large buffer: see kreld.heap
+    heap.tune()  # before the first large buffer: see kreld.core.heap
     # Every journal entry carries the boot; if it cannot be read, the snapshot
     # says why below.
     with contextlib.suppress(KreldError):

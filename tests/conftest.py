@@ -21,12 +21,12 @@ from faketree import FakeTree
 from kreldproc import KreldProcess
 
 from kreld.client import connect_unix
-from kreld.kallsyms import KallsymsText
-from kreld.kernel import Root
-from kreld.model import BootSnapshot
-from kreld.snapshot import take_snapshot
+from kreld.core.model import BootSnapshot
+from kreld.kernel.info import Root
+from kreld.kernel.kallsyms import KallsymsText
+from kreld.kernel.snapshot import take_snapshot
 from kreld.store import Store
-from kreld.symbols import SymbolCapture
+from kreld.symbols.capture import SymbolCapture
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger

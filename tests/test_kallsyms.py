@@ -1,4 +1,4 @@
-"""kreld.kallsyms: a module's lines out of the raw text, the kernel's streamed;
+"""kreld.kernel.kallsyms: a module's lines out of the raw text, the kernel's streamed;
 the same answers as parsing every line."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kreld.errors import KernelReadError
-from kreld.kallsyms import KallsymsText, parse_kallsyms
-from kreld.kernel import Root
-from kreld.symtab import SymbolTable, kernel_table
+from kreld.core.errors import KernelReadError
+from kreld.core.symtab import SymbolTable, kernel_table
+from kreld.kernel.info import Root
+from kreld.kernel.kallsyms import KallsymsText, parse_kallsyms
 
 TEXT = 0xFFFFFFFF81000000
 RAW = b"".join(

@@ -18,9 +18,9 @@ import pytest
 from conftest import ctl_json, kreldctl
 from faketree import FakeTree, kcore, link_vmlinux
 
-from kreld.elf import elf_build_id, elf_symbols
-from kreld.kernel import Root
-from kreld.snapshot import take_snapshot
+from kreld.kernel.elf import elf_build_id, elf_symbols
+from kreld.kernel.info import Root
+from kreld.kernel.snapshot import take_snapshot
 from kreld.store import Store
 
 LINK = 0xFFFFFFFF81000000  # x86-64 __START_KERNEL_map + 16 MiB, where _text is linked

@@ -15,11 +15,11 @@ from conftest import kreldctl, start, symbol_worker
 from faketree import FakeTree
 from test_startup import HEAVY, imported_by, run_cli
 
-from kreld import uuids
 from kreld.client import Client
-from kreld.config import load_config
-from kreld.errors import ConfigError
-from kreld.kallsyms import KallsymsText
+from kreld.config.settings import load_config
+from kreld.core import uuids
+from kreld.core.errors import ConfigError
+from kreld.kernel.kallsyms import KallsymsText
 
 COMMENTS = "# kreld's configuration: every key at its default.\n\n  #[log]\n\t# level = 'info'\n"
 
@@ -78,16 +78,20 @@ def test_the_symbol_worker_lets_go_of_the_raw_kallsyms_once_captured(
 
 
 def test_importing_the_daemon_loads_no_fleet_publishing() -> None:
-    """kreld.publish (zstandard, the S3 client) only when ``[publish]`` is set."""
+    """kreld.fleet.publish (zstandard, the S3 client) only when ``[publish]`` is set."""
     mods = imported_by("import kreld.daemon")
     assert "kreld.daemon" in mods
-    assert mods & {"kreld.publish", "kreld.fleet", "kreld.pubstate", "kreld.s3"} == set()
+    assert (
+        mods
+        & {"kreld.fleet.publish", "kreld.fleet.layout", "kreld.store.pubstate", "kreld.fleet.s3"}
+        == set()
+    )
     assert mods & {"zstandard", "configparser", "obstore"} == set()
 
 
 HEAP_PROBE = """
 import sys
-from kreld import heap
+from kreld.core import heap
 if sys.argv[1] == "tune":
     assert heap.tune()
 def anon():
@@ -107,7 +111,7 @@ print(anon() - before)
 
 
 def test_the_daemons_heap_tuning_gives_freed_large_buffers_back() -> None:
-    """With glibc's threshold fixed (kreld.heap.tune, at the daemon's start),
+    """With glibc's threshold fixed (kreld.core.heap.tune, at the daemon's start),
     freed 1.5 MiB buffers between blocks still in use leave the process;
     without, glibc keeps them: less than half as much stays resident."""
 

@@ -1,4 +1,4 @@
-"""data.mdb checked before LMDB maps it (kreld/lmdbcheck.py), on real LMDB files.
+"""data.mdb checked before LMDB maps it (kreld/store/lmdbcheck.py), on real LMDB files.
 
 The check must accept every file LMDB reads whole, including one whose meta
 page counts pages past the end of the file (pages a commit allocated and freed
@@ -24,10 +24,9 @@ from faketree import FakeTree
 from test_queries import incarnation
 from test_store import snap
 
-from kreld import lmdbcheck
-from kreld.errors import StoreCorrupt
-from kreld.model import BootSnapshot, Incarnation
-from kreld.store import Store, inc_key
+from kreld.core.errors import StoreCorrupt
+from kreld.core.model import BootSnapshot, Incarnation
+from kreld.store import Store, inc_key, lmdbcheck
 
 
 def grow_and_free_again(store: Store) -> None:
@@ -163,7 +162,7 @@ def test_the_walk_refuses_a_referenced_page_that_holds_another_page(tmp_path: Pa
 MISSING_FIELD = textwrap.dedent(
     """
     import json, sys
-    from kreld.errors import StoreCorrupt
+    from kreld.core.errors import StoreCorrupt
     from kreld.store import Store, inc_key
     state, boot_id, kind = sys.argv[1:4]
     with Store(state, readonly=True) as store:

@@ -30,8 +30,8 @@ import structlog
 from conftest import notify_messages, notify_socket
 from faketree import FakeTree
 
-from kreld import log as klog
 from kreld.client import Client
+from kreld.core import log as klog
 
 KRELD = str(Path(sys.executable).parent / "kreld")
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")

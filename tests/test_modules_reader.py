@@ -1,4 +1,4 @@
-"""The module reader (kreld.sysfs_modules) on fake ``sys/module`` + ``proc/modules`` trees."""
+"""The module reader (kreld.kernel.modules) on fake ``sys/module`` + ``proc/modules`` trees."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from conftest import fast_tmpdir
 from faketree import FakeTree, build_id_note, note
 
-from kreld.kernel import Root
-from kreld.sysfs_modules import (
+from kreld.kernel.info import Root
+from kreld.kernel.modules import (
     ProcModule,
     list_modules,
     parse_proc_modules,

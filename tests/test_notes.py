@@ -1,4 +1,4 @@
-"""The ELF note parser (``kreld.elfnote``) on real and hand-built note streams."""
+"""The ELF note parser (``kreld.kernel.notes``) on real and hand-built note streams."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kreld.elfnote import Note, find_build_id, iter_notes, parse_vmcoreinfo
-from kreld.errors import KreldError, NoteError
+from kreld.core.errors import KreldError, NoteError
+from kreld.kernel.notes import Note, find_build_id, iter_notes, parse_vmcoreinfo
 
 SYS_NOTES = Path("/sys/kernel/notes")
 

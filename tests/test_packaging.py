@@ -22,11 +22,12 @@ from typing import Any
 
 import pytest
 
-from kreld import consts, daemon
-from kreld import ctl_args as kreldctl
-from kreld import log as klog
-from kreld.config import SCHEMA, Config, load_config
-from kreld.errors import ConfigError, ExitCode
+from kreld import daemon
+from kreld.config.settings import SCHEMA, Config, load_config
+from kreld.core import consts
+from kreld.core import log as klog
+from kreld.core.errors import ConfigError, ExitCode
+from kreld.ctl import args as kreldctl
 
 REPO = Path(__file__).resolve().parent.parent
 MAN = REPO / "man"

@@ -21,10 +21,10 @@ import pytest
 from conftest import kreldctl
 
 from kreld.client import resolutions
-from kreld.kallsyms import parse_kallsyms
-from kreld.model import Anchors, BootSnapshot, Clock, Timestamp
-from kreld.queries import AddressMap
-from kreld.symtab import SymbolTable, kernel_table
+from kreld.core.model import Anchors, BootSnapshot, Clock, Timestamp
+from kreld.core.symtab import SymbolTable, kernel_table
+from kreld.kernel.kallsyms import parse_kallsyms
+from kreld.symbols.queries import AddressMap
 
 KERNEL_LINE = re.compile(r"^\s*([0-9.]+)%\s+\[k\]\s+(\S+)\s*$")
 

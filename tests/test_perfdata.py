@@ -18,10 +18,10 @@ import pytest
 from conftest import kreldctl
 from perffile import FINISHED_INIT, PerfFile, record, sample
 
-from kreld import perfdata
-from kreld.errors import ExitCode, PerfDataError
-from kreld.kernel import Root, read_kernel_build_id, scan_kallsyms_anchors
-from kreld.perfdata import read_perf_header
+from kreld.core.errors import ExitCode, PerfDataError
+from kreld.kernel.info import Root, read_kernel_build_id, scan_kallsyms_anchors
+from kreld.perf import reader as perfdata
+from kreld.perf.reader import read_perf_header
 
 # -- real recordings ---------------------------------------------------------------------
 
@@ -77,7 +77,7 @@ def live_modules() -> dict[str, int]:
 
 
 def assert_this_machine(h: object, path: Path) -> None:
-    from kreld.perfdata import PerfHeader
+    from kreld.perf.reader import PerfHeader
 
     assert isinstance(h, PerfHeader)
     assert h.text == live_text()

@@ -28,9 +28,17 @@ from test_symbols import BASE_A, BASE_B, BASE_C, BUILD_ID, LINK, RELEASE, SLIDES
 from test_symbols import daemons as daemons
 from test_symbols import sock_dir as sock_dir
 
-from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.perfdata import ClockData, ModuleMap, PerfHeader
-from kreld.perfmatch import SampleClock, match_boot
+from kreld.core.model import (
+    Anchors,
+    BootSnapshot,
+    Clock,
+    Incarnation,
+    ModuleState,
+    SeenBy,
+    Timestamp,
+)
+from kreld.perf.match import SampleClock, match_boot
+from kreld.perf.reader import ClockData, ModuleMap, PerfHeader
 
 SIZE = 0x4000  # FakeTree's coresize
 OTHER_SLIDE = 0x1E000000

@@ -11,13 +11,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kreld import record
 from kreld.client import resolutions
-from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.queries import AddressMap
-from kreld.requests import Resolve, parse
-from kreld.service import Service
+from kreld.core import record
+from kreld.core.model import (
+    Anchors,
+    BootSnapshot,
+    Clock,
+    Incarnation,
+    ModuleState,
+    SeenBy,
+    Timestamp,
+)
+from kreld.server.service import Service
 from kreld.store import Store
+from kreld.symbols.queries import AddressMap
+from kreld.varlink.requests import Resolve, parse
 
 T0 = Timestamp(1_000, 1_000, 1_000)
 T1 = Timestamp(2_000, 2_000, 2_000)

@@ -2,16 +2,16 @@
 
 No tree, no thread, no store: each test states what the tracker knows (what
 is open, what closed lately), what one look at ``sys/module`` showed and read,
-and which hints came, then checks what :func:`kreld.reconcile.plan` decides.
+and which hints came, then checks what :func:`kreld.tracker.reconcile.plan` decides.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kreld import record
-from kreld.model import Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.reconcile import (
+from kreld.core import record
+from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.tracker.reconcile import (
     GONE_FAULT,
     Changes,
     Hint,

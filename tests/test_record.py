@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from kreld.record import FrozenInstanceError, field, fields, record, replace
+from kreld.core.record import FrozenInstanceError, field, fields, record, replace
 
 
 @record
@@ -137,7 +137,7 @@ def test_kreldctl_s_store_reads_never_import_dataclasses_or_inspect() -> None:
     import subprocess
 
     code = (
-        "import sys, kreld.cli, kreld.methods, kreld.store, kreld.lmdbcheck; "
+        "import sys, kreld.cli, kreld.server.methods, kreld.store, kreld.store.lmdbcheck; "
         "print(sorted(m for m in ('dataclasses', 'inspect') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -9,10 +9,10 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from kreld import consts, record, records
-from kreld.errors import StoreCorrupt
-from kreld.model import Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.store import Store, inc_key
+from kreld.core import consts, record
+from kreld.core.errors import StoreCorrupt
+from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.store import Store, inc_key, records
 
 NAMES = [".text", ".init.text", ".exit.text", ".data", ".rodata", ".gnu.linkonce.this_module",
          "__param", "__mcount_loc", ".bss", ".symtab", ".strtab", ".init.data", ".note.Linux",

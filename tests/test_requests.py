@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from kreld import methods, requests
-from kreld.errors import InvalidArgument, KreldError, MethodNotImplemented, NoSuchBoot
-from kreld.interface import INTERFACE_DESCRIPTION, IO_KRELD, Type, matches, parse_interface
-from kreld.model import BootSnapshot, Clock
-from kreld.service import Service
+from kreld.core.errors import InvalidArgument, KreldError, MethodNotImplemented, NoSuchBoot
+from kreld.core.model import BootSnapshot, Clock
+from kreld.server import methods
+from kreld.server.service import Service
 from kreld.store import Store
+from kreld.varlink import requests
+from kreld.varlink.interface import INTERFACE_DESCRIPTION, IO_KRELD, Type, matches, parse_interface
 
 
 def test_every_declared_method_has_one_request_and_one_table_entry() -> None:

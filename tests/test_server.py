@@ -28,11 +28,11 @@ from kreld.client import (
     connect_unix,
     resolutions,
 )
-from kreld.errors import AddressesRestricted, InvalidArgument, NoSuchBoot, PermissionDenied
-from kreld.model import Timestamp
-from kreld.record import replace
+from kreld.core.errors import AddressesRestricted, InvalidArgument, NoSuchBoot, PermissionDenied
+from kreld.core.model import Timestamp
+from kreld.core.record import replace
 from kreld.store import Store
-from kreld.varlink import encode_call
+from kreld.varlink.wire import encode_call
 
 
 @pytest.fixture
@@ -515,7 +515,7 @@ def _as_nobody(gid: int) -> Any:
 PEER = """
 import sys
 from kreld.client import Client
-from kreld.errors import PermissionDenied
+from kreld.core.errors import PermissionDenied
 try:
     with Client(sys.argv[1]) as c:
         print("BOOT", c.call("GetBoot")["boot"]["boot_id"])
@@ -545,10 +545,19 @@ def test_access_control_with_a_real_unprivileged_peer(
         pytest.skip("no Python interpreter that uid 65534 may execute")
     # The client library is stdlib-only: give the peer a world-readable copy.
     lib = sockdir / "lib" / "kreld"
-    lib.mkdir(parents=True)
-    for name in ("__init__.py", "client.py", "consts.py", "errors.py"):
+    for name in (
+        "__init__.py",
+        "client.py",
+        "core/__init__.py",
+        "core/consts.py",
+        "core/errors.py",
+        "core/record.py",
+        "varlink/__init__.py",
+        "varlink/wire.py",
+    ):
+        (lib / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path(kreld.__file__).parent / name, lib / name)
-    for p in (lib.parent, lib, *lib.iterdir()):
+    for p in (lib.parent, *lib.rglob("*")):
         p.chmod(0o755)
     nogroup = grp.getgrgid(65534).gr_name
     cfg = tmp_path / "kreld.toml"
@@ -628,7 +637,7 @@ def test_calls_that_grow_with_the_store_leave_the_loop() -> None:
     """Only calls answered from memory run on the event loop."""
     import numpy  # noqa: F401 (loaded: a small Resolve may be answered on the loop)
 
-    from kreld.methods import METHODS
+    from kreld.server.methods import METHODS
 
     def is_quick(method: str, params: dict[str, Any] | None = None) -> bool:
         return METHODS[method].quick(params or {})
@@ -651,7 +660,7 @@ def test_the_first_resolve_leaves_the_loop_while_it_imports_numpy() -> None:
     addresses runs on the worker thread, so that the loop keeps answering
     everyone else; a few addresses (looked up without numpy) stay on the loop."""
     code = (
-        "import sys; from kreld.methods import METHODS; "
+        "import sys; from kreld.server.methods import METHODS; "
         "q = lambda n: METHODS['io.kreld.Resolve'].quick({'addresses': ['0x1'] * n}); "
         "print('numpy' in sys.modules, q(1), q(32), q(33))"
     )

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import ctl_json
 
-from kreld.kernel import Root
-from kreld.snapshot import take_snapshot
+from kreld.kernel.info import Root
+from kreld.kernel.snapshot import take_snapshot
 
 pytestmark = pytest.mark.live
 

@@ -129,7 +129,7 @@ def test_kreldctl_help_imports_no_store_no_client_no_logging() -> None:
     mods = imported_by(run_cli(["--help"]))
     assert "kreld.cli" in mods
     assert {m.split(".")[0] for m in mods} & HEAVY == set()
-    assert mods & {"lmdb", "kreld.store", "kreld.service", "kreld.client", "uuid"} == set()
+    assert mods & {"lmdb", "kreld.store", "kreld.server.service", "kreld.client", "uuid"} == set()
 
 
 def test_kreldctl_show_from_the_store_imports_only_the_store(
@@ -143,7 +143,9 @@ def test_kreldctl_show_from_the_store_imports_only_the_store(
     mods = imported_by(run_cli(["show", "--json", *common]))
     assert {"kreld.store", "lmdb"} <= mods  # it did read the store
     assert {m.split(".")[0] for m in mods} & HEAVY == set()
-    assert mods & {"kreld.client", "kreld.snapshot", "kreld.symbols", "socket"} == set()
+    assert (
+        mods & {"kreld.client", "kreld.kernel.snapshot", "kreld.symbols.capture", "socket"} == set()
+    )
 
 
 def test_importing_the_daemon_loads_no_elf_reader_and_no_uevent_library() -> None:

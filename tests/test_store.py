@@ -17,11 +17,11 @@ import pytest
 from conftest import kreldctl
 from faketree import FakeTree
 
-from kreld import consts
-from kreld.errors import StoreCorrupt, StoreError, StoreTooNew
-from kreld.model import Anchors, BootSnapshot, KaslrOffset, OffsetSource, Timestamp
+from kreld.core import consts
+from kreld.core.errors import StoreCorrupt, StoreError, StoreTooNew
+from kreld.core.model import Anchors, BootSnapshot, KaslrOffset, OffsetSource, Timestamp
 from kreld.store import Store
-from kreld.storelock import LOCK_NAME
+from kreld.store.lock import LOCK_NAME
 
 TEXT = 0xFFFFFFFF9D000000
 LINK = 0xFFFFFFFF81000000
@@ -179,7 +179,7 @@ def _fields(s: BootSnapshot) -> dict[str, object]:
 WRITER = textwrap.dedent(
     """
     import sys, uuid
-    from kreld.model import Anchors, BootSnapshot, Timestamp
+    from kreld.core.model import Anchors, BootSnapshot, Timestamp
     from kreld.store import Store
 
     store = Store(sys.argv[1])
@@ -331,7 +331,7 @@ def test_unusable_store_is_refused_and_left_untouched(
     before = digests(state)
     for readonly in (False, True):
         # A reader may open a store cut short only in named databases; any read
-        # of one of those is refused by name (kreld.lmdbcheck), never mapped.
+        # of one of those is refused by name (kreld.store.lmdbcheck), never mapped.
         with pytest.raises(error) as ei, Store(state, readonly=readonly) as store:
             store.list_boots()
         assert words in str(ei.value)
@@ -388,7 +388,7 @@ def test_tiny_map_grows_to_take_thousands_of_records(tmp_path: Path) -> None:
 READER = textwrap.dedent(
     """
     import sys
-    from kreld.errors import NoSuchBoot
+    from kreld.core.errors import NoSuchBoot
     from kreld.store import Store
 
     store = Store(sys.argv[1], readonly=True, map_size=64 << 10)

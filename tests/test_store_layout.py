@@ -8,10 +8,10 @@ import uuid
 from pathlib import Path
 
 import kreld.store
-from kreld.model import Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.pubstate import PubState
+from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.core.symtab import pack
 from kreld.store import KernelTable, Store, Table
-from kreld.symtab import pack
+from kreld.store.pubstate import PubState
 
 NOW = Timestamp(1_000, 2_000, 3_000)
 

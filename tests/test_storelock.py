@@ -1,4 +1,4 @@
-"""One writer per store, and a damaged kreld store set aside (kreld/storelock.py).
+"""One writer per store, and a damaged kreld store set aside (kreld/store/lock.py).
 
 Real daemons as subprocesses on a fake tree, real LMDB stores, real flock.
 """
@@ -20,7 +20,7 @@ from faketree import FakeTree
 from test_store import snap
 
 from kreld.client import Client
-from kreld.errors import ExitCode
+from kreld.core.errors import ExitCode
 from kreld.store import Store
 
 

@@ -33,12 +33,12 @@ from elftools.elf.sections import SymbolTableSection
 from faketree import FakeTree, kcore, link_vmlinux
 
 from kreld.client import resolutions
-from kreld.kernel import Root
-from kreld.model import Incarnation, SeenBy, Timestamp
-from kreld.reconcile import new_incarnation
-from kreld.snapshot import take_snapshot
+from kreld.core.model import Incarnation, SeenBy, Timestamp
+from kreld.kernel.info import Root
+from kreld.kernel.modules import read_module
+from kreld.kernel.snapshot import take_snapshot
 from kreld.store import Store
-from kreld.sysfs_modules import read_module
+from kreld.tracker.reconcile import new_incarnation
 
 LINK = 0xFFFFFFFF81000000  # where x86-64 links _text
 RELEASE = "6.1.0-fake"

@@ -6,15 +6,23 @@ import json
 import random
 
 from kreld.client import resolutions
-from kreld.kallsyms import parse_kallsyms
-from kreld.model import Anchors, BootSnapshot, Clock, Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.queries import FEW, AddressMap, Resolved
-from kreld.symtab import (
+from kreld.core.model import (
+    Anchors,
+    BootSnapshot,
+    Clock,
+    Incarnation,
+    ModuleState,
+    SeenBy,
+    Timestamp,
+)
+from kreld.core.symtab import (
     MODULE_ABSOLUTE,
     SymbolTable,
     kernel_table,
     module_table,
 )
+from kreld.kernel.kallsyms import parse_kallsyms
+from kreld.symbols.queries import FEW, AddressMap, Resolved
 
 TEXT = 0xFFFFFFFF9A000000
 

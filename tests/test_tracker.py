@@ -20,10 +20,10 @@ import structlog
 from conftest import fast_tmpdir, kreldctl, wait_until
 from faketree import FakeTree
 
-from kreld.kernel import Root
-from kreld.model import SeenBy
+from kreld.core.model import SeenBy
+from kreld.kernel.info import Root
 from kreld.store import Store
-from kreld.tracker import Hint, ModuleTracker
+from kreld.tracker.tracker import Hint, ModuleTracker
 
 BASE_A = 0xFFFFFFFFC0400000
 BASE_B = 0xFFFFFFFFC0900000

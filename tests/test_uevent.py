@@ -16,8 +16,8 @@ import pytest
 import structlog
 from watchdog.events import FileSystemEvent
 
-from kreld.model import SeenBy
-from kreld.sources import (
+from kreld.core.model import SeenBy
+from kreld.tracker.sources import (
     DirentListing,
     Uevent,
     UeventSource,

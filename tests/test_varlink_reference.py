@@ -37,9 +37,9 @@ from conftest import Daemon, raw_exchange, start
 from faketree import FakeTree
 from varlink import scanner
 
-from kreld import consts
 from kreld.client import resolutions
-from kreld.server import SERVICE_DESCRIPTION
+from kreld.core import consts
+from kreld.server.listener import SERVICE_DESCRIPTION
 
 REPO = Path(__file__).resolve().parent.parent
 IDL = REPO / "kreld" / "io.kreld.varlink"

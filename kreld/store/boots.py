@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kreld.errors import AmbiguousBoot, NoSuchBoot
-from kreld.model import BootSnapshot, hexaddr, merge_boot
+from kreld.core.errors import AmbiguousBoot, NoSuchBoot
+from kreld.core.model import BootSnapshot, hexaddr, merge_boot
 from kreld.store.env import SEQ, StoreEnv, Table, decoded, dumps
 
 

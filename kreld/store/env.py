@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from kreld import consts, uuids
-from kreld.access import check_owner
-from kreld.errors import StoreCorrupt, StoreDamaged, StoreError, StoreFull, StoreTooNew
-from kreld.lmdbcheck import check_datafile
+from kreld.core import consts, uuids
+from kreld.core.errors import StoreCorrupt, StoreDamaged, StoreError, StoreFull, StoreTooNew
+from kreld.store.lmdbcheck import check_datafile
+from kreld.store.ownership import check_owner
 
 T = TypeVar("T")
 
@@ -46,7 +46,7 @@ class Table(bytes, Enum):
     BOOT_SYMBOLS = b"boot_symbols"
     LAYOUTS = b"layouts"
     ABSOLUTES = b"absolutes"
-    PUBLISHED = b"published"  # opened by kreld.pubstate, only when publishing
+    PUBLISHED = b"published"  # opened by kreld.store.pubstate, only when publishing
 
     @property
     def label(self) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kreld.core.symtab import module_symbol_key
 from kreld.store.env import SEQ, Table, boot_key
 from kreld.store.incarnations import IncarnationTables
-from kreld.symtab import module_symbol_key
 
 # What a boot leaves in tables keyed by boot-id (16 bytes) + seq.
 _PER_LOAD = (Table.INCARNATIONS, Table.OPEN, Table.ABSOLUTES)

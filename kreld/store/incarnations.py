@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kreld import records, uuids
-from kreld.errors import StoreCorrupt
-from kreld.model import Incarnation, Timestamp
-from kreld.record import replace
+from kreld.core import uuids
+from kreld.core.errors import StoreCorrupt
+from kreld.core.model import Incarnation, Timestamp
+from kreld.core.record import replace
+from kreld.store import records
 from kreld.store.env import (
     SEQ,
     UNREADABLE,

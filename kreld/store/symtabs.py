@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from kreld.errors import StoreCorrupt
+from kreld.core.errors import StoreCorrupt
+from kreld.core.symtab import SymbolTable
 from kreld.store.env import SEQ, StoreEnv, Table, boot_key, dumps, inc_key
-from kreld.symtab import SymbolTable
 
 T = TypeVar("T")
 
@@ -144,7 +144,7 @@ class SymbolTableStore(StoreEnv):
             raise StoreCorrupt(str(self.path), f"symbol table {key}: {e}") from e
 
     def with_tables(self, keys: Iterable[str], fn: Callable[[TableViews], T]) -> T:
-        """Run *fn* with :class:`~kreld.symtab.SymbolTable` views of the named
+        """Run *fn* with :class:`~kreld.core.symtab.SymbolTable` views of the named
         tables (absent ones left out), straight from the map and opened as
         *fn* asks for them; the views are valid only inside *fn*."""
         wanted = set(keys)

@@ -27,10 +27,10 @@ from faultlib import (
     write_config,
 )
 
-from kreld import consts
 from kreld.client import Client
-from kreld.errors import StoreFull
-from kreld.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.core import consts
+from kreld.core.errors import StoreFull
+from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.store import Store
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]

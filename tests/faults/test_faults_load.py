@@ -434,11 +434,11 @@ ATHERIS_HARNESS = textwrap.dedent(
     import atheris
 
     with atheris.instrument_imports():
-        from kreld.access import Policy
-        from kreld.server import Limits, Server
-        from kreld.service import Service
+        from kreld.server.access import Policy
+        from kreld.server.listener import Limits, Server
+        from kreld.server.service import Service
         from kreld.store import Store
-        from kreld.varlink import VarlinkError, parse_call
+        from kreld.varlink.wire import VarlinkError, parse_call
 
     store = Store(sys.argv[1], readonly=True)
     boot = store.list_boots()[0]

@@ -23,7 +23,7 @@ from conftest import _bin, wait_until
 from faketree import FakeTree
 from faultlib import NOBODY, sha256, sha256_tree
 
-from kreld.model import Anchors, BootSnapshot, Timestamp
+from kreld.core.model import Anchors, BootSnapshot, Timestamp
 from kreld.store import Store
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]

@@ -266,7 +266,7 @@ def boot(
             name=mode,
         )
     log = out / "kreld.log"
-    tail = log.read_text()[-4000:] if log.exists() else "(no kreld.log)"
+    tail = log.read_text()[-4000:] if log.exists() else "(no kreld.core.log)"
     assert run.status == 0, (
         f"guest.sh {mode} exited {run.status} after {run.elapsed:.1f}s\n"
         f"stdout:\n{run.stdout}\nstderr:\n{run.stderr}\nkreld.log tail:\n{tail}"
@@ -999,7 +999,7 @@ def test_export_for_a_perf_data_reports_as_its_own_boot_did_live(
     the host) gives a ``perf report --sort sym`` equal, row for row, to the one
     the guest made live from its own /proc/kallsyms, brd's functions included;
     brd lay at another base in each boot, and each recording's map says so."""
-    from kreld.perfdata import read_perf_header
+    from kreld.perf.reader import read_perf_header
 
     starts = []
     for b in (first, second):
@@ -1046,7 +1046,7 @@ def test_symbolize_for_names_a_module_loaded_after_perf_record_started(
     ``symbolize --for`` names each as the brd function the guest's own perf
     named from its live /proc/kallsyms, at the same offset, with ``[brd]`` as
     the image, and leaves every other line as it was."""
-    from kreld.perfdata import read_perf_header
+    from kreld.perf.reader import read_perf_header
 
     d = second.facts.dir
     data = d / "perf-late.data"

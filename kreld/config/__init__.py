@@ -1,0 +1,5 @@
+"""``kreld.toml`` loaded and checked (``settings``) and the command-line options
+both programs share (``options``).
+
+May import: ``core``.
+"""

@@ -1,0 +1,84 @@
+"""One place for paths, defaults and kernel constants.
+
+The daemon, the CLI, the config loader and the man pages all read their
+defaults from here so that they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Final
+
+DEFAULT_CONFIG: Final = "/etc/kreld/kreld.toml"
+DEFAULT_STATE_DIR: Final = "/var/lib/kreld"
+DEFAULT_SOCKET: Final = "/run/kreld/kreld.sock"
+DEFAULT_ROOT: Final = "/"
+
+# The project's public address, as org.varlink.service.GetInfo gives it: empty
+# while pyproject.toml names none (tests/test_varlink_reference.py holds the two equal).
+PROJECT_URL: Final = ""
+
+
+# 2: compact incarnation records (kreld.store.records); schema 1 records still read.
+# 3: binary incarnation records; records of schemas 1 and 2 still read.
+STORE_SCHEMA_VERSION: Final = 3
+STORE_MAGIC: Final = b"kreld-store"
+STORE_INITIAL_MAP_SIZE: Final = 16 << 20
+STORE_MAX_MAP_SIZE: Final = 1 << 40
+
+DEFAULT_POLL_INTERVAL: Final = 1.0
+# A heartbeat bounds the unload window of a module that vanishes while kreld is down.
+HEARTBEAT_INTERVAL: Final = 30.0
+
+# Seconds between publishing rounds to object storage ([publish] interval).
+DEFAULT_PUBLISH_INTERVAL: Final = 10.0
+
+# What one peer may cost the server ([limits] in kreld.toml; kreld.server.listener.Limits).
+DEFAULT_MAX_MESSAGE_BYTES: Final = 4 << 20
+DEFAULT_MAX_CONNECTIONS: Final = 1024
+DEFAULT_IDLE_TIMEOUT: Final = 60.0
+DEFAULT_SUBSCRIBE_QUEUE: Final = 4096
+
+# [log] level and format (--log-level, --log-format), least severe level first.
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+LOG_FORMATS: Final = ("auto", "console", "json", "journal")
+
+# Paths of kernel interfaces, relative to --root.
+BOOT_ID: Final = PurePosixPath("proc/sys/kernel/random/boot_id")
+OSRELEASE: Final = PurePosixPath("proc/sys/kernel/osrelease")
+KVERSION: Final = PurePosixPath("proc/sys/kernel/version")
+KPTR_RESTRICT: Final = PurePosixPath("proc/sys/kernel/kptr_restrict")
+PERF_EVENT_PARANOID: Final = PurePosixPath("proc/sys/kernel/perf_event_paranoid")
+KALLSYMS: Final = PurePosixPath("proc/kallsyms")
+KCORE: Final = PurePosixPath("proc/kcore")
+PROC_MODULES: Final = PurePosixPath("proc/modules")
+HOSTNAME: Final = PurePosixPath("proc/sys/kernel/hostname")
+MACHINE_ID: Final = PurePosixPath("etc/machine-id")
+KERNEL_NOTES: Final = PurePosixPath("sys/kernel/notes")
+SYS_MODULE: Final = PurePosixPath("sys/module")
+
+# Kernel symbols that mark out the image; _text is the relocation anchor.
+ANCHOR_SYMBOLS: Final = ("_text", "_stext", "_etext", "_sinittext", "_einittext")
+
+# Linux capability number of CAP_SYSLOG (include/uapi/linux/capability.h).
+CAP_SYSLOG: Final = 34
+
+# Places where distributions put a vmlinux with symbols; {release} and
+# {xx}/{rest} (the build-id split after its first byte) are filled in.
+VMLINUX_CANDIDATES: Final = (
+    "usr/lib/debug/.build-id/{xx}/{rest}.debug",
+    "usr/lib/debug/boot/vmlinux-{release}",
+    "usr/lib/debug/lib/modules/{release}/vmlinux",
+    "boot/vmlinux-{release}",
+    "lib/modules/{release}/build/vmlinux",
+    "usr/lib/modules/{release}/build/vmlinux",
+)
+SYSTEM_MAP_CANDIDATES: Final = (
+    "boot/System.map-{release}",
+    "lib/modules/{release}/build/System.map",
+    "usr/lib/debug/boot/System.map-{release}",
+)
+
+# Addresses that Resolve looks up one by one rather than with numpy (whose
+# fixed cost, some 200 us a call, is that of about 50 lookups in Python).
+FEW_ADDRESSES = 32

@@ -1,0 +1,150 @@
+"""``kreldctl``'s command line: its options, commands and how it reads times and
+addresses."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+
+from kreld.config.options import HelpFormatter, add_common
+from kreld.core.errors import InvalidArgument
+from kreld.core.model import Clock, hexaddr, parse_addr
+
+EPILOG = """\
+exit status:
+  0  success
+  1  an error (the message says which)
+  2  usage: a malformed option, address or time
+  3  no such boot is recorded (or a boot prefix is ambiguous)
+  4  permission denied, or kernel addresses restricted
+  5  the store is unusable: missing, corrupt, foreign or from a newer kreld
+  6  the configuration is invalid
+  7  snapshot without a daemon, or gc: another kreld writes to the store (holds its lock)
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kreldctl",
+        description="Inspect kernel and module relocations recorded by kreld.",
+        epilog=EPILOG,
+        formatter_class=HelpFormatter,
+    )
+    add_common(p)
+    add_from(p)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def cmd(name: str, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
+        add_common(sp, suppress=True)
+        add_from(sp, suppress=True)
+        sp.add_argument("--json", action="store_true", help="print JSON (addresses as 0x strings)")
+        return sp
+
+    cmd("snapshot", "scan the running kernel now, record it, print it")
+    sp = cmd("show", "show one recorded boot (default: the current one)")
+    sp.add_argument("boot", nargs="?", metavar="BOOT", help="boot-id or a unique prefix of one")
+    cmd("boots", "list recorded boots, newest first")
+    add_queries(cmd)
+    sp = cmd("gc", "remove boots beyond the retention policy and unused symbol tables")
+    sp.add_argument("--keep-boots", type=int, metavar="N", help="keep the N newest boots")
+    sp.add_argument("--keep-days", type=float, metavar="D", help="keep boots first seen in D days")
+    cmd("status", "the daemon's health, or the store's counts when no daemon runs")
+    cmd("watch", "print module loads and unloads as kreld records them (needs the daemon)")
+    sp = cmd("resolve", "say which image and section holds each address")
+    sp.add_argument("addresses", nargs="+", metavar="ADDR", help="hex address (0x optional)")
+    at_options(sp)
+    return p
+
+
+def add_queries(cmd: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """The commands that ask about a boot at a time: modules, symbolize, export."""
+    sp = cmd("modules", "list module incarnations loaded at a time")
+    at_options(sp)
+    sp.add_argument("--all", action="store_true", help="the boot's whole module history")
+    sp = cmd(
+        "symbolize", "symbolize addresses read from stdin (one per line, or perf script output)"
+    )
+    at_options(sp)
+    for_option(sp, "name the [unknown] kernel frames of its perf script output on stdin")
+    sp = cmd("export", "export a recorded boot's symbols for other tools")
+    sp.add_argument("what", choices=["kallsyms"], help="kallsyms: a file as /proc/kallsyms")
+    at_options(sp)
+    for_option(sp, "the boot and module loads it was recorded on (no --boot needed)")
+    sp.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
+
+
+def at_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--boot", metavar="BOOT", help="boot-id or prefix (default: current)")
+    sp.add_argument(
+        "--at",
+        metavar="T",
+        help="a time on --clock: nanoseconds, seconds with an 's' suffix, "
+        "or (realtime) an ISO-8601 date; default: now",
+    )
+    sp.add_argument(
+        "--clock",
+        choices=[c.value for c in Clock],
+        default=Clock.MONOTONIC.value,
+        help="the clock --at is on (default monotonic; perf samples on it only "
+        "with perf record -k monotonic, its default clock is local_clock())",
+    )
+
+
+def for_option(sp: argparse.ArgumentParser, what: str) -> None:
+    sp.add_argument("--for", dest="for_perf", metavar="PERF.DATA", help=f"a perf.data: {what}")
+
+
+def add_from(p: argparse.ArgumentParser, suppress: bool = False) -> None:
+    p.add_argument(
+        "--from",
+        dest="source",
+        metavar="s3://BUCKET/PREFIX",
+        default=argparse.SUPPRESS if suppress else None,
+        help="read the fleet bucket kreld hosts publish to (read-only; docs/FLEET.md): "
+        "boots, show, modules, resolve, symbolize, export",
+    )
+
+
+def parse_time(text: str, clock: Clock) -> int:
+    """``--at`` as nanoseconds on *clock*."""
+    import datetime as dt
+
+    s = text.strip()
+    try:
+        if s.endswith("s"):
+            return int(float(s[:-1]) * 1e9)
+        return int(s)
+    except ValueError:
+        pass
+    if clock is Clock.REALTIME:
+        try:
+            when = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=dt.UTC)
+            return int(when.timestamp() * 1e9)
+    raise InvalidArgument("--at", f"not a time: {text!r}")
+
+
+_HEX_TOKEN = re.compile(r"(?<![0-9A-Za-z_])(?:0x)?([0-9a-fA-F]{8,16})(?![0-9A-Za-z_])")
+
+
+def addresses_in(line: str) -> list[str]:
+    """Addresses in a line: the line itself, or hex words of ``perf script`` output."""
+    s = line.strip()
+    if not s:
+        return []
+    try:
+        return [hexaddr(parse_addr(s)) or ""]
+    except ValueError:
+        pass
+    out = []
+    for m in _HEX_TOKEN.finditer(s):
+        value = int(m.group(1), 16)
+        if value >= 1 << 47:  # kernel half of the address space
+            out.append(f"{value:#x}")
+    return out

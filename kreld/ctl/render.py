@@ -1,0 +1,137 @@
+"""How ``kreldctl`` prints what it is told: boots, tables, modules and health."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from kreld.core.model import BootSnapshot, Clock, Incarnation, hexaddr
+
+
+def symbol_of(r: dict[str, Any]) -> str:
+    if "symbol" not in r:
+        return ""
+    return f"{r['symbol']}+{r['symbol_offset']}"
+
+
+def fmt_realtime(ns: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ns / 1e9, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def warn_restricted(snap: BootSnapshot, err: TextIO) -> None:
+    if snap.restricted:
+        print(
+            f"warning: kernel addresses were restricted when boot {snap.boot_id} was recorded: "
+            f"{snap.restricted_reason}. No address is shown for them; run kreld with CAP_SYSLOG "
+            "(as root) and kernel.kptr_restrict < 2 to record them.",
+            file=err,
+        )
+
+
+def render_boot(snap: BootSnapshot, out: TextIO) -> None:
+    rows: list[tuple[str, str]] = [
+        ("Boot", snap.boot_id),
+        ("First seen", fmt_realtime(snap.first_seen.realtime)),
+        ("Release", snap.release),
+        ("Version", snap.version),
+        ("Build-id", snap.build_id or "unknown"),
+    ]
+    # Labelled with the kernel's symbol names; --json has the wire names (text, ...).
+    for name, value in snap.anchors.to_ints().items():
+        rows.append((name, hexaddr(value) or ("restricted" if snap.restricted else "unknown")))
+    if snap.kaslr is not None:
+        rows.append(("KASLR offset", f"{snap.kaslr.value:#x} (from {snap.kaslr.source.value})"))
+        rows.append(("  source", snap.kaslr.path))
+    else:
+        rows.append(("KASLR offset", "unknown (no vmcoreinfo, matching vmlinux or System.map)"))
+    if snap.restricted:
+        rows.append(("Restricted", snap.restricted_reason or "yes"))
+    for fault in snap.faults:
+        rows.append(("Fault", fault))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}", file=out)
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip(), file=out)
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip(), file=out)
+
+
+def render_modules(mods: list[dict[str, Any]], clock: Clock, out: TextIO) -> None:
+    """GetModules' incarnations, one row each, times on *clock*."""
+    rows = []
+    for i in map(Incarnation.from_json, mods):
+        st = i.state
+        rows.append(
+            (
+                st.name,
+                str(i.seq),
+                hexaddr(st.sections.get(".text")) or ("restricted" if st.restricted else "-"),
+                str(len(st.sections)),
+                (st.build_id or "-")[:16],
+                f"{i.loaded.on(clock)}",
+                "-" if i.unloaded is None else f"{i.unloaded.on(clock)}",
+                i.seen_by.value,
+            )
+        )
+    render_table(
+        (
+            "MODULE",
+            "SEQ",
+            ".TEXT",
+            "SECTIONS",
+            "BUILD-ID",
+            f"LOADED({clock.value})",
+            f"UNLOADED({clock.value})",
+            "SEEN-BY",
+        ),
+        rows,
+        out,
+    )
+
+
+def render_resolved(results: list[dict[str, Any]], out: TextIO) -> None:
+    """Resolve's answers, one row per address asked."""
+    rows = []
+    for r in results:
+        if "image" not in r:
+            rows.append((r["address"], "?", "", "", "", ""))
+            continue
+        image = r["image"] if r.get("seq") is None else f"{r['image']} (seq {r['seq']})"
+        rows.append((r["address"], image, r["section"], r["base"], "+" + r["offset"], symbol_of(r)))
+    render_table(("ADDRESS", "IMAGE", "SECTION", "BASE", "OFFSET", "SYMBOL"), rows, out)
+
+
+def render_status(st: dict[str, Any], out: TextIO) -> None:
+    """Status, a line per member; each source and the publisher said in words."""
+    width = max(len(k) for k in st)
+    for k, v in st.items():
+        if v is None:  # restricted_reason when not restricted
+            continue
+        if k == "publish":
+            state = "ok" if v["healthy"] else f"FAILED: {v['last_error']}"
+            last = "never" if v["last_success_ns"] is None else fmt_realtime(v["last_success_ns"])
+            print(
+                f"{'publish':<{width}}  {v['url']}: {state}, last success {last}, "
+                f"backlog {v['backlog']}, {v['objects']} objects ({v['bytes']} bytes) uploaded",
+                file=out,
+            )
+        elif k == "sources":
+            for src in v:
+                state = "ok" if src["healthy"] else f"FAILED: {src['last_error']}"
+                print(
+                    f"{'source':<{width}}  {src['name']}: {state}, {src['events']} events",
+                    file=out,
+                )
+        elif isinstance(v, list):  # damaged_stores: one line each, none when empty
+            for item in v:
+                print(f"{k:<{width}}  {item}", file=out)
+        else:
+            print(f"{k:<{width}}  {v}", file=out)

@@ -1,0 +1,288 @@
+"""The fleet bucket's layout: object names and encodings, with no I/O (docs/FLEET.md).
+
+Under ``s3://BUCKET/PREFIX``::
+
+    tables/k/<build-id>               a kernel build's symbol table, once for the fleet
+    tables/m/<build-id>               a module build's (or m/<name>/<srcversion>)
+    tables/b/<boot-id>                a boot whose symbols differ from its build's
+    boots/<boot-id>/batch-<n>         incarnations published in one round (immutable)
+    boots/<boot-id>/manifest          the boot, its host and its batches: written last
+    index/<boot-id>.<machine-id>.<gen>.<version>.<summary>
+                                      an empty object whose name is the boot's row in
+                                      ``kreldctl boots``: listing index/ lists the fleet
+
+Every object carries the format name and version: JSON objects in ``format`` and
+``version`` fields, binary ones (tables) in a first line ``kreld-fleet table 1``, index names in
+their fourth field.  A reader refuses what it does not recognise with
+:class:`~kreld.core.errors.FleetObjectInvalid`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+from urllib.parse import quote, unquote
+
+import zstandard
+
+from kreld.core.errors import FleetObjectInvalid
+from kreld.core.model import BootSnapshot, Incarnation
+from kreld.core.record import record
+
+FORMAT = "kreld-fleet"
+VERSION = 1
+TABLE_MAGIC = b"kreld-fleet table 1\n"
+# A bucket path component SeaweedFS (and most file-backed stores) accept.
+MAX_COMPONENT = 255
+# Batches of one boot kept before a round writes one batch of the whole boot instead.
+COMPACT_AFTER = 32
+_BATCH = re.compile(r"batch-[0-9]{8}")
+_MACHINE_ID = re.compile(r"[0-9a-f]{32}")
+_BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+@record
+class Host:
+    machine_id: str
+    hostname: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"machine_id": self.machine_id, "hostname": self.hostname}
+
+
+@record
+class IndexEntry:
+    """One boot's row in the listing, decoded from its object name."""
+
+    boot_id: str
+    host: Host
+    gen: int
+    first_seen: int | None  # realtime ns; None when the summary did not fit the name
+    release: str
+    build_id: str | None
+    offset: str | None  # "0x..." KASLR offset
+    restricted: bool
+
+
+def machine_id_ok(text: str) -> bool:
+    return _MACHINE_ID.fullmatch(text) is not None
+
+
+# -- names ---------------------------------------------------------------------------
+
+
+def table_object(key: str) -> str:
+    """``k:<id>`` -> ``tables/k/<id>``; ``m:<name>:<srcv>`` -> ``tables/m/<name>/<srcv>``."""
+    return "tables/" + key.replace(":", "/")
+
+
+def manifest_object(boot_id: str) -> str:
+    return f"boots/{boot_id}/manifest"
+
+
+def batch_name(n: int) -> str:
+    return f"batch-{n:08d}"
+
+
+def batch_object(boot_id: str, name: str) -> str:
+    return f"boots/{boot_id}/{name}"
+
+
+def _quote(text: str) -> str:
+    """Percent-encoded, dots too (quote() leaves them: they separate the fields here)."""
+    return quote(text, safe="-_~").replace(".", "%2E")
+
+
+def index_object(boot: BootSnapshot, host: Host, gen: int) -> str:
+    """The boot's listing row as one object name, in one path component (a flat listing:
+    file-backed stores such as SeaweedFS list one directory, not one per boot)::
+
+        index/<boot-id>.<machine-id>.<gen>.<version>.<first-seen>.<offset>.<restricted>.
+              <build-id>.<release>.<hostname>
+
+    numbers in hex, ``-`` for none, release and hostname percent-encoded (dots too).  When
+    that would pass 255 bytes the summary is ``-`` and readers take it from the manifest.
+    """
+    head = f"index/{boot.boot_id}.{host.machine_id}.{gen:x}.{VERSION}"
+    summary = ".".join(
+        (
+            f"{boot.first_seen.realtime:x}",
+            f"{boot.kaslr.value:x}" if boot.kaslr else "-",
+            "1" if boot.restricted else "0",
+            boot.build_id or "-",
+            _quote(boot.release),
+            _quote(host.hostname),
+        )
+    )
+    if len(head) - len("index/") + 1 + len(summary) > MAX_COMPONENT:
+        summary = "-"
+    return f"{head}.{summary}"
+
+
+def parse_index(name: str) -> IndexEntry:
+    """An index object name back into its row (*name* relative to the prefix)."""
+    try:
+        if not name.startswith("index/") or "/" in name[6:]:
+            raise ValueError("not index/<boot>.<machine-id>.<gen>.<version>.<summary>")
+        parts = name[6:].split(".")
+        if len(parts) < 4 or parts[3] != str(VERSION):
+            raise ValueError(f"version {parts[3] if len(parts) > 3 else None!r}")
+        boot_id, machine_id, gen = parts[0], parts[1], int(parts[2], 16)
+        if not _BOOT_ID.fullmatch(boot_id):
+            raise ValueError(f"boot-id {boot_id!r}")
+        if not machine_id_ok(machine_id):
+            raise ValueError(f"machine-id {machine_id!r}")
+        if parts[4:] == ["-"]:
+            return IndexEntry(boot_id, Host(machine_id, ""), gen, None, "", None, None, False)
+        if len(parts) != 10:
+            raise ValueError(f"{len(parts)} fields, not 10")
+        t, offset, restricted, build_id, release, hostname = parts[4:]
+        return IndexEntry(
+            boot_id,
+            Host(machine_id, unquote(hostname)),
+            gen,
+            int(t, 16),
+            unquote(release),
+            None if build_id == "-" else build_id,
+            None if offset == "-" else f"{int(offset, 16):#x}",
+            restricted == "1",
+        )
+    except ValueError as e:
+        raise FleetObjectInvalid(name, f"not a kreld index entry: {e}") from e
+
+
+# -- objects -------------------------------------------------------------------------
+
+
+def _json_object(kind: str, body: Mapping[str, Any]) -> bytes:
+    return json.dumps(
+        {"format": FORMAT, "kind": kind, "version": VERSION, **body}, separators=(",", ":")
+    ).encode()
+
+
+def _read_json(name: str, data: bytes, kind: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise FleetObjectInvalid(name, f"not JSON: {e}") from e
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise FleetObjectInvalid(name, f"not a {FORMAT} object")
+    if obj.get("kind") != kind:
+        raise FleetObjectInvalid(name, f"a {obj.get('kind')!r} object where a {kind} belongs")
+    version = obj.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise FleetObjectInvalid(
+            name, f"format version {version!r}; this kreld reads up to {VERSION}"
+        )
+    return obj
+
+
+def encode_table(packed: bytes) -> bytes:
+    return TABLE_MAGIC + zstandard.ZstdCompressor(level=6).compress(packed)
+
+
+def decode_table(name: str, data: bytes) -> bytes:
+    if not data.startswith(TABLE_MAGIC):
+        head = data[: len(TABLE_MAGIC)]
+        if head.startswith(b"kreld-fleet table "):
+            raise FleetObjectInvalid(name, f"table format {head!r}; this kreld reads version 1")
+        raise FleetObjectInvalid(name, "not a kreld symbol table")
+    try:
+        return zstandard.ZstdDecompressor().decompress(
+            data[len(TABLE_MAGIC) :], max_output_size=1 << 30
+        )
+    except zstandard.ZstdError as e:
+        raise FleetObjectInvalid(name, f"damaged table: {e}") from e
+
+
+@record
+class Manifest:
+    host: Host
+    boot: BootSnapshot
+    symbols: dict[str, Any] | None  # the store's boot_symbols record
+    batches: tuple[str, ...]
+
+
+def encode_manifest(m: Manifest) -> bytes:
+    return _json_object(
+        "manifest",
+        {
+            "host": m.host.to_json(),
+            "boot": m.boot.to_json(),
+            "symbols": m.symbols,
+            "batches": list(m.batches),
+        },
+    )
+
+
+def decode_manifest(name: str, data: bytes) -> Manifest:
+    obj = _read_json(name, data, "manifest")
+    try:
+        host = Host(str(obj["host"]["machine_id"]), str(obj["host"]["hostname"]))
+        boot = BootSnapshot.from_json(obj["boot"])
+        batches = tuple(str(b) for b in obj["batches"])
+        symbols = obj.get("symbols")
+        if symbols is not None and not isinstance(symbols, dict):
+            raise TypeError("symbols is not an object")
+    except (KeyError, TypeError, ValueError) as e:
+        raise FleetObjectInvalid(name, f"malformed manifest: {e!r}") from e
+    bad = [b for b in batches if not _BATCH.fullmatch(b)]
+    if bad:
+        raise FleetObjectInvalid(name, f"malformed batch names {bad[:3]}")
+    return Manifest(host, boot, symbols, batches)
+
+
+@record
+class Batch:
+    incarnations: tuple[Incarnation, ...]
+    absolutes: dict[int, list[int]]
+
+
+def encode_batch(
+    boot_id: str, incs: Sequence[Incarnation], absolutes: Mapping[int, list[int]]
+) -> bytes:
+    raw = _json_object(
+        "batch",
+        {
+            "boot_id": boot_id,
+            "incarnations": [i.to_json() for i in incs],
+            "absolutes": {str(k): v for k, v in absolutes.items()},
+        },
+    )
+    return zstandard.ZstdCompressor(level=6).compress(raw)
+
+
+def decode_batch(name: str, data: bytes, boot_id: str) -> Batch:
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 30)
+    except zstandard.ZstdError as e:
+        raise FleetObjectInvalid(name, f"not a compressed kreld batch: {e}") from e
+    obj = _read_json(name, raw, "batch")
+    if obj.get("boot_id") != boot_id:
+        raise FleetObjectInvalid(name, f"a batch of boot {obj.get('boot_id')!r}, not {boot_id}")
+    try:
+        incs = tuple(Incarnation.from_json(i) for i in obj["incarnations"])
+        absolutes = {int(k): [int(x) for x in v] for k, v in obj["absolutes"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise FleetObjectInvalid(name, f"malformed batch: {e!r}") from e
+    return Batch(incs, absolutes)
+
+
+def merge_batches(batches: Iterable[Batch]) -> tuple[list[Incarnation], dict[int, list[int]]]:
+    """A boot's incarnations from its batches in order: a later record of a seq wins."""
+    incs: dict[int, Incarnation] = {}
+    absolutes: dict[int, list[int]] = {}
+    for b in batches:
+        for i in b.incarnations:
+            incs[i.seq] = i
+        absolutes.update(b.absolutes)
+    return [incs[s] for s in sorted(incs)], absolutes
+
+
+def digest(obj: Any) -> bytes:
+    """8 bytes that change when a record's published form would."""
+    raw = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(raw, digest_size=8).digest()

@@ -1,0 +1,9 @@
+"""Readers of the running kernel, all under ``--root``: boot-id, release,
+sysctls and build-id (``info``), ``/proc/kallsyms`` (``kallsyms``), the sysfs
+module directories and ``/proc/modules`` (``modules``), the KASLR offset
+(``kaslr``), ELF files and notes (``elf``, ``notes``), and one boot's snapshot
+put together from them (``snapshot``).
+
+They never write, and never know of the store or the server.
+May import: ``core``, ``config``.
+"""

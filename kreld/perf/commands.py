@@ -1,0 +1,231 @@
+"""``kreldctl export kallsyms --for perf.data`` and ``kreldctl symbolize --for perf.data``.
+
+Both find the recording's boot in the store (:mod:`kreld.perf.match`), with
+no ``--boot``.  The export gives perf a kallsyms with the kernel at that boot's
+addresses and each module at the load the recording saw.  perf writes module
+maps only when recording starts, so ``perf script`` shows a sample in a module
+loaded later as ``[unknown]``; the symbolizer names it from the load kreld
+recorded live at the sample's own time, and leaves every other line as it was.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import TextIO
+
+from kreld.core.errors import SymbolsUnavailable
+from kreld.core.record import record
+from kreld.core.symtab import SymbolTables
+from kreld.perf.match import BootMatch, SampleClock, match_boot
+from kreld.perf.reader import KERNEL_MAP_PREFIX, PerfHeader
+from kreld.store.bootsource import BootSource
+from kreld.symbols.export import module_key, render_kallsyms
+from kreld.symbols.queries import Region, init_live_at, is_init_section, module_regions
+
+
+def find_boot(store: BootSource, h: PerfHeader, err: TextIO) -> BootMatch:
+    """The recording's boot, said on *err* with what did not match."""
+    m = match_boot(h, store.list_boots(), store.incarnations, store.hostname)
+    print(
+        f"kreldctl: {h.path}: boot {m.boot.boot_id} (release {m.boot.release}); "
+        f"{len(m.chosen)} of {len(m.modules)} module maps matched a recorded load",
+        file=err,
+    )
+    for mm in m.missing:
+        print(
+            f"kreldctl: warning: no recorded load of {mm.name} at {mm.start:#x}: "
+            "its symbols are left out",
+            file=err,
+        )
+    return m
+
+
+def export_for(store: BootSource, h: PerfHeader, err: TextIO) -> str:
+    """A kallsyms for *h*: its boot's kernel, and the module loads it recorded."""
+    m = find_boot(store, h, err)
+    boot = m.boot
+    rec = store.boot_symbols(boot.boot_id)
+    if rec is None or boot.anchors.text is None:
+        raise SymbolsUnavailable(boot.boot_id, "kallsyms was not captured for it")
+    # The kernel lists modules newest first (each load goes to the list head).
+    incs = sorted(m.chosen, key=lambda i: (i.loaded.monotonic, i.seq), reverse=True)
+    kernel_key = str(rec["kernel"])
+    keys = {kernel_key} | {k for i in incs if (k := module_key(i)) is not None}
+    absolutes = store.absolutes(boot.boot_id)
+    clock = m.clock
+    return store.with_tables(
+        keys,
+        lambda tables: render_kallsyms(
+            boot.anchors.text or 0,
+            tables,
+            kernel_key,
+            incs,
+            rec["extras"],
+            clock.clock,
+            clock.start,
+            absolutes,
+        ),
+    )
+
+
+# A frame perf could not name: "<address> [unknown] (<dso>)", on a sample's
+# own line (no call chains) or on a line of its call chain.
+_UNKNOWN_FRAME = re.compile(r"\b([0-9a-f]{16}) \[unknown\] \(([^)\n]*)\)")
+# A sample's time on its first line: "comm pid [cpu] 5291.345926: ..."
+_SAMPLE_TIME = re.compile(r"\s(\d+)\.(\d{1,9}):(?=\s|$)")
+_KERNEL_HALF = 0xFFFF800000000000
+
+
+def _parse_time(m: re.Match[str]) -> int:
+    return int(m.group(1)) * 1_000_000_000 + int(m.group(2).ljust(9, "0"))
+
+
+# How long before a load's recorded time a sample may still be in its init
+# (brd allocating its ram disks under emulation takes a good part of a second).
+INIT_WINDOW_NS = 10_000_000_000
+
+
+@record
+class Frame:
+    symbol: str  # "func+0x1f", or "[unknown]" when no symbol covers it
+    dso: str  # perf's name of the image: "[kernel.kallsyms]", "[brd]"
+
+
+class Symbolizer:
+    """Names addresses of one boot at sample times, from its recorded loads.
+
+    With an exact sample clock the load live at the sample's time holds the
+    address (or, where none was, the load recorded there next, whose init was
+    running: see :meth:`_initializing`); otherwise (perf's ``local_clock()``)
+    the loads the recording saw come first, then the load whose lifetime lies
+    nearest the sample's time read as monotonic.
+    """
+
+    def __init__(self, match: BootMatch, tables: SymbolTables, kernel_key: str | None) -> None:
+        self.clock: SampleClock = match.clock
+        self.tables = tables
+        self.seen = {c.inc.seq for c in match.modules if c.inc is not None}
+        b = match.boot.anchors
+        regions: list[Region] = []
+        if b.text is not None and b.etext is not None:
+            regions.append(Region(b.text, b.etext, "kernel", ".text", None, kernel_key, b.text))
+        if b.text is not None and b.sinittext is not None and b.einittext is not None:
+            regions.append(
+                Region(b.sinittext, b.einittext, "kernel", ".init.text", None, kernel_key, b.text)
+            )
+        for inc in match.incarnations:
+            regions.extend(module_regions(inc, inc.init_live))
+        self.regions = regions
+        self._holders: dict[int, list[Region]] = {}
+
+    def _live(self, r: Region, t: int) -> bool:
+        inc, clock = r.inc, self.clock.clock
+        if inc is None:
+            return True
+        if not inc.loaded_at(clock, t):
+            return False
+        return not is_init_section(r.section) or init_live_at(inc, clock, t)
+
+    def _rank(self, r: Region, t: int) -> tuple[int, int, int]:
+        inc = r.inc
+        if inc is None:
+            return (0, 0, 0)
+        lo = inc.loaded.monotonic
+        hi = None if inc.unloaded is None else inc.unloaded.monotonic
+        gap = lo - t if t < lo else (t - hi if hi is not None and t >= hi else 0)
+        return (0 if inc.seq in self.seen else 1, gap, -inc.seq)
+
+    def region(self, address: int, t: int | None) -> Region | None:
+        holders = self._holders.get(address)
+        if holders is None:
+            holders = [r for r in self.regions if r.base <= address < r.limit]
+            self._holders[address] = holders
+        if not holders:
+            return None
+        if t is None:
+            return holders[0] if len(holders) == 1 else None
+        if self.clock.exact:
+            live = next((r for r in holders if self._live(r, t)), None)
+            return live if live is not None else self._initializing(holders, t)
+        return min(holders, key=lambda r: self._rank(r, t))
+
+    def _initializing(self, holders: list[Region], t: int) -> Region | None:
+        """A sample in module memory that no recorded load held at *t*: the module
+        was still running its init, which comes before the ``add`` uevent (on
+        current kernels) and so before the time kreld records the load at.  The
+        load recorded next at that address, if it came within INIT_WINDOW_NS."""
+        clock = self.clock.clock
+        later = [
+            (r.inc.loaded.on(clock), r)
+            for r in holders
+            if r.inc is not None and 0 < r.inc.loaded.on(clock) - t <= INIT_WINDOW_NS
+        ]
+        return min(later, key=lambda x: x[0])[1] if later else None
+
+    def frame(self, address: int, t: int | None) -> Frame | None:
+        r = self.region(address, t)
+        if r is None:
+            return None
+        dso = KERNEL_MAP_PREFIX if r.inc is None else f"[{r.image}]"
+        table = self.tables.get(r.table) if r.table else None
+        sec = None if table is None else (0 if r.inc is None else table.section_index(r.section))
+        hit = None if table is None or sec is None else table.lookup(sec, address - r.rel_base)
+        if hit is None:
+            return Frame("[unknown]", dso)
+        return Frame(f"{hit[0]}+{hit[1]:#x}", dso)
+
+
+def symbolize_lines(lines: Iterable[str], sym: Symbolizer, out: TextIO) -> tuple[int, int]:
+    """Copy ``perf script`` output to *out*, naming the kernel frames perf left
+    ``[unknown]``; returns (frames named, unknown kernel frames seen)."""
+    t: int | None = None
+    named = seen = 0
+
+    def replace(m: re.Match[str]) -> str:
+        nonlocal named, seen
+        address = int(m.group(1), 16)
+        if address < _KERNEL_HALF:
+            return m.group(0)
+        seen += 1
+        f = sym.frame(address, t)
+        if f is None or (f.symbol == "[unknown]" and m.group(2) == f.dso):
+            return m.group(0)
+        named += f.symbol != "[unknown]"
+        return f"{m.group(1)} {f.symbol} ({f.dso})"
+
+    for line in lines:
+        if not line.startswith("\t"):
+            tm = _SAMPLE_TIME.search(line)
+            if tm is not None:
+                t = _parse_time(tm)
+        if "[unknown]" in line:
+            line = _UNKNOWN_FRAME.sub(replace, line)
+        out.write(line)
+    return named, seen
+
+
+def symbolize_for(
+    store: BootSource, h: PerfHeader, lines: Iterable[str], out: TextIO, err: TextIO
+) -> int:
+    """``perf script`` output of *h* from *lines* to *out*, unknown kernel frames named."""
+    m = find_boot(store, h, err)
+    if not m.clock.exact:
+        print(
+            f"kreldctl: warning: {h.path} was not recorded with perf record -k "
+            "monotonic|boottime|realtime: its sample times are on perf's local_clock(), "
+            "not a clock kreld keeps, so modules loaded during the recording are placed "
+            "at approximate times",
+            file=err,
+        )
+    rec = store.boot_symbols(m.boot.boot_id)
+    kernel_key = None if rec is None else str(rec["kernel"])
+    keys: set[str] = {kernel_key} if kernel_key else set()
+    keys |= {k for i in m.incarnations if (k := module_key(i)) is not None}
+
+    def run(tables: SymbolTables) -> tuple[int, int]:
+        return symbolize_lines(lines, Symbolizer(m, tables, kernel_key), out)
+
+    named, seen = store.with_tables(keys, run)
+    print(f"kreldctl: named {named} of {seen} unknown kernel frames", file=err)
+    return 0

@@ -1,0 +1,116 @@
+"""Access control: who may ask kreld, and where its socket may go.
+
+Module addresses defeat KASLR, so they are for root, kreld's own uid, and the
+uids and groups the configuration's ``[access]`` section lists.  A peer is
+known by its ``SO_PEERCRED`` credentials (taken by the kernel at connect
+time, so they cannot be forged) and its supplementary groups from
+``/proc/<pid>/status``.
+
+Whoever owns or may write a directory can swap a file in it under the
+daemon: the socket's directory must belong to root or kreld's user and be
+closed to other writers (a sticky directory such as ``/tmp`` is fine: nobody
+removes another's file there).  The state directory's own check is
+:mod:`kreld.store.ownership`.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import stat
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kreld.core.errors import SocketError
+from kreld.core.record import record
+
+if TYPE_CHECKING:  # the socket and config types only: kreldctl show needs no socket
+    import socket
+
+    from structlog.typing import FilteringBoundLogger
+
+    from kreld.config.settings import Config
+
+
+@record
+class Policy:
+    """Who may connect: root, kreld's own uid, listed uids, members of listed groups."""
+
+    allowed_gids: frozenset[int] = frozenset()
+    allowed_uids: frozenset[int] = frozenset()
+
+    def allows(self, pid: int, uid: int, gid: int) -> bool:
+        if uid in (0, os.geteuid()) or uid in self.allowed_uids:
+            return True
+        if gid in self.allowed_gids:
+            return True
+        return bool(peer_groups(pid) & self.allowed_gids)
+
+
+def policy_of(cfg: Config, log: FilteringBoundLogger) -> Policy:
+    """The policy a configuration asks for; a listed group that does not exist is logged."""
+    gids = set()
+    for name in cfg.allowed_groups:
+        gid = group_id(name)
+        if gid is None:
+            log.warning("allowed_group_missing", group=name)
+        else:
+            gids.add(gid)
+    return Policy(frozenset(gids), frozenset(cfg.allowed_uids))
+
+
+def peer_groups(pid: int) -> set[int]:
+    """The supplementary groups of a process, from ``/proc/<pid>/status``."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Groups:"):
+                    return {int(g) for g in line.split()[1:]}
+    except (OSError, ValueError):
+        pass
+    return set()
+
+
+def peer_comm(pid: int) -> str | None:
+    """A peer's command name, for the log."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def peer_cred(sock: socket.socket) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process at the other end of a Unix socket."""
+    import socket  # here: only the server asks, and kreldctl show imports this module
+
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+def group_id(name: str) -> int | None:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
+
+
+def check_socket_dir(parent: Path) -> None:
+    """Refuse to put the socket in a directory someone else controls.
+
+    A symlink is followed only if root or kreld's user made it.  Whoever may
+    write the directory can replace the socket with their own.
+    """
+    try:
+        parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        lst = os.lstat(parent)
+        dst = os.stat(parent)
+    except OSError as e:
+        raise SocketError(f"{parent}: cannot create: {e.strerror}") from e
+    if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in (0, os.geteuid()):
+        raise SocketError(f"{parent}: a symlink of uid {lst.st_uid}; refusing to follow it")
+    if dst.st_uid not in (0, os.geteuid()):
+        raise SocketError(f"{parent}: owned by uid {dst.st_uid}; refusing to put the socket there")
+    if dst.st_mode & 0o022 and not dst.st_mode & stat.S_ISVTX:
+        raise SocketError(f"{parent}: writable by others; refusing to put the socket there")

@@ -1,0 +1,7 @@
+"""Addresses to names: which image, section and symbol held an address at a
+time (``queries``), a recorded boot rendered back as a kallsyms file
+(``export``), and the worker that captures symbol tables as modules load
+(``capture``).
+
+May import: ``core``, ``config``, ``kernel``, ``store``, ``varlink``.
+"""

@@ -1,0 +1,484 @@
+"""Filling the symbol cache: the kernel's table once per build, each module's
+once per module build.
+
+Tables come from ``/proc/kallsyms`` (what the kernel itself prints) and, for
+a module kallsyms does not show (restricted pointers), from its ``.ko``
+(also ``.ko.xz`` and ``.ko.zst``) found under ``lib/modules/<release>`` with
+a build-id that must match.  A worker thread does the reading, coalescing a
+burst of module loads into one read of kallsyms, so the tracker never waits.
+
+The worker never parses all of kallsyms for a module: it takes the module's
+lines out of the raw text (:class:`kreld.kernel.kallsyms.KallsymsText`), and once
+the kernel's table is captured it keeps only the text's bracketed tail, the
+core lines streamed through a small buffer and dropped.  It reads kallsyms
+only for loads that need it (still loaded, and of a build with no table yet
+or one whose table keeps per-cpu values), and it stands aside while the
+tracker is reading a module's sections: those vanish with the module, a
+table does not.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kreld.core import consts, heap
+from kreld.core.errors import KernelReadError, KreldError
+from kreld.core.model import BootSnapshot, Incarnation
+from kreld.core.symtab import (
+    FROM_ELF,
+    MODULE_ABSOLUTE,
+    SymbolTable,
+    kernel_symbol_key,
+    kernel_table,
+    module_symbol_key,
+    module_table,
+    pack,
+)
+from kreld.kernel.elf import elf_symbol_entries, elf_symbols, gnu_build_id, module_symbol_letter
+from kreld.kernel.info import Root
+from kreld.kernel.kallsyms import KallsymsText, Line
+from kreld.kernel.kaslr import matching_vmlinux
+from kreld.kernel.modules import list_modules
+from kreld.store import Store
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+__all__ = ["ModuleFiles", "SymbolCapture", "ko_table"]
+
+_MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst")
+# A batch whose tables could not be stored is tried again after this many
+# seconds, doubling up to RETRY_MAX while the store keeps failing.
+RETRY_FIRST = 1.0
+RETRY_MAX = 60.0
+# How long the worker stands aside while the tracker reads modules, at most.
+DEFER_MAX = 1.0
+
+
+def _decompress(path: Path) -> bytes | None:
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if path.name.endswith(".xz"):
+        import lzma
+
+        try:
+            return lzma.decompress(raw)
+        except lzma.LZMAError:
+            return None
+    if path.name.endswith(".zst"):
+        try:
+            import zstandard
+        except ImportError:
+            return None
+        try:
+            return bytes(zstandard.ZstdDecompressor().decompress(raw, max_output_size=1 << 30))
+        except zstandard.ZstdError:
+            return None
+    return raw
+
+
+def ko_table(data: bytes, build_id: str) -> bytes | None:
+    """A module table from a ``.ko``; ``None`` unless its build-id is *build_id*."""
+    from elftools.common.exceptions import ELFError  # pyelftools: only for a .ko
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    try:
+        elf = ELFFile(io.BytesIO(data))
+        if gnu_build_id(elf) != build_id:
+            return None
+        symtab = elf.get_section_by_name(".symtab")
+        if not isinstance(symtab, SymbolTableSection):
+            return None
+        sections: list[str] = []
+        index: dict[str, int] = {}
+        entries = []
+        symbols = list(symtab.iter_symbols())
+        # Exported with plain EXPORT_SYMBOL: a __ksymtab_<name> in __ksymtab
+        # (module.lds merges the ___ksymtab+<name> sections into it).
+        exported = set()
+        for sym in symbols:
+            shndx = sym["st_shndx"]
+            if sym.name.startswith("__ksymtab_") and isinstance(shndx, int) and shndx:
+                sec_name = elf.get_section(shndx).name
+                if sec_name == "__ksymtab" or sec_name.startswith("___ksymtab+"):
+                    exported.add(sym.name[len("__ksymtab_") :])
+        for sym in symbols:
+            shndx = sym["st_shndx"]
+            kind = sym["st_info"]["type"]
+            if not isinstance(shndx, int) or shndx == 0 or not sym.name:
+                continue
+            if kind in ("STT_SECTION", "STT_FILE"):
+                continue
+            sec = elf.get_section(shndx)
+            if sec.name == ".data..percpu":
+                continue  # printed at its per-cpu offset, known only at run time
+            if sec.name not in index:
+                index[sec.name] = len(sections)
+                sections.append(sec.name)
+            letter = module_symbol_letter(
+                sec.name,
+                sec["sh_flags"],
+                sec["sh_type"],
+                sym["st_info"]["bind"],
+                kind,
+                sym.name in exported,
+            )
+            entries.append((index[sec.name], int(sym["st_value"]), letter, sym.name.encode()))
+        return pack(entries, sections, FROM_ELF) if entries else None
+    except (ELFError, struct.error, ValueError, KeyError, UnicodeDecodeError):
+        return None
+
+
+class ModuleFiles:
+    """``.ko`` files under ``lib/modules/<release>``, indexed by module name once."""
+
+    def __init__(self, root: Root, release: str, extra_dirs: Iterable[str] = ()) -> None:
+        self.dirs = [root / f"lib/modules/{release}", root / f"usr/lib/modules/{release}"]
+        self.dirs += [Path(d) for d in extra_dirs]
+        self._index: dict[str, list[Path]] | None = None
+
+    def _build(self) -> dict[str, list[Path]]:
+        index: dict[str, list[Path]] = {}
+        for d in self.dirs:
+            for dirpath, _dirs, files in os.walk(d):
+                for f in files:
+                    for suffix in _MODULE_SUFFIXES:
+                        if f.endswith(suffix):
+                            name = f[: -len(suffix)].replace("-", "_")
+                            index.setdefault(name, []).append(Path(dirpath) / f)
+        return index
+
+    def table(self, name: str, build_id: str | None) -> bytes | None:
+        if not build_id:
+            return None
+        if self._index is None:
+            self._index = self._build()
+        for path in self._index.get(name.replace("-", "_"), []):
+            data = _decompress(path)
+            if data is not None:
+                table = ko_table(data, build_id)
+                if table is not None:
+                    return table
+        return None
+
+
+class _Quiet:
+    """A logger that says nothing (kreldctl's own snapshot)."""
+
+    def __getattr__(self, _name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+class SymbolCapture:
+    """Keeps the symbol cache filled for one boot (a worker thread)."""
+
+    def __init__(
+        self,
+        store: Store,
+        root: Root,
+        boot: BootSnapshot,
+        log: FilteringBoundLogger | None,
+        extra_dirs: Iterable[str] = (),
+        defer: Callable[[], bool] | None = None,
+    ) -> None:
+        self.store = store
+        self.root = root
+        self.boot = boot
+        self.log: FilteringBoundLogger | _Quiet = log if log is not None else _Quiet()
+        self.dirs = list(extra_dirs)
+        self.files = ModuleFiles(root, boot.release, self.dirs)
+        self._pending: queue.SimpleQueue[Incarnation | None] = queue.SimpleQueue()
+        self.captured = 0
+        self.healthy = True
+        self.last_error: str | None = None
+        self.name = "symbols"
+        self.idle = threading.Event()
+        # True while capture should wait (the tracker has modules to read).
+        self.defer = defer
+        self._initial: KallsymsText | None = None
+        self._kernel_done = False  # the kernel's table captured
+
+    @property
+    def events(self) -> int:
+        return self.captured
+
+    def on_event(self, kind: str, inc: Incarnation) -> None:
+        """A tracker listener: queue each new load whose build has no table yet."""
+        if kind == "load":
+            self.idle.clear()
+            self._pending.put(inc)
+
+    def start(
+        self,
+        stop: threading.Event,
+        loaded: list[Incarnation],
+        kallsyms: KallsymsText | None = None,
+    ) -> None:
+        """Capture the kernel's table and *loaded*'s, then follow loads.  The
+        start's own read of kallsyms (*kallsyms*) serves the first turn."""
+        self.idle.clear()
+        self._initial = kallsyms
+        for inc in loaded:
+            self._pending.put(inc)
+        self._pending.put(None)  # marks the kernel's turn, first
+        threading.Thread(target=self._run, args=(stop,), name="symbols", daemon=True).start()
+
+    def _run(self, stop: threading.Event) -> None:
+        self._kernel_done = False
+        held: list[Incarnation | None] = []  # a batch whose capture failed, for a retry
+        backoff = RETRY_FIRST
+        retry_at = 0.0
+        while not stop.is_set():
+            if held and time.monotonic() >= retry_at:
+                for inc in held:
+                    self._pending.put(inc)
+                held = []
+            try:
+                first = self._pending.get(timeout=0.5)
+            except queue.Empty:
+                if not held:
+                    self.idle.set()
+                continue
+            batch = self._gather(first, stop)
+            self._stand_aside(stop)
+            try:
+                self._capture_batch([i for i in batch if i is not None])
+            except KreldError as e:
+                # A store error (a full disk): nothing of the batch is lost,
+                # it is tried again later, as new loads come or after a while.
+                self.healthy = False
+                self.last_error = str(e)
+                held = [*held, *batch]
+                retry_at = time.monotonic() + backoff
+                self.log.error(
+                    "symbol_capture_failed",
+                    error=str(e),
+                    kind=type(e).__name__,
+                    held=len(held),
+                    retry_in_s=backoff,
+                )
+                backoff = min(backoff * 2, RETRY_MAX)
+                continue
+            if not self.healthy:
+                self.healthy = True
+                self.log.info("symbol_capture_recovered", last_error=self.last_error)
+            backoff = RETRY_FIRST
+            if self._pending.empty() and not held:
+                self.idle.set()
+
+    def _gather(self, first: Incarnation | None, stop: threading.Event) -> list[Incarnation | None]:
+        """*first* and the loads queued behind it: a burst becomes one read."""
+        batch = [first]
+        stop.wait(0.05)
+        while True:
+            try:
+                batch.append(self._pending.get_nowait())
+            except queue.Empty:
+                return batch
+
+    def _capture_batch(self, incs: list[Incarnation]) -> None:
+        """The kernel's table (first time) and *incs*' tables, from one read of
+        kallsyms where any needs it."""
+        stale = self._initial is not None
+        whole = not self._kernel_done
+        if not whole and not any(self._loaded(i) and self._needs_kallsyms(i) for i in incs):
+            ks = None
+        else:
+            ks = self._read(whole)
+        if whole:
+            self.capture_kernel(ks)
+            self._kernel_done = True
+        missing = self.capture_modules(incs, ks, stale=stale and ks is not None)
+        if missing:
+            # Loaded after the start's read: a read of now shows them.
+            self.capture_modules(missing, self._read(whole=False))
+        if ks is not None and whole:
+            # The raw text (megabytes) must not outlive its batch: drop it and
+            # give the heap it grew back (see kreld.core.heap).  A read of the
+            # tail alone never held the core lines.
+            del ks
+            heap.trim()
+
+    def _stand_aside(self, stop: threading.Event) -> None:
+        """Wait (up to DEFER_MAX) while the tracker is reading modules."""
+        if self.defer is None:
+            return
+        deadline = time.monotonic() + DEFER_MAX
+        while self.defer() and time.monotonic() < deadline and not stop.is_set():
+            time.sleep(0.002)
+
+    def _loaded(self, inc: Incarnation) -> bool:
+        """Whether *inc* is still loaded (its sysfs directory the one it was read
+        from).  Once it is not, kallsyms shows none of its lines:
+        free_module() (kernel/module/main.c) tears down the module's sysfs
+        directory, then marks it MODULE_STATE_UNFORMED, which
+        module_get_kallsym() skips.  So a load gone before its batch (a burst
+        unloaded at once) costs no read."""
+        if inc.state.inode is None:
+            return True
+        try:
+            return os.stat(self.root / consts.SYS_MODULE / inc.name).st_ino == inc.state.inode
+        except OSError:
+            return False
+
+    def _needs_kallsyms(self, inc: Incarnation) -> bool:
+        """Whether capturing *inc* needs kallsyms: its build has no table from
+        kallsyms yet, or that table keeps per-cpu values this load may move."""
+        s = inc.state
+        key = module_symbol_key(s.build_id, s.name, s.srcversion)
+        if key is None:
+            return False
+        if self.store.table_source(key) in (None, FROM_ELF):
+            return True
+        return bool(self.store.with_tables([key], lambda t: absolute_entries(t.get(key))))
+
+    def _read(self, whole: bool) -> KallsymsText | None:
+        """The start's read, the first time; then a read of now: of all of
+        kallsyms when *whole* (the kernel's table), else of its bracketed tail
+        only (modules' lines)."""
+        if self._initial is not None:
+            ks, self._initial = self._initial, None
+            return ks
+        try:
+            ks = KallsymsText.read(self.root) if whole else KallsymsText.read_tail(self.root)
+        except KernelReadError as e:
+            self.log.warning("kallsyms_unreadable", error=str(e))
+            return None
+        return ks
+
+    def capture_kernel(self, ks: KallsymsText | None) -> None:
+        """The kernel's table: from kallsyms, or where the kernel hid its
+        pointers, from a vmlinux whose build-id matches (relative to its
+        link-time ``_text``)."""
+        text = self.boot.anchors.text
+        if self.store.boot_symbols(self.boot.boot_id) is not None:
+            return
+        if ks is not None and ks.zeroed():
+            # Pointers hidden since the boot was recorded (a restart after
+            # kptr_restrict went up): zeros are no table.
+            self.log.warning("kernel_symbols_zeroed", reason="kallsyms shows zero addresses")
+            ks = None
+        if ks is not None and text is not None and not self.boot.restricted:
+            key = kernel_symbol_key(self.boot.build_id, self.boot.boot_id)
+            packed = kernel_table(ks.core(), text)
+            extras = ks.owned(set(list_modules(self.root)))
+            n = SymbolTable(packed).count
+        else:
+            vmlinux = matching_vmlinux(self.root, self.boot.release, self.boot.build_id, self.dirs)
+            link = elf_symbols(vmlinux, {"_text"}).get("_text") if vmlinux else None
+            if vmlinux is None or link is None or self.boot.build_id is None:
+                self.log.info("kernel_symbols_unavailable", restricted=self.boot.restricted)
+                return
+            entries = elf_symbol_entries(vmlinux)
+            key, packed, extras, n = (
+                f"v:{self.boot.build_id}",
+                kernel_table(entries, link, FROM_ELF),
+                [],
+                len(entries),
+            )
+            self.log.info("kernel_symbols_from_vmlinux", path=str(vmlinux))
+        used, action = self.store.record_kernel_table(self.boot.boot_id, key, packed, extras)
+        self.captured += 1
+        if action == "differs":
+            self.log.warning(
+                "kernel_symbols_differ_from_build", build_id=self.boot.build_id, table=used
+            )
+        else:
+            self.log.info("kernel_symbols", table=used, action=action, symbols=n, bytes=len(packed))
+
+    def capture_modules(
+        self, incs: list[Incarnation], ks: KallsymsText | None, stale: bool = False
+    ) -> list[Incarnation]:
+        """Each load's build gets a table: from kallsyms, else from its ``.ko``.
+
+        A table read from a ``.ko`` (the module gone from kallsyms before it
+        was read, or its lines not matching) lacks what the kernel adds, so a
+        later load that kallsyms shows replaces it.  With *stale* (*ks* may be
+        older than some loads), the loads *ks* does not show are left alone and
+        returned, for a read of now."""
+        missing: list[Incarnation] = []
+        for inc in incs:
+            s = inc.state
+            key = module_symbol_key(s.build_id, s.name, s.srcversion)
+            if key is None:
+                continue
+            lines = ks.module(s.name) if ks is not None else None
+            if stale and not lines and not s.restricted:
+                missing.append(inc)
+                continue
+            stored = self.store.table_source(key)
+            if stored is not None and stored != FROM_ELF:
+                self._capture_absolutes(inc, key, lines)
+                continue
+            packed = None
+            source = "kallsyms"
+            if lines and not s.restricted:
+                packed = module_table(lines, s.sections, _section_sizes(inc))
+            if packed is not None and stored is not None:
+                self.store.put_table(key, packed, replace=True)
+                self.captured += 1
+                self.log.info(
+                    "module_symbols", module=s.name, build_id=s.build_id, source=source,
+                    replaced="ko",
+                )  # fmt: skip
+                continue
+            if stored is not None:
+                continue  # the .ko's table stays until kallsyms shows the module
+            if packed is None:
+                packed = self.files.table(s.name, s.build_id)
+                source = "ko"
+            if packed is None:
+                self.log.info("module_symbols_unavailable", module=s.name, build_id=s.build_id)
+                continue
+            if self.store.put_table(key, packed):
+                self.captured += 1
+                self.log.info("module_symbols", module=s.name, build_id=s.build_id, source=source)
+        return missing
+
+    def _capture_absolutes(self, inc: Incarnation, key: str, lines: list[Line] | None) -> None:
+        """A load of a build whose table is stored: its per-cpu variables print
+        at this load's per-cpu offsets (type ``a``), which the table holds for
+        the load it was captured on; keep this load's where they differ."""
+        s = inc.state
+        if not lines or s.restricted:
+            return
+        printed = [(v, name.decode("utf-8", "replace")) for v, t, name in lines if t in b"aA"]
+        if not printed or module_table(lines, s.sections, _section_sizes(inc)) is None:
+            return  # nothing absolute, or the lines are another load's
+        stored = self.store.with_tables([key], lambda tables: absolute_entries(tables.get(key)))
+        if [n for _, n in printed] != [n for _, n in stored]:
+            # A table read from the .ko keeps no per-cpu entries of its own.
+            self.log.debug("module_absolutes_not_kept", module=s.name, build_id=s.build_id)
+            return
+        values = [v for v, _ in printed]
+        if values != [v for v, _ in stored]:
+            self.store.put_absolutes(inc.boot_id, inc.seq, values)
+            self.log.info("module_absolute_values", module=s.name, seq=inc.seq, count=len(values))
+
+
+def _section_sizes(inc: Incarnation) -> dict[str, int]:
+    """How far each section of *inc* may reach: its allocation's size."""
+    s = inc.state
+    sizes = {
+        sec: (s.initsize if sec.startswith(".init") else s.coresize) or 0 for sec in s.sections
+    }
+    return {k: v for k, v in sizes.items() if v}
+
+
+def absolute_entries(table: SymbolTable | None) -> list[tuple[int, str]]:
+    """(value, name) of a module table's absolute entries, in the kernel's order."""
+    if table is None:
+        return []
+    idx = table.section_index(MODULE_ABSOLUTE)
+    return [] if idx is None else [(e.value, e.name) for e in table if e.section == idx]

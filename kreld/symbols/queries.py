@@ -1,0 +1,437 @@
+"""Questions asked of recorded data: which modules were loaded at a time, and
+which image and section held an address.  Pure functions over the model."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kreld.core.consts import FEW_ADDRESSES as FEW
+from kreld.core.model import BootSnapshot, Clock, Incarnation, hexaddr
+from kreld.core.record import record
+from kreld.core.symtab import KEY_SPAN, SymbolTable, SymbolTables, module_symbol_key
+from kreld.varlink.wire import JSON_PLAIN
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from kreld.varlink.requests import Addresses
+
+# A section's extent is not in sysfs; bound it by its module's size, or this.
+_UNKNOWN_SIZE_BOUND = 1 << 24
+
+
+def loaded_at(incs: Iterable[Incarnation], clock: Clock, t: int | None) -> list[Incarnation]:
+    """Incarnations loaded at *t* on *clock*; with ``t=None``, those never seen unloaded."""
+    if t is None:
+        return [i for i in incs if i.unloaded is None]
+    return [i for i in incs if i.loaded_at(clock, t)]
+
+
+# Sections the kernel lays out in a module's init allocation, freed once its
+# init has run: the .init.* code and data, and the full symbol table that
+# kallsyms uses while the module is coming (layout_symtab(); the core keeps
+# only the core symbols).
+_INIT_LAYOUT_NAMES = (".symtab", ".strtab")
+
+
+def is_init_section(name: str) -> bool:
+    return name.startswith(".init") or name in _INIT_LAYOUT_NAMES
+
+
+def module_regions(inc: Incarnation, live_init: bool) -> list[Region]:
+    """Where each section of a loaded module lies, as far as can be known.
+
+    sysfs gives section bases, not sizes.  A section ends where the next one
+    of the same module begins, and never past the allocation it lies in: the
+    core ``[core_base, core_base + coresize)`` from /proc/modules (one
+    allocation before Linux 6.4; since 6.4, commit ac3b43283923, text, data
+    and rodata are allocated apart and sections outside the text allocation
+    are bounded by the module's size instead), or the init allocation of
+    ``initsize`` bytes, whose sections exist only while init is live.
+    """
+    s = inc.state
+    key = module_symbol_key(s.build_id, s.name, s.srcversion)
+    core_lo = s.core_base
+    core_hi = core_lo + s.coresize if core_lo is not None and s.coresize else None
+    ordered = sorted(s.sections.items(), key=lambda kv: (kv[1], kv[0]))
+    starts = [b for _, b in ordered]
+    out = []
+    for name, base in ordered:
+        in_core = core_lo is not None and core_hi is not None and core_lo <= base < core_hi
+        if not in_core and is_init_section(name):
+            if not live_init:
+                continue
+            bound = base + (s.initsize or _UNKNOWN_SIZE_BOUND)
+        elif in_core and core_hi is not None:
+            bound = core_hi
+        else:
+            bound = base + (s.coresize or _UNKNOWN_SIZE_BOUND)
+        k = bisect.bisect_right(starts, base)  # the next section that starts higher
+        limit = min(bound, starts[k]) if k < len(starts) else bound
+        out.append(Region(base, limit, s.name, name, inc, key, base))
+    return out
+
+
+def init_live_at(inc: Incarnation, clock: Clock, t: int | None) -> bool:
+    """Whether the module's ``.init.*`` sections held its init code at *t*."""
+    if not inc.init_live:
+        return False
+    if t is None:
+        return inc.init_done is None and inc.unloaded is None
+    return inc.loaded.on(clock) <= t and (inc.init_done is None or t < inc.init_done.on(clock))
+
+
+@record
+class Region:
+    base: int
+    limit: int  # exclusive upper bound
+    image: str
+    section: str
+    inc: Incarnation | None
+    table: str | None = None  # key of the symbol table that covers it
+    rel_base: int = 0  # what the table's values are relative to (kernel: _text)
+
+
+class AddressMap:
+    """Sorted regions of one boot at one time, for bisecting addresses.
+
+    Several sections may share a base (empty ones sit where the next
+    begins); the last of them in sort order stands for that base.
+    """
+
+    def __init__(
+        self,
+        boot: BootSnapshot,
+        incs: Sequence[Incarnation],
+        clock: Clock,
+        t: int | None,
+        kernel_table: str | None = None,
+    ) -> None:
+        regions: list[Region] = []
+        a = boot.anchors
+        text = a.text or 0
+        if a.text is not None and a.etext is not None:
+            regions.append(Region(a.text, a.etext, "kernel", ".text", None, kernel_table, text))
+        if a.sinittext is not None and a.einittext is not None:
+            regions.append(
+                Region(a.sinittext, a.einittext, "kernel", ".init.text", None, kernel_table, text)
+            )
+        for inc in loaded_at(incs, clock, t):
+            regions.extend(module_regions(inc, init_live_at(inc, clock, t)))
+        regions.sort(key=lambda r: (r.base, r.limit, r.section))
+        by_base: dict[int, Region] = {r.base: r for r in regions}
+        self.regions = list(by_base.values())
+        self._bases = [r.base for r in self.regions]
+        self._limits = [r.limit for r in self.regions]
+        self._members: list[dict[str, object] | None] = [None] * len(self.regions)
+        self._arrays: tuple[NDArray[np.uint64], NDArray[np.uint64]] | None = None
+        self.kernel_table = kernel_table
+        self.kernel_build_id = boot.build_id
+
+    def table_keys(self) -> set[str]:
+        return {r.table for r in self.regions if r.table is not None}
+
+    def members(self, i: int) -> dict[str, object]:
+        """What Resolve says of region *i* once per reply (no null members)."""
+        m = self._members[i]
+        if m is None:
+            r = self.regions[i]
+            m = {"image": r.image, "section": r.section, "base": hexaddr(r.base)}
+            build_id = self.kernel_build_id if r.inc is None else r.inc.state.build_id
+            if r.inc is not None:
+                m["seq"] = r.inc.seq
+            if build_id:
+                m["build_id"] = build_id
+            self._members[i] = m
+        return m
+
+    def resolve(self, addresses: Addresses, tables: SymbolTables | None = None) -> Resolved:
+        """Place every address in its region and name its symbol.
+
+        A few addresses are bisected one by one (numpy's fixed cost per call
+        is larger than theirs, and its import is left to the first large
+        batch); a batch goes to :meth:`resolve_bulk`.  Both name what
+        :meth:`~kreld.core.symtab.SymbolTable.lookup` names.
+        """
+        if len(addresses) <= FEW:
+            return self.resolve_few([int(a) for a in addresses], tables)
+        return self.resolve_bulk(addresses, tables)
+
+    def resolve_few(self, addresses: Sequence[int], tables: SymbolTables | None = None) -> Resolved:
+        """:meth:`resolve`, one address at a time in plain Python."""
+        where = [self._region_index(a) for a in addresses]
+        used = sorted({i for i in where if i >= 0})
+        renumber = {i: k for k, i in enumerate(used)}
+        hits = [
+            None if i < 0 else self._lookup(i, a, tables)
+            for a, i in zip(addresses, where, strict=True)
+        ]
+        names: dict[int, dict[str, int]] = {i: {} for i in used}  # region's names, in order
+        for i, hit in zip(where, hits, strict=True):
+            if hit is not None:
+                names[i].setdefault(hit[0], len(names[i]))
+        first: dict[int, int] = {}
+        ordered: list[str] = []
+        for i in used:
+            first[i] = len(ordered)
+            ordered += names[i]
+        symbol = [
+            (-1 if i < 0 else -2 - renumber[i]) if hit is None else first[i] + names[i][hit[0]]
+            for i, hit in zip(where, hits, strict=True)
+        ]
+        return Resolved(
+            [{**self.members(i), "names": len(names[i])} for i in used],
+            _json_names(ordered),
+            symbol,
+            [0 if hit is None else hit[1] for hit in hits],
+        )
+
+    def _region_index(self, address: int) -> int:
+        i = bisect.bisect_right(self._bases, address) - 1
+        return i if i >= 0 and address < self._limits[i] else -1
+
+    def _lookup(self, i: int, address: int, tables: SymbolTables | None) -> tuple[str, int] | None:
+        r = self.regions[i]
+        table = tables.get(r.table) if tables is not None and r.table is not None else None
+        if table is None:
+            return None
+        sec = 0 if r.inc is None else table.section_index(r.section)
+        return None if sec is None else table.lookup(sec, address - r.rel_base)
+
+    def resolve_bulk(self, addresses: Addresses, tables: SymbolTables | None = None) -> Resolved:
+        """:meth:`resolve` in bulk, with numpy: one ``searchsorted`` over the
+        region bases, then one per symbol table over its sorted keys, straight
+        from the store's map (the views must not outlive *tables*; what is
+        returned copies what it keeps).  Raises ``OverflowError`` for a value
+        outside 64 bits."""
+        import numpy as np
+
+        if self._arrays is None:
+            self._arrays = (
+                np.array(self._bases, dtype=np.uint64),
+                np.array(self._limits, dtype=np.uint64),
+            )
+        bases, limits = self._arrays
+        addrs = np.asarray(addresses, dtype=np.uint64)
+        n = len(addrs)
+        ri = np.searchsorted(bases, addrs, side="right").astype(np.int64) - 1
+        inside = ri >= 0
+        ric = np.where(inside, ri, 0)
+        if len(bases):
+            inside &= addrs < limits[ric]
+        else:
+            inside[:] = False
+        # The regions that held an address, in order (few: counted, not sorted).
+        used = np.flatnonzero(np.bincount(ric[inside], minlength=len(bases)))
+        renumber = np.full(len(bases) or 1, -1, dtype=np.int32)
+        renumber[used] = np.arange(len(used), dtype=np.int32)
+
+        # Per address: its symbol's place among its region's names, -1 for none.
+        local = np.full(n, -1, dtype=np.int32)
+        offset = np.zeros(n, dtype=np.int64)
+        counts = np.zeros(len(bases) or 1, dtype=np.int64)  # names per region
+        parts: dict[int, list[bytes]] = {}  # each region's names, JSON
+        # The regions of each table (a kernel's .text and .init.text, a
+        # module's sections) are looked up together.
+        by_table: dict[str, list[int]] = {}
+        for i in used.tolist():
+            key = self.regions[i].table
+            if key is not None:
+                by_table.setdefault(key, []).append(i)
+        for key, regs in by_table.items():
+            table = tables.get(key) if tables is not None else None
+            if table is not None:
+                self._name_bulk(table, regs, addrs, ric, inside, (local, offset, counts, parts))
+        # Names travel region by region: an address's symbol index is its
+        # place among its region's names after those of the regions before.
+        first = np.cumsum(counts) - counts
+        symbol = np.where(
+            local >= 0, first[ric] + local, np.where(inside, -2 - renumber[ric], -1)
+        ).astype(np.int32)
+        names = [p for i in used.tolist() for p in parts.get(i, ())]
+        regions = [{**self.members(i), "names": int(counts[i])} for i in used.tolist()]
+        return Resolved(regions, _names_json(names), symbol, offset)
+
+    def _name_bulk(
+        self,
+        table: SymbolTable,
+        regs: list[int],
+        addrs: NDArray[np.uint64],
+        ric: NDArray[np.int64],
+        inside: NDArray[np.bool_],
+        out: tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.int64], dict[int, list[bytes]]],
+    ) -> None:
+        """Name the addresses of regions *regs*, all in *table*, into *out*:
+        each address's place among its region's names and its offset, each
+        region's count of names and those names as JSON."""
+        import numpy as np
+
+        local, offset, counts, parts = out
+        zero = np.zeros(len(self._bases), dtype=np.int64)  # key of value 0 in the section
+        rel = np.zeros(len(self._bases), dtype=np.uint64)  # what values are relative to
+        mine = np.zeros(len(self._bases), dtype=bool)
+        for i in regs:
+            r = self.regions[i]
+            sec = 0 if r.inc is None else table.section_index(r.section)
+            if sec is not None:
+                zero[i], rel[i], mine[i] = (sec << 40) + KEY_SPAN, r.rel_base, True
+        at = np.flatnonzero(inside & mine[ric])
+        if not len(at):
+            return
+        rr = ric[at]
+        want = (addrs[at] - rel[rr]).view(np.int64) + zero[rr]
+        # In ascending order: the search of each key starts where the last one
+        # ended, in memory it has just read (random keys miss the cache over
+        # a kernel's 120,000 keys: three times slower, sorting included), and
+        # the hits come out sorted and region by region (a region's keys all
+        # lie above those of the table's regions below it), so each distinct
+        # one is where they change.
+        order = np.argsort(want)
+        at, rr, want = at[order], rr[order], want[order]
+        keys = np.asarray(table.keys)
+        j = np.searchsorted(keys, want, side="right") - 1
+        ok = j >= 0
+        jc = np.where(ok, j, 0)
+        found = keys[jc] if len(keys) else np.zeros(len(jc), dtype=np.int64)
+        ok &= found >= zero[rr] - KEY_SPAN  # not a symbol of an earlier section
+        at, hit, rr = at[ok], jc[ok], rr[ok]
+        offset[at] = (want - found)[ok]
+        if len(hit):
+            _name_regions(table, at, rr, hit, (local, counts, parts))
+
+
+def _name_regions(
+    table: SymbolTable,
+    at: NDArray[np.intp],
+    rr: NDArray[np.int64],
+    hit: NDArray[np.int64],
+    out: tuple[NDArray[np.int32], NDArray[np.int64], dict[int, list[bytes]]],
+) -> None:
+    """The names of *table* that addresses *at* (of regions *rr*) hit (key
+    indices *hit*, in ascending order): into *out*, each address's place
+    among its region's names, each region's count and its names as JSON."""
+    import numpy as np
+
+    local, counts, parts = out
+    new = np.empty(len(hit), dtype=bool)
+    new[0], new[1:] = True, (hit[1:] != hit[:-1]) | (rr[1:] != rr[:-1])
+    seen = np.cumsum(new) - 1  # distinct hits before each, in this table
+    starts = np.flatnonzero(np.r_[True, rr[1:] != rr[:-1]])  # each region's run
+    local[at] = seen - np.repeat(seen[starts], np.diff(np.r_[starts, len(rr)]))
+    entries = np.asarray(table.sorted)[hit[new]]
+    ends = np.asarray(table.name_end)
+    bounds = [*seen[starts].tolist(), len(entries)]
+    for k, lo in enumerate(starts.tolist()):
+        reg = int(rr[lo])
+        counts[reg] = bounds[k + 1] - bounds[k]
+        parts[reg] = _quote_names(table.names, ends, entries[bounds[k] : bounds[k + 1]])
+
+
+# The names of the symbols a reply names are gathered from the tables' blobs
+# straight into the JSON array the reply carries (vectorized: no Python object
+# per name): quoted some at a time, then joined.
+
+
+def _quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> list[bytes]:
+    """'"name",' for entries *entries* of a table (its names *blob*, their
+    *ends* in it), some names a part."""
+    import numpy as np
+
+    entries = entries.astype(np.int64)  # the table's are u32: entry 0 has no end before it
+    stop = ends[entries].astype(np.int64)
+    start = np.where(entries > 0, ends[np.maximum(entries - 1, 0)], 0).astype(np.int64)
+    # Some names at a time, so that the index arrays (8 bytes per byte of
+    # name) stay small: a batch's buffers all together must stay below
+    # glibc's trim threshold (kreld.core.heap), or the heap shrinks after each
+    # call and grows again, a page fault per 4 KiB, in the next one.
+    upto = np.cumsum(stop - start)
+    cuts = np.searchsorted(upto, np.arange(_NAME_BYTES, int(upto[-1]), _NAME_BYTES)).tolist()
+    names = np.frombuffer(blob, dtype=np.uint8)
+    return [
+        _quoted(names, start[lo:hi], stop[lo:hi])
+        for lo, hi in zip([0, *cuts], [*cuts, len(entries)], strict=True)
+        if lo < hi
+    ]
+
+
+def _names_json(parts: list[bytes]) -> bytes:
+    """The names of *parts* (from :func:`_quote_names`) as a JSON array."""
+    if not parts:
+        return b"[]"
+    return b"".join((b"[", *parts[:-1], parts[-1][:-1], b"]"))
+
+
+# Bytes of names gathered at a time (see _quote_names).
+_NAME_BYTES = 32 << 10
+
+
+def _quoted(names: NDArray[np.uint8], start: NDArray[np.int64], stop: NDArray[np.int64]) -> bytes:
+    """'"' name '",' for each name ``names[start:stop]``, in order."""
+    import numpy as np
+
+    # Each name and the byte after it (the next name's first, past the end:
+    # the last byte again), gathered with one index array made by a running
+    # sum: +1 within a name, a jump to each name's start; the bytes after
+    # become NULs, which bytes.replace() turns into the '","' between names.
+    spans = stop - start + 1
+    step = np.ones(int(spans.sum()), dtype=np.int64)
+    ends = np.cumsum(spans) - 1  # of each name's byte after, in the gathered bytes
+    step[ends[:-1] + 1] = start[1:] - stop[:-1]
+    step[:1] = start[:1]
+    gathered = names.take(np.cumsum(step, out=step), mode="clip")
+    gathered[ends] = 0
+    text = gathered.tobytes()
+    if text.translate(None, _PLAIN_OR_NUL) or text.count(b"\0") != len(spans):
+        # Rare: a name JSON must escape, or not ASCII (or holding a NUL): one by one.
+        firsts = [0, *(ends[:-1] + 1).tolist()]
+        each = [text[a:b] for a, b in zip(firsts, ends.tolist(), strict=True)]
+        return _json_names([n.decode("utf-8", "replace") for n in each])[1:-1] + b","
+    return b'"' + text[:-1].replace(b"\0", b'","') + b'",'
+
+
+# The bytes a name carries into a JSON string as they are, and NUL.
+_PLAIN_OR_NUL = b"\0" + JSON_PLAIN
+
+
+def _json_names(names: list[str]) -> bytes:
+    import orjson
+
+    return orjson.dumps(names)
+
+
+@record
+class Resolved:
+    """Resolve's answer, as it travels (see ``Resolve`` in io.kreld.varlink):
+    what is true of many addresses once (a region: image, section, base,
+    build-id, incarnation; a symbol's name and the region it lies in), and
+    per address two small integers referring to it."""
+
+    # Each region that held an address, with the count of its names.
+    regions: list[dict[str, object]]
+    symbols_json: bytes  # the distinct symbol names, region by region, a JSON array
+    # Per address: the index of its symbol's name; without a symbol, -2 - the
+    # index of its region, or -1 for none (a list or a numpy array).
+    symbol: Sequence[int] | NDArray[np.int32]
+    symbol_offset: Sequence[int] | NDArray[np.int64]  # bytes past the symbol's start
+
+    def to_json(self) -> bytes:
+        """The reply's parameters as compact JSON."""
+        import orjson
+
+        opt = orjson.OPT_SERIALIZE_NUMPY
+        return b"".join(
+            (
+                b'{"regions":',
+                orjson.dumps(self.regions),
+                b',"symbols":',
+                self.symbols_json,
+                b',"symbol":',
+                orjson.dumps(self.symbol, option=opt),
+                b',"symbol_offset":',
+                orjson.dumps(self.symbol_offset, option=opt),
+                b"}",
+            )
+        )

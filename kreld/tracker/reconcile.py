@@ -1,0 +1,265 @@
+"""What one look at ``sys/module`` changes: a pure plan, no I/O, no clock.
+
+The tracker lists the directory, reads the modules :func:`to_read` names, and
+hands the result to :func:`plan`, which says what to open, refresh and close
+and how the batch's hints pair with incarnations.  The tracker then commits
+the :class:`Changes` and applies them to its memory.
+
+The pairing rule: each source's add hint stands for one load.  A hint pairs
+first with an incarnation this look opens, then with the open incarnation of
+its name, then with one this look closes, then with one recently closed --
+each only if that source's hint has not been paired with it already.  A hint
+left over is a load that came and went between two looks: it is recorded as
+a *transient*, an incarnation gone before it could be read.  So a module seen
+by two sources is recorded once, and a load a source saw but no look found is
+still recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from kreld.core.model import HintAction, Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.core.record import field, record, replace
+
+GONE_FAULT = "gone before it could be read"
+
+
+@record
+class Hint:
+    """A source's word that a module may have changed: only a reason to look."""
+
+    source: SeenBy
+    action: HintAction
+    name: str | None
+
+
+@record
+class Tracked:
+    """An incarnation and the sources whose add hints have been paired with it."""
+
+    inc: Incarnation
+    hinted: frozenset[SeenBy] = frozenset()
+
+
+@record
+class Changes:
+    """One look's outcome.
+
+    ``transients`` (gone before they could be read) and ``opened`` are new
+    incarnations, in that order, without a seq yet; ``updated`` are open ones
+    read again; ``closed`` were open and are gone (with the hints paired
+    before this look); ``paired`` maps the seq of an incarnation already
+    stored to the sources whose hints this look paired with it.
+    """
+
+    opened: tuple[Tracked, ...] = ()
+    transients: tuple[Incarnation, ...] = ()
+    updated: tuple[Incarnation, ...] = ()
+    closed: tuple[Tracked, ...] = ()
+    paired: Mapping[int, frozenset[SeenBy]] = field(default_factory=dict)
+
+    @property
+    def writes(self) -> bool:
+        """Whether the store has anything to record."""
+        return bool(self.opened or self.transients or self.updated or self.closed)
+
+    @property
+    def new(self) -> list[Incarnation]:
+        """What the store assigns seqs to, in this order: a load that came and
+        went happened before the load of the same name still present."""
+        return [*self.transients, *(t.inc for t in self.opened)]
+
+
+def complete(state: ModuleState) -> bool:
+    """Whether a read has all it will get: past ``coming`` and with sections
+    (or with addresses the reader may not see)."""
+    return state.initstate != "coming" and (bool(state.sections) or state.restricted)
+
+
+def same_load(old: ModuleState, new: ModuleState) -> bool:
+    """Whether two reads show the same load (no address or identity differs)."""
+    if old.inode is not None and new.inode is not None and old.inode != new.inode:
+        return False
+    for name in (".text", ".data"):
+        a, b = old.sections.get(name), new.sections.get(name)
+        if a is not None and b is not None and a != b:
+            return False
+    if old.core_base and new.core_base and old.core_base != new.core_base:
+        return False
+    return old.build_id == new.build_id and old.srcversion == new.srcversion
+
+
+def new_incarnation(
+    state: ModuleState, when: Timestamp, by: SeenBy, gone: Timestamp | None = None
+) -> Incarnation:
+    """A load first seen at *when* (and, for a transient, gone by then too)."""
+    return Incarnation(
+        boot_id="",
+        seq=-1,
+        state=state,
+        loaded=when,
+        seen_by=by,
+        init_live=state.initstate == "coming",
+        init_done=when if state.initstate == "live" else None,
+        unloaded=gone,
+        unloaded_after=when if gone else None,
+        unload_seen_by=by if gone else None,
+    )
+
+
+def refresh(inc: Incarnation, state: ModuleState, now: Timestamp) -> Incarnation:
+    """What a later read adds to an open incarnation: never changes an address."""
+    old = inc.state
+    merged = replace(
+        old,
+        sections={**state.sections, **old.sections},
+        build_id=old.build_id or state.build_id,
+        coresize=old.coresize if old.coresize is not None else state.coresize,
+        initsize=old.initsize if old.initsize is not None else state.initsize,
+        initstate=state.initstate,
+        srcversion=old.srcversion or state.srcversion,
+        taint=state.taint,
+        core_base=old.core_base or state.core_base,
+        restricted=old.restricted or state.restricted,
+        faults=state.faults,
+    )
+    init_done = inc.init_done
+    if init_done is None and state.initstate == "live":
+        init_done = now
+    return replace(inc, state=merged, init_done=init_done)
+
+
+def gone_state(name: str) -> ModuleState:
+    """The state of a load no look found: only its name is known."""
+    return ModuleState(
+        name=name,
+        build_id=None,
+        sections={},
+        coresize=None,
+        initsize=None,
+        initstate=None,
+        srcversion=None,
+        taint=None,
+        core_base=None,
+        restricted=False,
+        inode=None,
+        faults=(GONE_FAULT,),
+    )
+
+
+def to_read(
+    open_: Mapping[str, Tracked], present: Mapping[str, int], hints: Iterable[Hint]
+) -> list[str]:
+    """The modules a look must read: new ones, reloaded ones (another inode),
+    ones a hint names, and open ones still incomplete."""
+    recheck = {h.name for h in hints if h.name}
+    out = []
+    for name in sorted(present):
+        t = open_.get(name)
+        if (
+            t is None
+            or present[name] != t.inc.state.inode
+            or name in recheck
+            or not complete(t.inc.state)
+        ):
+            out.append(name)
+    return out
+
+
+@record
+class _Diff:
+    opened: list[Incarnation]
+    updated: list[Incarnation]
+    closed: list[Tracked]
+
+
+def _diff(
+    open_: Mapping[str, Tracked],
+    present: Mapping[str, int],
+    states: Mapping[str, ModuleState | None],
+    hints: Sequence[Hint],
+    now: Timestamp,
+    previous: Timestamp,
+) -> _Diff:
+    """Compare the directory with what is open: close what went (or was
+    reloaded), refresh what was read again, open what is new."""
+    source = hints[0].source if hints else SeenBy.POLL
+    said: dict[tuple[str | None, HintAction], SeenBy] = {}  # the first source to say so
+    for h in hints:
+        said.setdefault((h.name, h.action), h.source)
+    out = _Diff([], [], [])
+    for name, t in open_.items():
+        state = states.get(name) if name in present else None
+        if state is None or present[name] != t.inc.state.inode:
+            if name in present and name not in states:  # not read: unchanged
+                continue
+            by = said.get((name, HintAction.REMOVE), source)
+            after = previous if previous.monotonic > t.inc.loaded.monotonic else t.inc.loaded
+            done = replace(t.inc, unloaded=now, unloaded_after=after, unload_seen_by=by)
+            out.closed.append(Tracked(done, t.hinted))
+            continue
+        new = refresh(t.inc, state, now)
+        if new != t.inc:
+            out.updated.append(new)
+    closing = {t.inc.name for t in out.closed}
+    for name in sorted(present):
+        state = states.get(name)
+        if state is not None and (name not in open_ or name in closing):
+            by = said.get((name, HintAction.ADD), source)
+            out.opened.append(new_incarnation(state, now, by))
+    return out
+
+
+def plan(
+    open_: Mapping[str, Tracked],
+    present: Mapping[str, int],
+    states: Mapping[str, ModuleState | None],
+    hints: Sequence[Hint],
+    *,
+    recent: Mapping[str, Sequence[Tracked]],
+    now: Timestamp,
+    previous: Timestamp,
+) -> Changes:
+    """What one look changes.
+
+    *open_* is what is open now, *present* the directory listing (name ->
+    inode), *states* the reads of the names :func:`to_read` gave (None: gone
+    when read), *recent* what closed lately per name (oldest first), *now* the
+    time of the look and *previous* that of the look before.
+    """
+    diff = _diff(open_, present, states, hints, now, previous)
+    closing = {t.inc.name for t in diff.closed}
+    opened_hinted: list[set[SeenBy]] = [set() for _ in diff.opened]
+    new_index = {inc.name: i for i, inc in enumerate(diff.opened)}
+    paired: dict[int, set[SeenBy]] = {}
+    transients: list[Incarnation] = []
+
+    def free(t: Tracked, source: SeenBy) -> bool:
+        return source not in t.hinted and source not in paired.get(t.inc.seq, ())
+
+    for h in hints:
+        if h.action != HintAction.ADD or h.name is None:
+            continue
+        i = new_index.get(h.name)
+        if i is not None and h.source not in opened_hinted[i]:
+            opened_hinted[i].add(h.source)
+            continue
+        candidates: list[Tracked] = []
+        if h.name in open_ and h.name not in closing:
+            candidates.append(open_[h.name])
+        candidates += [t for t in diff.closed if t.inc.name == h.name]
+        candidates += recent.get(h.name, ())
+        match = next((c for c in candidates if free(c, h.source)), None)
+        if match is not None:
+            paired.setdefault(match.inc.seq, set()).add(h.source)
+        else:
+            transients.append(new_incarnation(gone_state(h.name), now, h.source, gone=now))
+    hinted = zip(diff.opened, opened_hinted, strict=True)
+    return Changes(
+        opened=tuple(Tracked(inc, frozenset(s)) for inc, s in hinted),
+        transients=tuple(transients),
+        updated=tuple(diff.updated),
+        closed=tuple(diff.closed),
+        paired={seq: frozenset(s) for seq, s in paired.items()},
+    )
