@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from kreld.store.bootsource import BootSource
 
 
+__all__ = ["Ctl", "LocalBackend", "main"]
+
+
 class LocalBackend:
     """Answers from the store itself, with the daemon's own method code."""
 

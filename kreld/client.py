@@ -36,6 +36,15 @@ from kreld.core.errors import (
 )
 from kreld.varlink.wire import encode_call
 
+__all__ = [
+    "Client",
+    "ConnectError",
+    "RemoteError",
+    "connect_unix",
+    "error_from_reply",
+    "resolutions",
+]
+
 
 class RemoteError(KreldError):
     """An error reply kreld's client has no more specific class for."""

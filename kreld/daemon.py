@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sys
 
+__all__ = ["EPILOG", "Daemon", "build_parser", "check_config", "log_boot", "main", "status_line"]
+
 # Keep Python's ssl module (OpenSSL) out of the daemon.  asyncio imports it
 # only to offer TLS, which a varlink server on an AF_UNIX socket never uses
 # (publishing to a bucket goes through obstore's own TLS); loading it was

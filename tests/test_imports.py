@@ -154,3 +154,46 @@ def test_readme_architecture_names_every_folder_and_program() -> None:
             continue
         shown = f"`{unit}/`" if paths[0].parent != KRELD else f"`{unit}.py`"
         assert shown in section.group(1), f"README's Architecture section does not name {shown}"
+
+
+def test_every_module_says_what_it_exports() -> None:
+    """``__all__`` on every module (the folders' ``__init__`` files only describe),
+    naming only what the module defines or imports."""
+    for path in sorted(KRELD.rglob("*.py")):
+        if path.name == "__init__.py" and path.parent != KRELD and path.parent.name != "store":
+            continue
+        tree = ast.parse(path.read_text())
+        exported = None
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                exported = ast.literal_eval(node.value)
+        rel = path.relative_to(KRELD)
+        if path == KRELD / "__init__.py":
+            continue
+        assert exported, f"{rel} has no __all__"
+        defined = {
+            n.name
+            for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        }
+        defined |= {
+            t.id
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        defined |= {
+            n.target.id
+            for n in ast.walk(tree)
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+        }
+        defined |= {
+            (a.asname or a.name).split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Import | ast.ImportFrom)
+            for a in n.names
+        }
+        assert set(exported) <= defined, f"{rel} exports names it lacks: {set(exported) - defined}"

@@ -11,6 +11,8 @@ from kreld.config.settings import Config, load_config
 from kreld.core import consts
 from kreld.core.record import replace
 
+__all__ = ["HelpFormatter", "add_common", "leave", "resolve_config"]
+
 
 def _columns() -> int:
     """What ``shutil.get_terminal_size`` says, without importing shutil

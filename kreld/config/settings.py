@@ -14,6 +14,8 @@ from kreld.core import consts
 from kreld.core.errors import ConfigError
 from kreld.core.record import field, fields, record, replace
 
+__all__ = ["RESTART_KEYS", "SCHEMA", "Config", "load_config"]
+
 _WATCH_METHODS = ("auto", "poll", "inotify")
 # Marks a setting SIGHUP cannot change: it takes effect at the next start.
 _RESTART = {"restart": True}

@@ -9,6 +9,44 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Final
 
+__all__ = [
+    "ANCHOR_SYMBOLS",
+    "BOOT_ID",
+    "CAP_SYSLOG",
+    "DEFAULT_CONFIG",
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_POLL_INTERVAL",
+    "DEFAULT_PUBLISH_INTERVAL",
+    "DEFAULT_ROOT",
+    "DEFAULT_SOCKET",
+    "DEFAULT_STATE_DIR",
+    "DEFAULT_SUBSCRIBE_QUEUE",
+    "FEW_ADDRESSES",
+    "HEARTBEAT_INTERVAL",
+    "HOSTNAME",
+    "KALLSYMS",
+    "KCORE",
+    "KERNEL_NOTES",
+    "KPTR_RESTRICT",
+    "KVERSION",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "MACHINE_ID",
+    "OSRELEASE",
+    "PERF_EVENT_PARANOID",
+    "PROC_MODULES",
+    "PROJECT_URL",
+    "STORE_INITIAL_MAP_SIZE",
+    "STORE_MAGIC",
+    "STORE_MAX_MAP_SIZE",
+    "STORE_SCHEMA_VERSION",
+    "SYSTEM_MAP_CANDIDATES",
+    "SYS_MODULE",
+    "VMLINUX_CANDIDATES",
+]
+
 DEFAULT_CONFIG: Final = "/etc/kreld/kreld.toml"
 DEFAULT_STATE_DIR: Final = "/var/lib/kreld"
 DEFAULT_SOCKET: Final = "/run/kreld/kreld.sock"

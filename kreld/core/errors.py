@@ -10,6 +10,34 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any, ClassVar
 
+__all__ = [
+    "AddressesRestricted",
+    "AmbiguousBoot",
+    "ConfigError",
+    "ExitCode",
+    "FleetError",
+    "FleetObjectInvalid",
+    "InterfaceNotFound",
+    "InvalidArgument",
+    "KernelReadError",
+    "KreldError",
+    "MethodNotFound",
+    "MethodNotImplemented",
+    "NoBootForRecording",
+    "NoSuchBoot",
+    "NoteError",
+    "PerfDataError",
+    "PermissionDenied",
+    "SocketError",
+    "StoreCorrupt",
+    "StoreDamaged",
+    "StoreError",
+    "StoreFull",
+    "StoreLocked",
+    "StoreTooNew",
+    "SymbolsUnavailable",
+]
+
 
 class ExitCode(IntEnum):
     """Exit codes of ``kreld`` and ``kreldctl`` (documented in their --help)."""

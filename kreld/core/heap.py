@@ -31,6 +31,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+__all__ = ["MMAP_THRESHOLD", "trim", "tune"]
+
 # Blocks this large or larger get a mapping of their own: above the buffers
 # of an everyday Resolve, below a kallsyms read.
 MMAP_THRESHOLD = 1 << 20

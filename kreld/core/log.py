@@ -22,6 +22,18 @@ from structlog.typing import FilteringBoundLogger
 
 from kreld.core import consts
 
+__all__ = [
+    "FORMATS",
+    "LEVELS",
+    "JournalRenderer",
+    "choose_format",
+    "configure",
+    "get",
+    "journal_context",
+    "journal_field",
+    "journal_stream_is_stderr",
+]
+
 LEVELS = {name: logging.getLevelNamesMapping()[name.upper()] for name in consts.LOG_LEVELS}
 FORMATS = consts.LOG_FORMATS
 

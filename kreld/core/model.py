@@ -15,6 +15,26 @@ from typing import Any
 from kreld.core.consts import ANCHOR_SYMBOLS
 from kreld.core.record import record
 
+__all__ = [
+    "JSON",
+    "WIRE_ANCHORS",
+    "Anchors",
+    "BootSnapshot",
+    "Clock",
+    "HintAction",
+    "Incarnation",
+    "KaslrOffset",
+    "ModuleEvent",
+    "ModuleState",
+    "OffsetSource",
+    "SeenBy",
+    "Timestamp",
+    "clock_now",
+    "hexaddr",
+    "merge_boot",
+    "parse_addr",
+]
+
 JSON = dict[str, Any]
 
 

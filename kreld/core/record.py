@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping
 from operator import attrgetter
 from typing import Any, ClassVar, TypeVar, dataclass_transform
 
+__all__ = ["MISSING", "Field", "FrozenInstanceError", "T", "field", "fields", "record", "replace"]
+
 T = TypeVar("T")
 
 _object_setattr = object.__setattr__

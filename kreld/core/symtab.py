@@ -32,6 +32,27 @@ from typing import Literal, Protocol
 
 from kreld.core.record import record
 
+__all__ = [
+    "ABSOLUTE",
+    "FROM_ELF",
+    "FROM_KALLSYMS",
+    "KEY_SPAN",
+    "MAGIC",
+    "MODULE_ABSOLUTE",
+    "PERF_TYPES",
+    "Columns",
+    "Entry",
+    "SymbolTable",
+    "SymbolTables",
+    "kernel_symbol_key",
+    "kernel_table",
+    "module_symbol_key",
+    "module_table",
+    "pack",
+    "pack_columns",
+    "searchable",
+]
+
 MAGIC = b"KRSYMTB1"
 _HEADER = struct.Struct("<8s6I")
 KEY_SPAN = 1 << 39

@@ -6,6 +6,8 @@ from a string: hex digits with or without hyphens, in braces or after
 
 from __future__ import annotations
 
+__all__ = ["canonical", "to_bytes", "to_text"]
+
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 

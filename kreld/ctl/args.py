@@ -11,6 +11,17 @@ from kreld.config.options import HelpFormatter, add_common
 from kreld.core.errors import InvalidArgument
 from kreld.core.model import Clock, hexaddr, parse_addr
 
+__all__ = [
+    "EPILOG",
+    "add_from",
+    "add_queries",
+    "addresses_in",
+    "at_options",
+    "build_parser",
+    "for_option",
+    "parse_time",
+]
+
 EPILOG = """\
 exit status:
   0  success

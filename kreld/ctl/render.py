@@ -7,6 +7,17 @@ from typing import Any, TextIO
 
 from kreld.core.model import BootSnapshot, Clock, Incarnation, hexaddr
 
+__all__ = [
+    "fmt_realtime",
+    "render_boot",
+    "render_modules",
+    "render_resolved",
+    "render_status",
+    "render_table",
+    "symbol_of",
+    "warn_restricted",
+]
+
 
 def symbol_of(r: dict[str, Any]) -> str:
     if "symbol" not in r:

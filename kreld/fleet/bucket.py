@@ -19,6 +19,8 @@ from kreld.core.symtab import SymbolTable, SymbolTables
 from kreld.fleet import layout as fleet
 from kreld.fleet.s3 import Bucket, open_bucket
 
+__all__ = ["BucketBackend", "BucketStore", "T", "summary_of"]
+
 T = TypeVar("T")
 _BOOT_PREFIX = re.compile(r"[0-9a-f-]{1,36}")
 

@@ -32,6 +32,33 @@ from kreld.core.errors import FleetObjectInvalid
 from kreld.core.model import BootSnapshot, Incarnation
 from kreld.core.record import record
 
+__all__ = [
+    "COMPACT_AFTER",
+    "FORMAT",
+    "MAX_COMPONENT",
+    "TABLE_MAGIC",
+    "VERSION",
+    "Batch",
+    "Host",
+    "IndexEntry",
+    "Manifest",
+    "batch_name",
+    "batch_object",
+    "decode_batch",
+    "decode_manifest",
+    "decode_table",
+    "digest",
+    "encode_batch",
+    "encode_manifest",
+    "encode_table",
+    "index_object",
+    "machine_id_ok",
+    "manifest_object",
+    "merge_batches",
+    "parse_index",
+    "table_object",
+]
+
 FORMAT = "kreld-fleet"
 VERSION = 1
 TABLE_MAGIC = b"kreld-fleet table 1\n"

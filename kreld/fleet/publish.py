@@ -46,6 +46,17 @@ from kreld.store.pubstate import PubState, table_bytes
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+__all__ = [
+    "BACKOFF_INTERVALS",
+    "Plan",
+    "Publisher",
+    "Target",
+    "check_config",
+    "configure",
+    "plan_boot",
+    "read_host",
+]
+
 # The longest wait between failed rounds, in publishing intervals (and at most 5 min).
 BACKOFF_INTERVALS = 30
 

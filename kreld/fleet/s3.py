@@ -28,6 +28,17 @@ from kreld.core.errors import ConfigError, FleetError
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
 
+__all__ = [
+    "CONCURRENCY",
+    "EXTRA_HINT",
+    "Bucket",
+    "describe",
+    "missing_reason",
+    "open_bucket",
+    "require_fleet",
+    "split_url",
+]
+
 EXTRA_HINT = "install kreld with the fleet extra: pip install 'kreld[fleet]' (obstore)"
 _ECHOED = re.compile(
     r"<(AWSAccessKeyId|StringToSign|StringToSignBytes|SignatureProvided|CanonicalRequest"

@@ -17,6 +17,16 @@ from kreld.kernel.notes import NoteType, iter_notes, parse_vmcoreinfo
 if TYPE_CHECKING:
     from elftools.elf.elffile import ELFFile
 
+__all__ = [
+    "elf_build_id",
+    "elf_symbol_entries",
+    "elf_symbols",
+    "gnu_build_id",
+    "kcore_vmcoreinfo",
+    "module_symbol_letter",
+    "symbol_letter",
+]
+
 _PT_NOTE = 4
 
 

@@ -16,6 +16,19 @@ from kreld.core.model import Anchors
 from kreld.core.record import record
 from kreld.kernel.notes import find_build_id
 
+__all__ = [
+    "Root",
+    "has_cap_syslog",
+    "read_anchors",
+    "read_boot_id",
+    "read_int_sysctl",
+    "read_kernel_build_id",
+    "read_release",
+    "read_version",
+    "restriction_reason",
+    "scan_kallsyms_anchors",
+]
+
 
 @record
 class Root:

@@ -32,6 +32,8 @@ from kreld.core.errors import KernelReadError
 from kreld.core.record import record
 from kreld.kernel.info import Root
 
+__all__ = ["TAIL_CHUNK", "Kallsyms", "KallsymsText", "Line", "parse_kallsyms"]
+
 Line = tuple[int, bytes, bytes]  # (address, type letter, name)
 # The buffer the core lines pass through in KallsymsText.read_tail.
 TAIL_CHUNK = 1 << 18

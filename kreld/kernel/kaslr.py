@@ -16,6 +16,8 @@ from kreld.core.model import Anchors, KaslrOffset, OffsetSource
 from kreld.kernel.elf import elf_build_id, elf_symbols, kcore_vmcoreinfo
 from kreld.kernel.info import Root
 
+__all__ = ["find_offset", "matching_vmlinux", "parse_system_map", "vmlinux_candidates"]
+
 
 def _fill(template: str, release: str, build_id: str | None) -> str | None:
     if "{xx}" in template:

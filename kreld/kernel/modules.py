@@ -21,6 +21,8 @@ from kreld.core.record import record
 from kreld.kernel.info import Root
 from kreld.kernel.notes import find_build_id
 
+__all__ = ["ProcModule", "list_modules", "parse_proc_modules", "read_module", "read_proc_modules"]
+
 
 @record
 class ProcModule:

@@ -16,6 +16,8 @@ from enum import IntEnum
 from kreld.core.errors import NoteError
 from kreld.core.record import record
 
+__all__ = ["Note", "NoteType", "find_build_id", "iter_notes", "parse_vmcoreinfo"]
+
 _NHDR = struct.Struct("=III")
 
 

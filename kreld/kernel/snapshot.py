@@ -21,6 +21,8 @@ from kreld.kernel.info import (
 )
 from kreld.kernel.kaslr import find_offset, matching_vmlinux
 
+__all__ = ["take_snapshot"]
+
 
 def take_snapshot(
     root: Root, debuginfo_dirs: Iterable[str] = (), kallsyms: bytes | None = None

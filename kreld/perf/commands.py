@@ -23,6 +23,16 @@ from kreld.store.bootsource import BootSource
 from kreld.symbols.export import module_key, render_kallsyms
 from kreld.symbols.queries import Region, init_live_at, is_init_section, module_regions
 
+__all__ = [
+    "INIT_WINDOW_NS",
+    "Frame",
+    "Symbolizer",
+    "export_for",
+    "find_boot",
+    "symbolize_for",
+    "symbolize_lines",
+]
+
 
 def find_boot(store: BootSource, h: PerfHeader, err: TextIO) -> BootMatch:
     """The recording's boot, said on *err* with what did not match."""

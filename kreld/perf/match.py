@@ -25,6 +25,19 @@ from kreld.core.model import BootSnapshot, Clock, Incarnation, hexaddr
 from kreld.core.record import record
 from kreld.perf.reader import ClockId, ModuleMap, PerfHeader
 
+__all__ = [
+    "KRELD_CLOCKS",
+    "NEAREST_SHOWN",
+    "BootMatch",
+    "ModuleChoice",
+    "SampleClock",
+    "choose_modules",
+    "match_boot",
+    "module_base",
+    "pick_incarnation",
+    "sample_clock",
+]
+
 # The sample clocks that are kreld's own clocks.
 KRELD_CLOCKS = {
     ClockId.MONOTONIC: Clock.MONOTONIC,

@@ -50,6 +50,8 @@ from kreld.perf.records import PerfHeader as PerfHeader
 from kreld.perf.records import RecordType as RecordType
 from kreld.perf.records import module_name as module_name
 
+__all__ = ["DECOMPRESSED_LIMIT", "FEATURE_LIMIT", "PREFIX_LIMIT", "read_perf_header"]
+
 # How far into the data section the synthesized records are looked for.
 PREFIX_LIMIT = 64 << 20
 # A feature section larger than this is not one of the few read here.

@@ -13,6 +13,18 @@ from enum import IntEnum
 from kreld.core.errors import PerfDataError
 from kreld.core.record import field, record
 
+__all__ = [
+    "KERNEL_MAP_PREFIX",
+    "BuildIdEntry",
+    "ClockData",
+    "ClockId",
+    "Feature",
+    "ModuleMap",
+    "PerfHeader",
+    "RecordType",
+    "module_name",
+]
+
 _MAGIC = b"PERFILE2"
 _FILE_HEADER_SIZE = 104  # magic, size, attr_size, 3 sections, 256 feature bits
 _PIPE_HEADER_SIZE = 16  # magic, size

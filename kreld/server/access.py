@@ -33,6 +33,17 @@ if TYPE_CHECKING:  # the socket and config types only: kreldctl show needs no so
     from kreld.config.settings import Config
 
 
+__all__ = [
+    "Policy",
+    "check_socket_dir",
+    "group_id",
+    "peer_comm",
+    "peer_cred",
+    "peer_groups",
+    "policy_of",
+]
+
+
 @record
 class Policy:
     """Who may connect: root, kreld's own uid, listed uids, members of listed groups."""

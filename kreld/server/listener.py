@@ -47,6 +47,19 @@ if TYPE_CHECKING:
 
     from kreld.config.settings import Config
 
+__all__ = [
+    "ACCEPT_BATCH",
+    "ACCEPT_HEADROOM",
+    "LISTEN_BACKLOG",
+    "RESERVED_FDS",
+    "Limits",
+    "Server",
+    "bind_socket",
+    "limits_of",
+    "raise_fd_limit",
+    "socket_answers",
+]
+
 # Pending connections the kernel queues for us (capped by net.core.somaxconn).
 LISTEN_BACKLOG = 1024
 # Connections asyncio accepts in one go: each holds a descriptor until its

@@ -37,6 +37,8 @@ from kreld.varlink.requests import (
 )
 from kreld.varlink.wire import INTERFACE, SERVICE
 
+__all__ = ["METHODS", "QUICK_RESOLVE", "Method", "Params", "answer", "call", "lookup"]
+
 QUICK_RESOLVE = 64  # addresses a Resolve of the current boot may ask on the loop
 
 Params = Mapping[str, Any]

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     # kreldctl show, boots and status need neither.
     from kreld.symbols.queries import AddressMap
 
+__all__ = ["MAP_CACHE", "Reply", "Service"]
+
 # A method's answer: its reply parameters, as plain data or already encoded
 # as a JSON object (the answers built once and served many times).
 Reply = dict[str, Any] | bytes

@@ -9,6 +9,8 @@ from kreld.core.errors import AmbiguousBoot, NoSuchBoot
 from kreld.core.model import BootSnapshot, hexaddr, merge_boot
 from kreld.store.env import SEQ, StoreEnv, Table, decoded, dumps
 
+__all__ = ["BootTables", "boot_from_record", "boot_record"]
+
 
 def boot_record(snap: BootSnapshot) -> bytes:
     """A boot as stored: its wire form, but with the anchors keyed by the kernel's

@@ -15,6 +15,8 @@ from kreld.core.model import BootSnapshot, Incarnation
 if TYPE_CHECKING:
     from kreld.core.symtab import SymbolTables
 
+__all__ = ["BootSource", "T"]
+
 T = TypeVar("T")
 
 

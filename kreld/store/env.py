@@ -25,6 +25,19 @@ from kreld.core.errors import StoreCorrupt, StoreDamaged, StoreError, StoreFull,
 from kreld.store.lmdbcheck import check_datafile
 from kreld.store.ownership import check_owner
 
+__all__ = [
+    "OPENED",
+    "SEQ",
+    "UNREADABLE",
+    "StoreEnv",
+    "T",
+    "Table",
+    "boot_key",
+    "decoded",
+    "dumps",
+    "inc_key",
+]
+
 T = TypeVar("T")
 
 

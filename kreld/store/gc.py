@@ -8,6 +8,8 @@ from kreld.core.symtab import module_symbol_key
 from kreld.store.env import SEQ, Table, boot_key
 from kreld.store.incarnations import IncarnationTables
 
+__all__ = ["Retention"]
+
 # What a boot leaves in tables keyed by boot-id (16 bytes) + seq.
 _PER_LOAD = (Table.INCARNATIONS, Table.OPEN, Table.ABSOLUTES)
 

@@ -21,6 +21,8 @@ from kreld.store.env import (
     inc_key,
 )
 
+__all__ = ["IncarnationTables"]
+
 
 class IncarnationTables(StoreEnv):
     """Every load of a module per boot, which are still open, and when

@@ -47,6 +47,8 @@ from pathlib import Path
 from kreld.core.errors import StoreCorrupt, StoreDamaged, StoreError
 from kreld.core.record import record
 
+__all__ = ["LMDB_MAGIC", "Meta", "check_datafile", "newest_meta", "reach"]
+
 LMDB_MAGIC = 0xBEEFC0DE
 _DATA_VERSION = 1
 _PAGE_SIZES = (4096, 8192, 16384, 32768, 65536)

@@ -33,6 +33,16 @@ from kreld.store.ownership import check_owner
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+__all__ = [
+    "DAMAGED_PREFIX",
+    "LOCK_NAME",
+    "WriterLock",
+    "damaged_stores",
+    "open_writable",
+    "set_aside",
+    "writer_lock",
+]
+
 LOCK_NAME = "kreld.lock"
 DAMAGED_PREFIX = "damaged-"
 _STORE_FILES = ("data.mdb", "lock.mdb")

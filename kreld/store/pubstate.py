@@ -22,6 +22,8 @@ from typing import Any
 
 from kreld.store import Store, Table, boot_key, inc_key
 
+__all__ = ["PubState", "table_bytes"]
+
 _DB = Table.PUBLISHED.value
 _SEQ = struct.Struct(">Q")
 

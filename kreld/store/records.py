@@ -29,6 +29,30 @@ from typing import Any
 
 from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
 
+__all__ = [
+    "F_BUILD_ID_RAW",
+    "F_BUILD_ID_STR",
+    "F_CORESIZE",
+    "F_CORE_BASE",
+    "F_FAULTS",
+    "F_INITSIZE",
+    "F_INITSTATE",
+    "F_INIT_DONE",
+    "F_INIT_LIVE",
+    "F_INODE",
+    "F_RESTRICTED",
+    "F_SRCVERSION",
+    "F_TAINT",
+    "F_UNLOADED",
+    "F_UNLOADED_AFTER",
+    "F_UNLOAD_SEEN_BY",
+    "SEEN_BY",
+    "VERSION",
+    "decode",
+    "encode",
+    "layout_key",
+]
+
 VERSION = 3
 _JSON_VERSION = 2  # the record of schema 2 stores, still read
 _LAYOUT_KEY_LEN = 12

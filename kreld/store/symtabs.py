@@ -13,6 +13,8 @@ from kreld.core.errors import StoreCorrupt
 from kreld.core.symtab import SymbolTable
 from kreld.store.env import SEQ, StoreEnv, Table, boot_key, dumps, inc_key
 
+__all__ = ["KernelTable", "SymbolTableStore", "T", "TableViews"]
+
 T = TypeVar("T")
 
 

@@ -19,6 +19,16 @@ if TYPE_CHECKING:
 
     from kreld.varlink.requests import Addresses
 
+__all__ = [
+    "AddressMap",
+    "Region",
+    "Resolved",
+    "init_live_at",
+    "is_init_section",
+    "loaded_at",
+    "module_regions",
+]
+
 # A section's extent is not in sysfs; bound it by its module's size, or this.
 _UNKNOWN_SIZE_BOUND = 1 << 24
 

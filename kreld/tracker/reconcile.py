@@ -22,6 +22,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from kreld.core.model import HintAction, Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.core.record import field, record, replace
 
+__all__ = [
+    "GONE_FAULT",
+    "Changes",
+    "Hint",
+    "Tracked",
+    "complete",
+    "gone_state",
+    "new_incarnation",
+    "plan",
+    "refresh",
+    "same_load",
+    "to_read",
+]
+
 GONE_FAULT = "gone before it could be read"
 
 

@@ -27,6 +27,22 @@ from kreld.core.record import record
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+__all__ = [
+    "SYSFS_MAGIC",
+    "WATCHED",
+    "DirentListing",
+    "EventSource",
+    "Health",
+    "Notify",
+    "Uevent",
+    "UeventSource",
+    "WatchSource",
+    "health",
+    "is_sysfs",
+    "module_event",
+    "parse_uevent",
+]
+
 SYSFS_MAGIC = 0x62656572  # include/uapi/linux/magic.h
 
 

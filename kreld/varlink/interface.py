@@ -16,6 +16,21 @@ from typing import Any
 
 from kreld.core.record import record
 
+__all__ = [
+    "INT64",
+    "INTERFACES",
+    "INTERFACE_DESCRIPTION",
+    "IO_KRELD",
+    "SERVICE_DESCRIPTION",
+    "VARLINK_SERVICE",
+    "Interface",
+    "Signature",
+    "Type",
+    "matches",
+    "parse_interface",
+    "parse_type",
+]
+
 INTERFACE_DESCRIPTION = (Path(__file__).parent.parent / "io.kreld.varlink").read_text()
 SERVICE_DESCRIPTION = """\
 # The varlink service interface

@@ -31,6 +31,29 @@ if TYPE_CHECKING:
     # Resolve's addresses as parsed: a list, or for a batch an array of u64.
     Addresses: TypeAlias = list[int] | NDArray[np.uint64]
 
+__all__ = [
+    "BATCH_ADDRESSES",
+    "MAX_RESOLVE_ADDRESSES",
+    "MAX_STRING",
+    "REQUESTS",
+    "ExportKallsyms",
+    "GetBoot",
+    "GetInfo",
+    "GetInterfaceDescription",
+    "GetModules",
+    "ListBoots",
+    "R",
+    "Request",
+    "Resolve",
+    "Snapshot",
+    "Status",
+    "Subscribe",
+    "invalid",
+    "parse",
+    "parse_addresses",
+    "parse_clock",
+]
+
 # Addresses one Resolve may ask about: its reply (some 30 bytes an address)
 # is built in memory, so this bounds what one call can make the daemon hold.
 MAX_RESOLVE_ADDRESSES = 100_000

@@ -13,6 +13,22 @@ from typing import Any
 from kreld.core.errors import KreldError
 from kreld.core.record import field, record
 
+__all__ = [
+    "INTERFACE",
+    "JSON_PLAIN",
+    "SERVICE",
+    "Call",
+    "VarlinkError",
+    "encode",
+    "encode_call",
+    "error_reply",
+    "invalid_parameter",
+    "invalid_request",
+    "parse_call",
+    "reply",
+    "reply_encoded",
+]
+
 INTERFACE = "io.kreld"
 SERVICE = "org.varlink.service"
 
