@@ -81,6 +81,9 @@ from kreld.core.model import (
 )
 from kreld.store import Store
 
+# What the kreld entry point imports, in a process it made lean first.
+LEAN_DAEMON_IMPORT = "import kreld.programs as p; p.lean_process(); import kreld.daemon"
+
 N_BOOTS = 1000
 N_BOOTS_QUICK = 200
 SMALL_BOOTS = 10
@@ -476,7 +479,7 @@ def _run(quick: bool, tmp: Path) -> list[Result]:
                     starts[variant].append(spawn_ns([py, "-c", "pass"]))
                     continue
                 if variant == "import":
-                    starts[variant].append(spawn_ns([py, "-c", "import kreld.daemon"]))
+                    starts[variant].append(spawn_ns([py, "-c", LEAN_DAEMON_IMPORT]))
                     continue
                 tree.new_boot()
                 state = tmp / f"empty{r}" if variant == "empty" else large

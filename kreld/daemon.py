@@ -13,14 +13,6 @@ import sys
 
 __all__ = ["EPILOG", "Daemon", "build_parser", "check_config", "log_boot", "main", "status_line"]
 
-# Keep Python's ssl module (OpenSSL) out of the daemon.  asyncio imports it
-# only to offer TLS, which a varlink server on an AF_UNIX socket never uses
-# (publishing to a bucket goes through obstore's own TLS); loading it was
-# 12 ms, a tenth of every start.  asyncio's imports of ssl are guarded, as for
-# a Python built without it.  A process that has loaded ssl already keeps it.
-if "ssl" not in sys.modules:
-    sys.modules["ssl"] = None  # type: ignore[assignment]
-
 import argparse
 import asyncio
 import contextlib

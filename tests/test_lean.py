@@ -143,3 +143,11 @@ def test_a_process_that_loaded_ssl_keeps_it_when_it_imports_the_daemon() -> None
     code = "import ssl, kreld.daemon, sys; print(sys.modules['ssl'] is ssl, ssl.OPENSSL_VERSION)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("True OpenSSL")
+
+
+def test_importing_the_daemon_module_changes_no_global_state() -> None:
+    """Only the entry point (kreld.programs.lean_process) keeps ssl out: a program
+    that imports kreld.daemon as a library can still import ssl afterwards."""
+    code = "import kreld.daemon, sys; import ssl; print(ssl.OPENSSL_VERSION)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("OpenSSL")

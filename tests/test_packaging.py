@@ -597,7 +597,7 @@ def test_install_puts_every_file_where_systemd_and_man_look(installed: Installed
     shipped = {p.name for p in (REPO / "kreld").iterdir() if p.suffix in (".py", ".varlink")}
     assert shipped <= {p.name for p in pkg.iterdir()}
     (dist,) = installed.site.glob("kreld-*.dist-info")
-    assert "kreld = kreld.daemon:main" in (dist / "entry_points.txt").read_text()
+    assert "kreld = kreld.programs:kreld" in (dist / "entry_points.txt").read_text()
     if shutil.which("man") is not None:
         env = dict(os.environ, MANPATH=str(installed.path("/usr/share/man")))
         for section, name in (("1", "kreldctl"), ("5", "kreld.toml"), ("8", "kreld")):
