@@ -115,14 +115,17 @@ func spellOut(addrs []uint64, regions []iokreld.ResolveRegion, symbols []string,
 	if len(symbol) != len(addrs) || len(offset) != len(addrs) {
 		return nil, fmt.Errorf("Resolve answered %d entries for %d addresses", len(symbol), len(addrs))
 	}
-	var owner []int
+	owner := make([]int, 0, len(symbols)) // the region each symbol lies in
 	for k, r := range regions {
-		for n := int64(0); n < r.Names && len(owner) < len(symbols); n++ {
+		if r.Names < 0 || r.Names > int64(len(symbols)-len(owner)) {
+			return nil, fmt.Errorf("Resolve's regions name more than its %d symbols", len(symbols))
+		}
+		for n := int64(0); n < r.Names; n++ {
 			owner = append(owner, k)
 		}
 	}
 	if len(owner) != len(symbols) {
-		return nil, fmt.Errorf("Resolve's regions name %d symbols, its list has %d", len(owner), len(symbols))
+		return nil, fmt.Errorf("Resolve's regions name %d of its %d symbols", len(owner), len(symbols))
 	}
 	out := make([]Resolved, len(addrs))
 	for i, a := range addrs {
@@ -196,7 +199,9 @@ func follow(ctx context.Context, c *varlink.Connection, o options) error {
 	}
 	for seen := -1; o.events == 0 || seen < o.events; seen++ {
 		name, modules, module, flags, err := receive(ctx)
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// The library sets ctx's deadline on the socket too: either may fire first.
+		if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) ||
+			errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			if o.events == 0 {
 				return nil
 			}
