@@ -48,6 +48,17 @@ def test_the_parser_reads_signatures_and_types_of_the_description() -> None:
         parse_interface("interface a.b\nmethod M(x: lowercase_thing) -> ()\n")
 
 
+def test_an_unforeseen_failure_is_answered_with_the_declared_internal_error() -> None:
+    """The base of the error family (what the server answers for a failure it did not
+    foresee) goes on the wire as io.kreld.InternalError, declared with its one parameter;
+    no error is named Error any more (varlink/go's generated code broke on it)."""
+    err = KreldError("ValueError: boom")
+    assert err.varlink_name == "io.kreld.InternalError"
+    assert IO_KRELD.errors["InternalError"] == {"message": Type("string")}
+    assert err.parameters() == {"message": "ValueError: boom"}
+    assert "Error" not in IO_KRELD.errors
+
+
 def test_values_match_their_declared_types_and_nothing_else() -> None:
     types = IO_KRELD.types
     ts = {"monotonic": 1, "boottime": 2, "realtime": 3}

@@ -55,7 +55,7 @@ class ExitCode(IntEnum):
 class KreldError(Exception):
     """Base of every error kreld reports to a user or a peer."""
 
-    varlink_name: ClassVar[str] = "io.kreld.Error"
+    varlink_name: ClassVar[str] = "io.kreld.InternalError"
     exit_code: ClassVar[ExitCode] = ExitCode.ERROR
 
     def __init__(self, message: str) -> None:

@@ -337,7 +337,7 @@ class Server:
         except Exception as e:  # a bug must cost one call, never the daemon
             self.log.error("call_failed", method=call.method, error=str(e), kind=type(e).__name__)
             return error_reply(
-                VarlinkError(f"{INTERFACE}.Error", {"message": f"{type(e).__name__}: {e}"})
+                VarlinkError(f"{INTERFACE}.InternalError", {"message": f"{type(e).__name__}: {e}"})
             )
 
     def counts(self) -> dict[str, int]:
