@@ -30,7 +30,7 @@ import pytest
 from conftest import Daemon, ctl_json, kreldctl, start, wait_until
 from faketree import FakeTree
 
-from kreld.interface import IO_KRELD, Interface, parse_interface
+from kreld.varlink.interface import IO_KRELD, Interface, parse_interface
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "go"
