@@ -9,7 +9,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -633,14 +632,25 @@ def test_a_damaged_record_is_a_named_error_and_kreld_goes_on(served: Any) -> Non
         assert c.call("GetBoot")["boot"]["boot_id"] == tree.boot_id
 
 
-def test_calls_that_grow_with_the_store_leave_the_loop() -> None:
-    """Only calls answered from memory run on the event loop."""
-    import numpy  # noqa: F401 (loaded: a small Resolve may be answered on the loop)
+def _bare_service(state: Path) -> Any:
+    """A real Service over a real, empty store (the method table's predicates ask it)."""
+    from kreld.server.service import Service
 
+    def no_boot() -> Any:
+        raise AssertionError("not asked")
+
+    return Service(Store(state), current_boot=no_boot, current_id=lambda: None, loaded=list)
+
+
+def test_calls_that_grow_with_the_store_leave_the_loop(tmp_path: Path) -> None:
+    """Only calls answered from memory run on the event loop."""
     from kreld.server.methods import METHODS
 
+    service = _bare_service(tmp_path / "state")
+    service.bulk_ready = True  # a bulk Resolve has run: a small one may be answered on the loop
+
     def is_quick(method: str, params: dict[str, Any] | None = None) -> bool:
-        return METHODS[method].quick(params or {})
+        return METHODS[method].quick(params or {}, service)
 
     assert is_quick("io.kreld.GetBoot")
     assert is_quick("io.kreld.Status")
@@ -655,17 +665,24 @@ def test_calls_that_grow_with_the_store_leave_the_loop() -> None:
     assert not is_quick("io.kreld.Resolve", {"addresses": ["0x1"], "at": 5})
 
 
-def test_the_first_resolve_leaves_the_loop_while_it_imports_numpy() -> None:
-    """Before anything imported numpy (some 170 ms), a Resolve of more than a few
-    addresses runs on the worker thread, so that the loop keeps answering
-    everyone else; a few addresses (looked up without numpy) stay on the loop."""
-    code = (
-        "import sys; from kreld.server.methods import METHODS; "
-        "q = lambda n: METHODS['io.kreld.Resolve'].quick({'addresses': ['0x1'] * n}); "
-        "print('numpy' in sys.modules, q(1), q(32), q(33))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "True", "True", "False"]
+def test_the_first_resolve_leaves_the_loop_while_it_imports_numpy(tmp_path: Path) -> None:
+    """Until the service has taken the bulk path once (importing numpy, some
+    170 ms), a Resolve of more than a few addresses runs on the worker thread, so
+    that the loop keeps answering everyone else; a few addresses (looked up
+    without numpy) stay on the loop.  The service's own state decides, not
+    whatever else the process has imported."""
+    import numpy  # noqa: F401 (loaded by someone else: it changes nothing)
+
+    from kreld.server.methods import METHODS
+
+    service = _bare_service(tmp_path / "state")
+
+    def q(n: int) -> bool:
+        return METHODS["io.kreld.Resolve"].quick({"addresses": ["0x1"] * n}, service)
+
+    assert [q(1), q(32), q(33)] == [True, True, False]
+    service.bulk_ready = True
+    assert [q(33), q(64), q(65)] == [True, True, False]
 
 
 def test_list_boots_sees_a_boot_another_process_recorded(served: Any) -> None:

@@ -28,14 +28,13 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kreld.config.settings import Config
 from kreld.core import consts
 from kreld.core.errors import KernelReadError, KreldError
 from kreld.core.model import BootSnapshot, Incarnation
-from kreld.core.record import record
+from kreld.core.record import field, fields, record
 from kreld.core.symtab import module_symbol_key
 from kreld.fleet import layout as fleet
 from kreld.fleet.s3 import Bucket, open_bucket, require_fleet
@@ -90,7 +89,7 @@ def read_host(root: Root) -> fleet.Host:
     return fleet.Host(machine_id, root.read_text(consts.HOSTNAME))
 
 
-@dataclass
+@record
 class Plan:
     """One boot's step of a round; JSON-able so that it can wait in the store."""
 
@@ -107,6 +106,10 @@ class Plan:
     digests: dict[str, str]  # seq -> hex digest
     size: int = 0  # incarnations and boot records it carries (the backlog it clears)
     resumed: bool = field(default=False, compare=False)
+
+    def pending(self) -> dict[str, Any]:
+        """The plan as it waits in the store (JSON), to be resumed after a crash."""
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"resumed": False}
 
 
 def _new_cursor() -> dict[str, Any]:
@@ -321,7 +324,9 @@ class Publisher:
         self.backlog = sum(p.size for p in plans)
         before = (self.objects, self.bytes)
         for plan in plans:
-            state.save_pending(asdict(plan) | {"resumed": False})
+            state.save_pending(
+                {f.name: getattr(plan, f.name) for f in fields(plan)} | {"resumed": False}
+            )
             self._apply(bucket, state, plan)
             self.backlog -= plan.size
         self.backlog = 0

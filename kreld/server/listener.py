@@ -18,7 +18,6 @@ import resource
 import socket
 import stat
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,16 +104,18 @@ def limits_of(cfg: Config, log: FilteringBoundLogger | None = None) -> Limits:
     return Limits(cfg.max_message_bytes, conns, cfg.idle_timeout, cfg.subscribe_queue)
 
 
-@dataclass(eq=False)
 class _Conn:
-    pid: int
-    uid: int
-    comm: str | None
-    writer: asyncio.StreamWriter
-    queue: asyncio.Queue[dict[str, Any] | None] | None = None
-    overflowed: bool = False
-    calls: int = 0
-    opened: float = field(default_factory=time.monotonic)
+    """One client connection's state: who it is and what it has done.  Mutable,
+    so a plain slotted class rather than a record."""
+
+    __slots__ = ("calls", "comm", "opened", "overflowed", "pid", "queue", "uid", "writer")
+
+    def __init__(self, pid: int, uid: int, comm: str | None, writer: asyncio.StreamWriter) -> None:
+        self.pid, self.uid, self.comm, self.writer = pid, uid, comm, writer
+        self.queue: asyncio.Queue[dict[str, Any] | None] | None = None
+        self.overflowed = False
+        self.calls = 0
+        self.opened = time.monotonic()
 
 
 class Server:
@@ -315,7 +316,7 @@ class Server:
                     continue
                 await self._subscribe(conn, call, reader)
                 return
-            if method is None or method.quick(call.parameters):
+            if method is None or method.quick(call.parameters, self.service):
                 data = self._dispatch(call)
             else:
                 # Work that grows with the store or the request runs on the worker

@@ -11,7 +11,6 @@ itself.  The server (:mod:`kreld.server.listener`) and the in-process readers
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,26 +43,27 @@ QUICK_RESOLVE = 64  # addresses a Resolve of the current boot may ask on the loo
 Params = Mapping[str, Any]
 
 
-def _never(_p: Params) -> bool:
+def _never(_p: Params, _s: Service) -> bool:
     return False
 
 
-def _current_boot(p: Params) -> bool:
+def _current_boot(p: Params, _s: Service) -> bool:
     return not p.get("boot_id")
 
 
-def _quick_modules(p: Params) -> bool:
+def _quick_modules(p: Params, _s: Service) -> bool:
     return not (p.get("boot_id") or p.get("all") or p.get("at") is not None)
 
 
-def _quick_resolve(p: Params) -> bool:
+def _quick_resolve(p: Params, s: Service) -> bool:
     addrs = p.get("addresses")
     return (
         not p.get("boot_id")
         and p.get("at") is None
         and isinstance(addrs, list)
-        # More than a few addresses import numpy the first time: not on the loop.
-        and len(addrs) <= (QUICK_RESOLVE if "numpy" in sys.modules else consts.FEW_ADDRESSES)
+        # More than a few addresses take the bulk path, which imports numpy the
+        # first time (Service.bulk_ready): not on the loop until it has.
+        and len(addrs) <= (QUICK_RESOLVE if s.bulk_ready else consts.FEW_ADDRESSES)
     )
 
 
@@ -90,8 +90,9 @@ class Method:
     # The answer, from the service and the typed request; None: the method
     # streams, and the server carries it out.
     handler: Callable[[Service, Any], Reply] | None
-    # Whether a call (its parameters as sent) is answered on the event loop.
-    quick: Callable[[Params], bool] = _never
+    # Whether a call (its parameters as sent) is answered on the event loop,
+    # given the service's state.
+    quick: Callable[[Params, Service], bool] = _never
 
     @property
     def name(self) -> str:

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kreld.core import consts
 from kreld.core.errors import AddressesRestricted, MethodNotImplemented, SymbolsUnavailable
 from kreld.core.model import BootSnapshot, Clock, Incarnation, clock_now
 from kreld.store.bootsource import BootSource
@@ -47,6 +48,9 @@ class Service:
         status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.store = store
+        # Whether a Resolve has taken the bulk path (numpy imported): until then
+        # a Resolve of more than a few addresses leaves the event loop.
+        self.bulk_ready = False
         self._current = current_boot
         self._current_id = current_id
         self._loaded = loaded
@@ -156,6 +160,7 @@ class Service:
         resolved = self.store.with_tables(
             amap.table_keys(), lambda tables: amap.resolve(req.addresses, tables)
         )
+        self.bulk_ready = self.bulk_ready or len(req.addresses) > consts.FEW_ADDRESSES
         return resolved.to_json()
 
     def _map_at(
