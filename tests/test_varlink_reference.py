@@ -39,7 +39,7 @@ from varlink import scanner
 
 from kreld.client import resolutions
 from kreld.core import consts
-from kreld.server.listener import SERVICE_DESCRIPTION
+from kreld.varlink.interface import SERVICE_DESCRIPTION
 
 REPO = Path(__file__).resolve().parent.parent
 IDL = REPO / "kreld" / "io.kreld.varlink"

@@ -16,12 +16,11 @@ fixes the threshold at :data:`MMAP_THRESHOLD`: a block that large is mapped
 for itself and unmapped when freed.  The threshold sits above a busy
 profiler's usual Resolve (10,000 addresses: a reply of some 300 KiB): at
 glibc's own 128 KiB every such reply was mapped and unmapped again, which
-cost Resolve over the socket a third of its throughput (bench_symbols).
+cost Resolve over the socket much of its throughput (bench/bench_symbols.py).
 The same holds for every buffer a batch makes on the way: each must stay
 below the mmap threshold, and all of them at once below the trim threshold,
-or each call faults its pages in again (some 1,200 faults, 4-8 ms, when
-Resolve gathered a batch's names with whole-batch index arrays; it now
-gathers them a slice at a time, see kreld.symbols.queries).
+or each call faults its pages in again; kreld.symbols.queries sizes its
+slices from :data:`MMAP_THRESHOLD` for that.
 Elsewhere than glibc both do nothing.
 """
 

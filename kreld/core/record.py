@@ -1,26 +1,31 @@
-"""``@record``: kreld's frozen records, at a small part of a dataclass's start-up cost.
+"""``@record``: kreld's one record system, for every frozen record of kreld/.
 
-Every start of ``kreld`` and ``kreldctl`` defines some fifty frozen records.
-On Python 3.11 that was dear twice over (``bench/bench_startup.py``):
+Why not ``@dataclass(frozen=True, slots=True)``, measured (bench/bench_startup.py,
+tests/test_record.py; the figures are in bench/RESULTS.md, not here, where they
+would go stale):
 
-* ``@dataclass(frozen=True, slots=True)`` compiles six methods for each
-  class, one ``exec`` apiece: 0.7 to 1.1 ms a class here;
+* a frozen, slotted dataclass compiles six methods for each class, one
+  ``exec`` apiece, and every start of ``kreld`` and ``kreldctl`` defines some
+  fifty records: :func:`record` compiles ``__init__`` alone (tests/test_record.py
+  holds it to under half a dataclass's cost) and shares the rest;
 * importing :mod:`dataclasses` imports :mod:`inspect` (and with it ``ast``,
-  ``dis``, ``tokenize``): 15 ms of a ``kreldctl`` that takes 90.
+  ``dis``, ``tokenize``), a sixth of a ``kreldctl`` command that needs neither;
+  kreldctl's store path imports neither (tests/test_record.py).  The daemon gets
+  :mod:`dataclasses` through structlog anyway; its records are still ``@record``,
+  so that there is one kind of record to read, test and pickle.
+* per call, ``__init__`` is a little faster and ``==`` and ``hash`` a little
+  slower than a dataclass's; no record is hashed per address.
+
+Mutable state (a connection's counters, a running daemon's parts) is a plain
+class with ``__slots__``, never a record whose lists are appended to.
 
 :func:`record` reads the class's annotations itself (``ClassVar`` ones are
 not fields), gives the class ``__slots__`` and ``__match_args__``, compiles
 only ``__init__`` (its signature must be the fields'), and shares the rest:
 equality, hashing, ``repr`` and the frozen ``__setattr__`` work over an
-:func:`operator.attrgetter` of the fields (here, per call: ``__init__``
-0.95 us against a dataclass's 1.13, ``==`` 0.90 against 0.85, ``hash``
-0.27 against 0.21; no record is hashed per address).  Defining one costs 0.2 ms, a
-quarter of a frozen, slotted dataclass (tests/test_record.py checks it is
-under half).
-
-:func:`field` gives a default factory, metadata or ``compare=False``;
-:func:`fields` and :func:`replace` are the counterparts of
-:mod:`dataclasses`' own.  Assigning to a record raises
+:func:`operator.attrgetter` of the fields.  :func:`field` gives a default
+factory, metadata or ``compare=False``; :func:`fields` and :func:`replace` are
+the counterparts of :mod:`dataclasses`' own.  Assigning to a record raises
 :class:`FrozenInstanceError`, an ``AttributeError``.  There is no
 ``__post_init__``, ``InitVar`` or keyword-only field: a record is plain data.
 """

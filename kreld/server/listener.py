@@ -28,7 +28,6 @@ from kreld.core.record import record
 from kreld.server.access import Policy, check_socket_dir, group_id, peer_comm, peer_cred
 from kreld.server.methods import METHODS, answer, lookup
 from kreld.server.service import Service
-from kreld.varlink.interface import SERVICE_DESCRIPTION as SERVICE_DESCRIPTION
 from kreld.varlink.requests import Subscribe, parse
 from kreld.varlink.wire import (
     INTERFACE,

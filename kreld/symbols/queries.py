@@ -7,6 +7,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kreld.core import heap
 from kreld.core.consts import FEW_ADDRESSES as FEW
 from kreld.core.model import BootSnapshot, Clock, Incarnation, hexaddr
 from kreld.core.record import record
@@ -194,7 +195,7 @@ class AddressMap:
         ]
         return Resolved(
             [{**self.members(i), "names": len(names[i])} for i in used],
-            _json_names(ordered),
+            _json_array(ordered),
             symbol,
             [0 if hit is None else hit[1] for hit in hits],
         )
@@ -263,7 +264,7 @@ class AddressMap:
         ).astype(np.int32)
         names = [p for i in used.tolist() for p in parts.get(i, ())]
         regions = [{**self.members(i), "names": int(counts[i])} for i in used.tolist()]
-        return Resolved(regions, _names_json(names), symbol, offset)
+        return Resolved(regions, _join_quoted(names), symbol, offset)
 
     def _name_bulk(
         self,
@@ -345,6 +346,16 @@ def _name_regions(
 # per name): quoted some at a time, then joined.
 
 
+# Bytes of names gathered at a time (see _quote_names): each of a slice's index
+# arrays holds 8 bytes a byte of name, and the four a slice makes at once stay
+# together under glibc's mmap threshold as kreld.core.heap fixes it, so that
+# none is mapped (and faulted in) afresh on every call.
+_NAME_BYTES = heap.MMAP_THRESHOLD // (4 * 8)
+
+# The bytes a name carries into a JSON string as they are, and NUL.
+_PLAIN_OR_NUL = b"\0" + JSON_PLAIN
+
+
 def _quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> list[bytes]:
     """'"name",' for entries *entries* of a table (its names *blob*, their
     *ends* in it), some names a part."""
@@ -353,10 +364,10 @@ def _quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> 
     entries = entries.astype(np.int64)  # the table's are u32: entry 0 has no end before it
     stop = ends[entries].astype(np.int64)
     start = np.where(entries > 0, ends[np.maximum(entries - 1, 0)], 0).astype(np.int64)
-    # Some names at a time, so that the index arrays (8 bytes per byte of
-    # name) stay small: a batch's buffers all together must stay below
-    # glibc's trim threshold (kreld.core.heap), or the heap shrinks after each
-    # call and grows again, a page fault per 4 KiB, in the next one.
+    # Some names at a time (_NAME_BYTES), so that the index arrays stay small:
+    # a batch's buffers all together must stay below glibc's thresholds
+    # (kreld.core.heap), or the heap shrinks after each call and grows again,
+    # a page fault per 4 KiB, in the next one.
     upto = np.cumsum(stop - start)
     cuts = np.searchsorted(upto, np.arange(_NAME_BYTES, int(upto[-1]), _NAME_BYTES)).tolist()
     names = np.frombuffer(blob, dtype=np.uint8)
@@ -367,15 +378,11 @@ def _quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> 
     ]
 
 
-def _names_json(parts: list[bytes]) -> bytes:
+def _join_quoted(parts: list[bytes]) -> bytes:
     """The names of *parts* (from :func:`_quote_names`) as a JSON array."""
     if not parts:
         return b"[]"
     return b"".join((b"[", *parts[:-1], parts[-1][:-1], b"]"))
-
-
-# Bytes of names gathered at a time (see _quote_names).
-_NAME_BYTES = 32 << 10
 
 
 def _quoted(names: NDArray[np.uint8], start: NDArray[np.int64], stop: NDArray[np.int64]) -> bytes:
@@ -398,15 +405,11 @@ def _quoted(names: NDArray[np.uint8], start: NDArray[np.int64], stop: NDArray[np
         # Rare: a name JSON must escape, or not ASCII (or holding a NUL): one by one.
         firsts = [0, *(ends[:-1] + 1).tolist()]
         each = [text[a:b] for a, b in zip(firsts, ends.tolist(), strict=True)]
-        return _json_names([n.decode("utf-8", "replace") for n in each])[1:-1] + b","
+        return _json_array([n.decode("utf-8", "replace") for n in each])[1:-1] + b","
     return b'"' + text[:-1].replace(b"\0", b'","') + b'",'
 
 
-# The bytes a name carries into a JSON string as they are, and NUL.
-_PLAIN_OR_NUL = b"\0" + JSON_PLAIN
-
-
-def _json_names(names: list[str]) -> bytes:
+def _json_array(names: list[str]) -> bytes:
     import orjson
 
     return orjson.dumps(names)

@@ -163,14 +163,14 @@ def gone_state(name: str) -> ModuleState:
 
 
 def to_read(
-    open_: Mapping[str, Tracked], present: Mapping[str, int], hints: Iterable[Hint]
+    tracked: Mapping[str, Tracked], present: Mapping[str, int], hints: Iterable[Hint]
 ) -> list[str]:
     """The modules a look must read: new ones, reloaded ones (another inode),
     ones a hint names, and open ones still incomplete."""
     recheck = {h.name for h in hints if h.name}
     out = []
     for name in sorted(present):
-        t = open_.get(name)
+        t = tracked.get(name)
         if (
             t is None
             or present[name] != t.inc.state.inode
@@ -183,13 +183,13 @@ def to_read(
 
 @record
 class _Diff:
-    opened: list[Incarnation]
-    updated: list[Incarnation]
-    closed: list[Tracked]
+    opened: tuple[Incarnation, ...]
+    updated: tuple[Incarnation, ...]
+    closed: tuple[Tracked, ...]
 
 
 def _diff(
-    open_: Mapping[str, Tracked],
+    tracked: Mapping[str, Tracked],
     present: Mapping[str, int],
     states: Mapping[str, ModuleState | None],
     hints: Sequence[Hint],
@@ -202,8 +202,10 @@ def _diff(
     said: dict[tuple[str | None, HintAction], SeenBy] = {}  # the first source to say so
     for h in hints:
         said.setdefault((h.name, h.action), h.source)
-    out = _Diff([], [], [])
-    for name, t in open_.items():
+    opened: list[Incarnation] = []
+    updated: list[Incarnation] = []
+    closed: list[Tracked] = []
+    for name, t in tracked.items():
         state = states.get(name) if name in present else None
         if state is None or present[name] != t.inc.state.inode:
             if name in present and name not in states:  # not read: unchanged
@@ -211,22 +213,22 @@ def _diff(
             by = said.get((name, HintAction.REMOVE), source)
             after = previous if previous.monotonic > t.inc.loaded.monotonic else t.inc.loaded
             done = replace(t.inc, unloaded=now, unloaded_after=after, unload_seen_by=by)
-            out.closed.append(Tracked(done, t.hinted))
+            closed.append(Tracked(done, t.hinted))
             continue
         new = refresh(t.inc, state, now)
         if new != t.inc:
-            out.updated.append(new)
-    closing = {t.inc.name for t in out.closed}
+            updated.append(new)
+    closing = {t.inc.name for t in closed}
     for name in sorted(present):
         state = states.get(name)
-        if state is not None and (name not in open_ or name in closing):
+        if state is not None and (name not in tracked or name in closing):
             by = said.get((name, HintAction.ADD), source)
-            out.opened.append(new_incarnation(state, now, by))
-    return out
+            opened.append(new_incarnation(state, now, by))
+    return _Diff(tuple(opened), tuple(updated), tuple(closed))
 
 
 def plan(
-    open_: Mapping[str, Tracked],
+    tracked: Mapping[str, Tracked],
     present: Mapping[str, int],
     states: Mapping[str, ModuleState | None],
     hints: Sequence[Hint],
@@ -237,12 +239,12 @@ def plan(
 ) -> Changes:
     """What one look changes.
 
-    *open_* is what is open now, *present* the directory listing (name ->
+    *tracked* is what is open now, *present* the directory listing (name ->
     inode), *states* the reads of the names :func:`to_read` gave (None: gone
     when read), *recent* what closed lately per name (oldest first), *now* the
     time of the look and *previous* that of the look before.
     """
-    diff = _diff(open_, present, states, hints, now, previous)
+    diff = _diff(tracked, present, states, hints, now, previous)
     closing = {t.inc.name for t in diff.closed}
     opened_hinted: list[set[SeenBy]] = [set() for _ in diff.opened]
     new_index = {inc.name: i for i, inc in enumerate(diff.opened)}
@@ -260,8 +262,8 @@ def plan(
             opened_hinted[i].add(h.source)
             continue
         candidates: list[Tracked] = []
-        if h.name in open_ and h.name not in closing:
-            candidates.append(open_[h.name])
+        if h.name in tracked and h.name not in closing:
+            candidates.append(tracked[h.name])
         candidates += [t for t in diff.closed if t.inc.name == h.name]
         candidates += recent.get(h.name, ())
         match = next((c for c in candidates if free(c, h.source)), None)
