@@ -213,6 +213,19 @@ class PerfDataError(KreldError):
         self.offset = offset
 
 
+class PerfDataTooLarge(PerfDataError):
+    """A perf.data goes past one of the reader's bounds (a compressed record that
+    inflates too far, more module maps or build-ids than any kernel has): refused
+    before it is expanded further."""
+
+    varlink_name = "io.kreld.PerfDataTooLarge"
+
+    def __init__(self, path: str, what: str, limit: int, offset: int | None = None) -> None:
+        super().__init__(path, f"{what}: more than the limit of {limit:,}", offset)
+        self.what = what
+        self.limit = limit
+
+
 class NoBootForRecording(NoSuchBoot):
     """No recorded boot has the kernel build and ``_text`` a perf.data was recorded on."""
 

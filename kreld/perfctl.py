@@ -23,6 +23,9 @@ from kreld.queries import Region, init_live_at, is_init_section, module_regions
 from kreld.record import record
 from kreld.symtab import SymbolTables
 
+# Module maps without a recorded load named one by one; the rest are counted.
+WARNINGS_SHOWN = 10
+
 
 def find_boot(store: BootSource, h: PerfHeader, err: TextIO) -> BootMatch:
     """The recording's boot, said on *err* with what did not match."""
@@ -32,10 +35,23 @@ def find_boot(store: BootSource, h: PerfHeader, err: TextIO) -> BootMatch:
         f"{len(m.chosen)} of {len(m.modules)} module maps matched a recorded load",
         file=err,
     )
-    for mm in m.missing:
+    if h.scan_limit is not None:
+        print(
+            f"kreldctl: warning: {h.path}: stopped reading its synthesized records at the "
+            f"{h.scan_limit} limit, before their end",
+            file=err,
+        )
+    missing = m.missing
+    for mm in missing[:WARNINGS_SHOWN]:
         print(
             f"kreldctl: warning: no recorded load of {mm.name} at {mm.start:#x}: "
             "its symbols are left out",
+            file=err,
+        )
+    if len(missing) > WARNINGS_SHOWN:
+        print(
+            f"kreldctl: warning: and {len(missing) - WARNINGS_SHOWN:,} more module maps "
+            "with no recorded load: their symbols are left out",
             file=err,
         )
     return m

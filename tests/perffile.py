@@ -177,7 +177,16 @@ class PerfFile:
         for bit in bits:
             flags[bit // 64] |= 1 << (bit % 64)
         header = b"PERFILE2" + struct.pack(
-            "<QQQQQQQQ4Q", 104, ATTR_SIZE, attr_off, len(attrs), data_off, len(data), 0, 0, *flags
+            "<QQQQQQQQ4Q",
+            104,
+            ATTR_SIZE + 16,
+            attr_off,
+            len(attrs),
+            data_off,
+            len(data),
+            0,
+            0,
+            *flags,
         )
         table = b"".join(struct.pack("<QQ", *where[b]) for b in bits)
         path.write_bytes(header + attrs + data + table + blobs)

@@ -27,6 +27,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "interface",
         "options",
         "perfdata",
+        "perfinput",
         "perfmatch",
         "perfrecords",
         "queries",
