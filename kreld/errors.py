@@ -221,7 +221,8 @@ class PerfDataTooLarge(PerfDataError):
     varlink_name = "io.kreld.PerfDataTooLarge"
 
     def __init__(self, path: str, what: str, limit: int, offset: int | None = None) -> None:
-        super().__init__(path, f"{what}: more than the limit of {limit:,}", offset)
+        # *what* is counted: "module maps", "bytes inflated from one compressed record"
+        super().__init__(path, f"more than {limit:,} {what}", offset)
         self.what = what
         self.limit = limit
 

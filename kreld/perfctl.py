@@ -29,18 +29,18 @@ WARNINGS_SHOWN = 10
 
 def find_boot(store: BootSource, h: PerfHeader, err: TextIO) -> BootMatch:
     """The recording's boot, said on *err* with what did not match."""
-    m = match_boot(h, store.list_boots(), store.incarnations, store.hostname)
-    print(
-        f"kreldctl: {h.path}: boot {m.boot.boot_id} (release {m.boot.release}); "
-        f"{len(m.chosen)} of {len(m.modules)} module maps matched a recorded load",
-        file=err,
-    )
     if h.scan_limit is not None:
         print(
             f"kreldctl: warning: {h.path}: stopped reading its synthesized records at the "
             f"{h.scan_limit} limit, before their end",
             file=err,
         )
+    m = match_boot(h, store.list_boots(), store.incarnations, store.hostname)
+    print(
+        f"kreldctl: {h.path}: boot {m.boot.boot_id} (release {m.boot.release}); "
+        f"{len(m.chosen)} of {len(m.modules)} module maps matched a recorded load",
+        file=err,
+    )
     missing = m.missing
     for mm in missing[:WARNINGS_SHOWN]:
         print(

@@ -124,6 +124,9 @@ class _Records:
         n, at = len(buf), min(self.skip, len(buf))
         self.skip -= at
         scan.scanned += at
+        if self.skip and scan.scanned >= PREFIX_LIMIT:  # data said to follow, without end
+            scan.done, scan.limit = True, "bytes"
+            return
         count, scanned = scan.count, scan.scanned
         n_limit, b_limit = RECORD_LIMIT, PREFIX_LIMIT
         unpack, wanted = self.head.unpack_from, _WANTED
@@ -189,7 +192,7 @@ class _Inflater:
         if self.out > DECOMPRESSED_LIMIT:
             raise PerfDataTooLarge(
                 self.scan.path,
-                "a compressed record inflates to",
+                "bytes inflated from one compressed record",
                 DECOMPRESSED_LIMIT,
                 self.records.fixed,
             )
@@ -353,7 +356,7 @@ def _read_attrs(inp: Input, c: _Collector, attr_size: int, off: int, size: int) 
             c.path, f"attr size {attr_size}, not {ATTR_SIZES.start} to {ATTR_SIZES.stop - 1}"
         )
     if size > ATTRS_LIMIT:
-        raise PerfDataTooLarge(c.path, f"an attrs section of {size:,} bytes", ATTRS_LIMIT, off)
+        raise PerfDataTooLarge(c.path, "bytes in the attrs section", ATTRS_LIMIT, off)
     if size % attr_size:
         raise PerfDataError(
             c.path, f"attrs section of {size} bytes: not whole attrs of {attr_size}", off
@@ -381,5 +384,5 @@ def _read_features(inp: Input, c: _Collector, flags: tuple[int, ...], at: int, l
             )
         cap = FEATURE_LIMIT if bit == Feature.BUILD_ID else SMALL_FEATURE_LIMIT
         if n > cap:
-            raise PerfDataTooLarge(c.path, f"feature {name} of {n:,} bytes", cap, off)
+            raise PerfDataTooLarge(c.path, f"bytes in feature {name}", cap, off)
         c.feature(bit, inp.exact(off, n, f"feature {name}"), off)
