@@ -410,3 +410,24 @@ def test_pipe_mode_tracing_data_is_stepped_over_and_a_lie_about_its_size_is_boun
     lie = record(66, 0, (0xFFFFFFF8).to_bytes(4, "little") + bytes(4)) + tracing
     path = F.write_pipe(tmp_path / "lie.data", data=lie + F.data())
     assert_refused(export(state, str(path)), ExitCode.ERROR, "last record truncated")
+
+
+@pytest.mark.parametrize("pipe", [False, True], ids=["feature", "pipe-mode-records"])
+def test_build_ids_past_the_cap_are_too_large(tmp_path: Path, state: Path, pipe: bool) -> None:
+    """65,537 build-id entries (the feature of a file, or pipe mode's HEADER_BUILD_ID
+    records): refused at MAX_BUILD_IDS, not kept."""
+    from perffile import build_id_event
+
+    n = perfrecords.MAX_BUILD_IDS + 1
+    ids = b"".join(build_id_event(f"/x/{i}", f"{i:040x}", kernel=False) for i in range(n))
+    if pipe:
+        path = F.write_pipe(tmp_path / "b.data", data=ids + F.data())
+    else:
+        path = F.write(tmp_path / "b.data")
+        raw = path.read_bytes()
+        d_off, d_size = (int.from_bytes(raw[o : o + 8], "little") for o in (40, 48))
+        table = d_off + d_size  # BUILD_ID (bit 2) is the first entry
+        entry = len(raw).to_bytes(8, "little") + len(ids).to_bytes(8, "little")
+        path.write_bytes(raw[:table] + entry + raw[table + 16 :] + ids)
+    r = export(state, str(path))
+    assert_refused(r, ExitCode.ERROR, f"more than {perfrecords.MAX_BUILD_IDS:,} build-id entries")
