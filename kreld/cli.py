@@ -274,7 +274,7 @@ class Ctl:
 
     def symbolize(self) -> int:
         if self.args.for_perf:
-            header = self.perf_header()  # a bad file is told first
+            header = self.perf_header(stdin_taken=True)  # a bad file is told first
             from kreld.perf import commands as perfctl
 
             return perfctl.symbolize_for(self.perf_store(), header, sys.stdin, self.out, self.err)
@@ -298,14 +298,14 @@ class Ctl:
             print(f"{r['address']} {symbol_of(r) or '?'}{where}", file=self.out)
         return 0
 
-    def perf_header(self) -> PerfHeader:
+    def perf_header(self, stdin_taken: bool = False) -> PerfHeader:
         if self.args.boot is not None or self.args.at is not None:
             raise InvalidArgument(
                 "--for", "the recording names its boot and times: no --boot, --at"
             )
         from kreld.perf.reader import read_perf_header
 
-        return read_perf_header(self.args.for_perf)
+        return read_perf_header(self.args.for_perf, stdin_taken=stdin_taken)
 
     def perf_store(self) -> BootSource:
         """--for reads the store (or with --from, the bucket) directly: it needs the

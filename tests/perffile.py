@@ -157,10 +157,11 @@ class PerfFile:
     def clockid(self) -> int | None:
         return None if self.clock is None else self.clock[0]
 
-    def write(self, path: Path, *, tail: bytes = b"") -> Path:
-        """A file-mode perf.data; *tail* goes at the end of the data section."""
+    def write(self, path: Path, *, tail: bytes = b"", data: bytes | None = None) -> Path:
+        """A file-mode perf.data; *tail* goes at the end of the data section,
+        *data* (when given) stands for the whole of it."""
         feats = self.features()
-        data = self.data() + tail
+        data = (self.data() if data is None else data) + tail
         attr_off = 104
         attrs = attr(self.clockid()) + struct.pack("<QQ", 0, 0)
         data_off = attr_off + len(attrs)
@@ -177,19 +178,65 @@ class PerfFile:
         for bit in bits:
             flags[bit // 64] |= 1 << (bit % 64)
         header = b"PERFILE2" + struct.pack(
-            "<QQQQQQQQ4Q", 104, ATTR_SIZE, attr_off, len(attrs), data_off, len(data), 0, 0, *flags
+            "<QQQQQQQQ4Q",
+            104,
+            ATTR_SIZE + 16,
+            attr_off,
+            len(attrs),
+            data_off,
+            len(data),
+            0,
+            0,
+            *flags,
         )
         table = b"".join(struct.pack("<QQ", *where[b]) for b in bits)
         path.write_bytes(header + attrs + data + table + blobs)
         return path
 
-    def write_pipe(self, path: Path) -> Path:
+    def write_pipe(self, path: Path, *, data: bytes | None = None) -> Path:
         """A pipe-mode perf.data (``perf record -o -``): features as records."""
+        path.write_bytes(self.pipe_bytes(data=data))
+        return path
+
+    def pipe_bytes(self, *, data: bytes | None = None) -> bytes:
         out = b"PERFILE2" + struct.pack("<Q", 16)
         out += record(64, 0, attr(self.clockid()) + struct.pack("<Q", 42))
         for bit, blob in sorted(self.features().items()):
             if bit not in (2, 21):  # not known when a pipe recording starts
                 out += record(80, 0, struct.pack("<Q", bit) + blob)
-        out += self.data()
-        path.write_bytes(out)
-        return path
+        return out + (self.data() if data is None else data)
+
+    def kernel_map(self) -> bytes:
+        return mmap("[kernel.kallsyms]_text", self.text or 0, 0x1269A88, self.text or 0)
+
+
+# -- hostile pieces: what no perf writes, built small -------------------------------------
+
+ROUND = record(68, 0, b"")  # FINISHED_ROUND: the smallest record there is
+
+
+def module_maps(n: int, base: int = 0xFFFFFFFFC0000000) -> bytes:
+    """*n* module maps, one page apart."""
+    return b"".join(mmap(f"[m{i}]", base + (i << 12), 0x1000, 0) for i in range(n))
+
+
+def zstd_bomb(total: int, fill: int = 0x08, prefix: bytes = b"") -> bytes:
+    """A zstd frame that inflates to *prefix* then *total* bytes of *fill*, in
+    4 bytes a 128 KiB block (RLE blocks, RFC 8878 section 3.1.1.2): 2 GiB in
+    64 KiB.  Without a content size, so nothing says how far it goes."""
+    block = 128 << 10
+    out = struct.pack("<IBB", 0xFD2FB528, 0, 7 << 3)  # no content size; 128 KiB window
+    for i in range(0, len(prefix), block):  # raw blocks
+        part = prefix[i : i + block]
+        out += (len(part) << 3).to_bytes(3, "little") + part
+    n = total // block
+    rle = ((block << 3) | (1 << 1)).to_bytes(3, "little") + bytes([fill])
+    last = ((block << 3) | (1 << 1) | 1).to_bytes(3, "little") + bytes([fill])
+    return out + rle * (n - 1) + last
+
+
+def compressed(frame: bytes, kind: int = 81) -> bytes:
+    """*frame* as one PERF_RECORD_COMPRESSED (81) or COMPRESSED2 (83) record."""
+    if kind == 81:
+        return record(81, 0, frame)
+    return record(83, 0, struct.pack("<Q", len(frame)) + _pad8(frame))

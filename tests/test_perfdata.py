@@ -351,3 +351,117 @@ def test_prefix_limit_bounds_a_file_without_any_stop(
     h = read_perf_header(path)
     assert len(h.modules) == 2
     assert h.bytes_read < limit + (1 << 17) < path.stat().st_size
+
+
+# -- bounds (issue 19; tests/faults/test_faults_perfdata.py runs each as kreldctl) --------
+
+
+def test_a_compressed_record_is_refused_while_it_inflates_past_the_limit(tmp_path: Path) -> None:
+    from perffile import compressed, zstd_bomb
+
+    from kreld.core.errors import PerfDataTooLarge
+
+    f = PerfFile()
+    bomb = compressed(zstd_bomb(16370 << 17))  # 64 KiB that inflate to 2 GiB
+    path = f.write(tmp_path / "bomb.data", data=f.kernel_map() + bomb)
+    with pytest.raises(PerfDataTooLarge) as e:
+        read_perf_header(path)
+    assert e.value.limit == perfdata.DECOMPRESSED_LIMIT and e.value.exit_code == ExitCode.ERROR
+
+
+def test_the_scan_ends_at_the_record_limit_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perffile import ROUND, module_maps
+
+    monkeypatch.setattr(perfdata, "RECORD_LIMIT", 1000)
+    f = PerfFile(modules=MODS)
+    path = f.write(tmp_path / "r.data", data=f.kernel_map() + module_maps(2) + ROUND * 5000)
+    h = read_perf_header(path)
+    assert h.scan_limit == "records" and h.text == f.text and len(h.modules) == 2
+    assert read_perf_header(f.write(tmp_path / "ok.data")).scan_limit is None
+
+
+def test_module_maps_past_the_cap_are_too_large(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perffile import module_maps
+
+    from kreld.core.errors import PerfDataTooLarge
+    from kreld.perf import records as perfrecords
+
+    monkeypatch.setattr(perfrecords, "MAX_MODULE_MAPS", 50)
+    f = PerfFile()
+    ok = f.write(tmp_path / "m.data", data=f.kernel_map() + module_maps(50) + FINISHED_INIT)
+    assert len(read_perf_header(ok).modules) == 50
+    bad = f.write(tmp_path / "m.data", data=f.kernel_map() + module_maps(51))
+    with pytest.raises(PerfDataTooLarge, match="more than 50 module maps"):
+        read_perf_header(bad)
+
+
+def test_a_pipe_mode_recording_is_read_from_a_real_pipe(tmp_path: Path) -> None:
+    f = PerfFile(modules=MODS)
+    data = f.pipe_bytes()
+    r, w = os.pipe()
+    os.write(w, data)  # fits in the pipe's buffer
+    os.close(w)
+    try:
+        h = read_perf_header(f"/dev/fd/{r}")
+    finally:
+        os.close(r)
+    assert h.pipe and h.text == f.text and len(h.modules) == 2
+
+
+def test_pipe_mode_tracing_data_after_its_record_is_stepped_over(tmp_path: Path) -> None:
+    """``perf record -e sched:... -o -`` writes its tracing data after a
+    HEADER_TRACING_DATA record, outside any record."""
+    f = PerfFile(modules=MODS)
+    tracing = b"\x00" * 4096  # zeros: read as records, they would be of size 0
+    rec = record(66, 0, struct.pack("<II", len(tracing), 0)) + tracing
+    h = read_perf_header(f.write_pipe(tmp_path / "tp.data", data=rec + f.data()))
+    assert h.text == f.text and len(h.modules) == 2
+
+
+def test_a_fifo_without_a_writer_and_a_trickling_writer_are_refused_in_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from kreld.perf import input as perfinput
+
+    monkeypatch.setattr(perfinput, "PIPE_IDLE_TIMEOUT", 0.3)
+    monkeypatch.setattr(perfinput, "PIPE_DEADLINE", 1.0)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    with pytest.raises(PerfDataError, match=r"nothing written to it for 0\.3 s"):
+        read_perf_header(fifo)
+    assert time.monotonic() - t0 < 5
+    stop = threading.Event()
+
+    def trickle() -> None:
+        with open(fifo, "wb", buffering=0) as w:
+            for b in PerfFile().pipe_bytes():
+                if stop.is_set():
+                    return
+                w.write(bytes([b]))
+                time.sleep(0.05)
+
+    t = threading.Thread(target=trickle, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(PerfDataError, match="did not arrive within 1 s"):
+            read_perf_header(fifo)
+    finally:
+        stop.set()
+    t.join(5)
+
+
+def test_devices_directories_and_read_errors_are_perf_data_errors(tmp_path: Path) -> None:
+    for target, words in (
+        ("/dev/zero", "a character device"),
+        ("/proc/self/mem", "read error"),
+        (str(tmp_path), "perf record --threads"),
+    ):
+        with pytest.raises(PerfDataError, match=words):
+            read_perf_header(target)

@@ -241,6 +241,20 @@ class PerfDataError(KreldError):
         self.offset = offset
 
 
+class PerfDataTooLarge(PerfDataError):
+    """A perf.data goes past one of the reader's bounds (a compressed record that
+    inflates too far, more module maps or build-ids than any kernel has): refused
+    before it is expanded further."""
+
+    varlink_name = "io.kreld.PerfDataTooLarge"
+
+    def __init__(self, path: str, what: str, limit: int, offset: int | None = None) -> None:
+        # *what* is counted: "module maps", "bytes inflated from one compressed record"
+        super().__init__(path, f"more than {limit:,} {what}", offset)
+        self.what = what
+        self.limit = limit
+
+
 class NoBootForRecording(NoSuchBoot):
     """No recorded boot has the kernel build and ``_text`` a perf.data was recorded on."""
 

@@ -33,19 +33,35 @@ __all__ = [
     "symbolize_lines",
 ]
 
+# Module maps without a recorded load named one by one; the rest are counted.
+WARNINGS_SHOWN = 10
+
 
 def find_boot(store: BootSource, h: PerfHeader, err: TextIO) -> BootMatch:
     """The recording's boot, said on *err* with what did not match."""
+    if h.scan_limit is not None:
+        print(
+            f"kreldctl: warning: {h.path}: stopped reading its synthesized records at the "
+            f"{h.scan_limit} limit, before their end",
+            file=err,
+        )
     m = match_boot(h, store.list_boots(), store.incarnations, store.hostname)
     print(
         f"kreldctl: {h.path}: boot {m.boot.boot_id} (release {m.boot.release}); "
         f"{len(m.chosen)} of {len(m.modules)} module maps matched a recorded load",
         file=err,
     )
-    for mm in m.missing:
+    missing = m.missing
+    for mm in missing[:WARNINGS_SHOWN]:
         print(
             f"kreldctl: warning: no recorded load of {mm.name} at {mm.start:#x}: "
             "its symbols are left out",
+            file=err,
+        )
+    if len(missing) > WARNINGS_SHOWN:
+        print(
+            f"kreldctl: warning: and {len(missing) - WARNINGS_SHOWN:,} more module maps "
+            "with no recorded load: their symbols are left out",
             file=err,
         )
     return m

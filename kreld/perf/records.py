@@ -10,11 +10,13 @@ from __future__ import annotations
 import struct
 from enum import IntEnum
 
-from kreld.core.errors import PerfDataError
+from kreld.core.errors import PerfDataError, PerfDataTooLarge
 from kreld.core.record import field, record
 
 __all__ = [
     "KERNEL_MAP_PREFIX",
+    "MAX_BUILD_IDS",
+    "MAX_MODULE_MAPS",
     "BuildIdEntry",
     "ClockData",
     "ClockId",
@@ -34,6 +36,13 @@ _ATTR_USE_CLOCKID = 1 << 25
 _ATTR_MIN_SIZE = 96  # PERF_ATTR_SIZE_VER1 (clockid came with it)
 _HOST_PID = 0xFFFFFFFF  # pid -1: the kernel's own maps (HOST_KERNEL_ID)
 KERNEL_MAP_PREFIX = "[kernel.kallsyms]"
+# perf writes one map per module of /proc/modules.  Linux has no fixed limit,
+# but its module area is bounded (1 GiB on x86-64) and the Debian cloud kernel
+# here ships 1,121 modules in all: more maps than this is not a recording.
+MAX_MODULE_MAPS = 16_384
+# Build-id entries (the feature, and pipe mode's HEADER_BUILD_ID records): one
+# per image that had samples, or with --buildid-all per image mapped.
+MAX_BUILD_IDS = 65_536
 
 
 class Feature(IntEnum):
@@ -59,7 +68,9 @@ class RecordType(IntEnum):
     SAMPLE = 9
     MMAP2 = 10
     HEADER_ATTR = 64
+    HEADER_TRACING_DATA = 66
     HEADER_BUILD_ID = 67
+    AUXTRACE = 71
     HEADER_FEATURE = 80
     COMPRESSED = 81
     FINISHED_INIT = 82
@@ -137,6 +148,9 @@ class PerfHeader:
     # The symbol the kernel map is relative to: "_text", or "_stext" where the
     # kernel has no _text (perf's ref_reloc_sym_names); ``text`` is its address.
     ref_symbol: str = "_text"
+    # The bound that ended the scan before perf's synthesized records were seen
+    # to end ("records", "bytes"); None when they were.
+    scan_limit: str | None = None
 
     def module_build_id(self, name: str) -> str | None:
         for m in self.modules:
@@ -244,6 +258,8 @@ class _Collector:
         entry = BuildIdEntry(
             _cstr(rec[36:]), raw[:n].hex(), misc & _MISC_CPUMODE_MASK == _MISC_KERNEL
         )
+        if len(self.build_ids) >= MAX_BUILD_IDS:
+            raise PerfDataTooLarge(self.path, "build-id entries", MAX_BUILD_IDS)
         self.build_ids.append(entry)
         if entry.kernel and entry.name == KERNEL_MAP_PREFIX and self.kernel_build_id is None:
             self.kernel_build_id = entry.build_id
@@ -281,9 +297,13 @@ class _Collector:
                 if build_id and self.kernel_build_id is None:
                     self.kernel_build_id = build_id
         elif _is_module_map(name):
+            if len(self.modules) >= MAX_MODULE_MAPS:
+                raise PerfDataTooLarge(self.path, "module maps", MAX_MODULE_MAPS, offset)
             self.modules.append(ModuleMap(module_name(name), name, start, length, build_id))
 
-    def header(self, path: str, pipe: bool, bytes_read: int, size: int | None) -> PerfHeader:
+    def header(
+        self, path: str, pipe: bool, bytes_read: int, size: int | None, limit: str | None
+    ) -> PerfHeader:
         return PerfHeader(
             path=path,
             pipe=pipe,
@@ -300,4 +320,5 @@ class _Collector:
             bytes_read=bytes_read,
             file_size=size,
             ref_symbol=self.ref_symbol,
+            scan_limit=limit,
         )
