@@ -168,3 +168,46 @@ def write_config(path: Path, **sections: dict[str, Any]) -> Path:
         lines.extend(f"{k} = {json.dumps(v)}" for k, v in kv.items())
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+class Measured:
+    """One command run through tests/faults/peak.py: its exit status and the kernel's
+    account of it alone (``wait4``), not of the pytest process it was started from."""
+
+    def __init__(self, rc: int, maxrss_kib: int, cpu_s: float, wall_s: float, timed_out: bool):
+        self.rc, self.maxrss_kib, self.cpu_s = rc, maxrss_kib, cpu_s
+        self.wall_s, self.timed_out = wall_s, timed_out
+
+
+PEAK = Path(__file__).with_name("peak.py")
+
+
+def run_measured(
+    argv: list[str],
+    *,
+    stdin: Any = subprocess.DEVNULL,
+    stdout: Any = None,
+    stderr: Any = None,
+    timeout: float,
+    as_limit: int,
+) -> Measured:
+    """*argv* under RLIMIT_AS *as_limit*, killed after *timeout* s, with its peak RSS
+    and CPU.  A grandchild of the test on purpose (peak.py says why)."""
+    import sys
+
+    fd, result = tempfile.mkstemp(prefix="kreld-peak-", suffix=".json")
+    os.close(fd)
+    try:
+        cp = subprocess.run(
+            [sys.executable, str(PEAK), result, str(timeout), str(as_limit), "--", *argv],
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            timeout=timeout + 30,
+        )
+        assert cp.returncode == 0, f"peak.py failed ({cp.returncode}) for {argv}"
+        with open(result, encoding="utf-8") as f:
+            r = json.load(f)
+    finally:
+        os.unlink(result)
+    return Measured(r["status"], r["maxrss_kib"], r["cpu_s"], r["wall_s"], r["timed_out"])

@@ -4,16 +4,16 @@ bounds, and never costs unbounded memory, a hang or a traceback.
 
 Every run is kreldctl as a child of the test, under RLIMIT_AS of 512 MiB and a
 timeout; its peak resident memory and CPU come from ``wait4`` (the kernel's account
-of the child), not from the child itself.  The files are built here
-(tests/perffile.py); the pipe and FIFO cases use real pipes, FIFOs and, where it
-records here, the machine's own ``perf record -o -``.
+of the child), not from the child itself, through tests/faults/peak.py so that the
+figures are kreldctl's alone and not the high-water mark of this pytest process.
+The files are built here (tests/perffile.py); the pipe and FIFO cases use real
+pipes, FIFOs and, where it records here, the machine's own ``perf record -o -``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -27,6 +27,7 @@ from typing import IO
 
 import pytest
 from conftest import _bin
+from faultlib import run_measured
 from perffile import ROUND, PerfFile, compressed, module_maps, record, zstd_bomb
 
 from kreld.core.errors import ExitCode
@@ -59,42 +60,28 @@ class Run:
         )
 
 
-def _limit_as() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
-
-
 def run_bounded(*args: str, stdin: int | IO[bytes] | None = None, timeout: float = TIMEOUT) -> Run:
     """kreldctl *args* under RLIMIT_AS, killed at *timeout* (a failure: it hung)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.monotonic()
-        p = subprocess.Popen(
+        m = run_measured(
             [_bin("kreldctl"), *args],
             stdin=subprocess.DEVNULL if stdin is None else stdin,
             stdout=out,
             stderr=err,
-            preexec_fn=_limit_as,
+            timeout=timeout,
+            as_limit=AS_LIMIT,
         )
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() - t0 > timeout:
-                p.kill()
-                os.wait4(p.pid, 0)
-                p.returncode = -9
-                pytest.fail(f"kreldctl {' '.join(args)} still running after {timeout} s")
-            time.sleep(0.02)
-        p.returncode = os.waitstatus_to_exitcode(status)  # Popen must not reap it again
-        wall = time.monotonic() - t0
+        if m.timed_out:
+            pytest.fail(f"kreldctl {' '.join(args)} still running after {timeout} s")
         out.seek(0)
         err.seek(0)
         return Run(
-            p.returncode,
+            m.rc,
             out.read().decode(errors="replace"),
             err.read().decode(errors="replace"),
-            ru.ru_maxrss,
-            ru.ru_utime + ru.ru_stime,
-            wall,
+            m.maxrss_kib,
+            m.cpu_s,
+            m.wall_s,
         )
 
 
