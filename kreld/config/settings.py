@@ -127,7 +127,7 @@ def _paths(v: Any) -> tuple[str, ...]:
 def _interval(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise TypeError("a number of seconds")
-    if not 0.05 <= float(v) <= 3600:
+    if not 0.05 <= v <= 3600:  # compared as they are: float() of 10**400 overflows
         raise ValueError("between 0.05 and 3600 seconds")
     return float(v)
 
@@ -160,7 +160,7 @@ def _seconds(lo: float, hi: float) -> Callable[[Any], float]:
     def check(v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise TypeError("a number of seconds")
-        if not lo <= float(v) <= hi:
+        if not lo <= v <= hi:
             raise ValueError(f"between {lo} and {hi} seconds")
         return float(v)
 
@@ -170,7 +170,7 @@ def _seconds(lo: float, hi: float) -> Callable[[Any], float]:
 def _days(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise TypeError("a number of days")
-    if not 0 <= float(v) <= 100_000:
+    if not 0 <= v <= 100_000:
         raise ValueError("between 0 (keep forever) and 100000 days")
     return float(v)
 

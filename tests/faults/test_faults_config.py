@@ -153,6 +153,7 @@ NUMBERS = [
     ("[limits]\nmax_connections = 1000000000000000000\n", "limits.max_connections"),
     ("[limits]\nmax_connections_per_uid = 0\n", "limits.max_connections_per_uid"),
     ("[limits]\nidle_timeout = inf\n", "limits.idle_timeout"),
+    ("[limits]\nidle_timeout = 1" + "0" * 400 + "\n", "limits.idle_timeout"),
     ("[modules]\npoll_interval = nan\n", "modules.poll_interval"),
     ("[retention]\nkeep_days = -1\n", "retention.keep_days"),
     ("[retention]\nkeep_boots = 1e300\n", "retention.keep_boots"),
