@@ -58,11 +58,12 @@ class Budget:
 
 
 def _kind(mode: int) -> str:
-    return next((what for is_, what in _KINDS if is_(mode)), "not a regular file")
+    return next((what for is_, what in _KINDS if is_(mode)), "of another kind")
 
 
-def _refuse_unless_regular(file: str, st: os.stat_result) -> bool:
-    """Whether *st* is /dev/null (read as empty); a ConfigError unless it is a regular file."""
+def _dev_null_or_regular(file: str, st: os.stat_result) -> bool:
+    """Whether *st* is /dev/null (read as empty); anything but a regular file within
+    :data:`MAX_FILE_BYTES` is a ConfigError."""
     if stat.S_ISCHR(st.st_mode) and st.st_rdev == _DEV_NULL:
         return True
     if not stat.S_ISREG(st.st_mode):
@@ -91,14 +92,14 @@ def read_file(path: Path, budget: Budget) -> bytes:
     """The bytes of the configuration file *path*, or a ConfigError naming it."""
     file = str(path)
     try:
-        if _refuse_unless_regular(file, os.stat(path)):
+        if _dev_null_or_regular(file, os.stat(path)):
             return b""
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
         raise ConfigError(file, f"cannot read: {e.strerror}") from e
     try:
         opened = os.fstat(fd)
-        if _refuse_unless_regular(file, opened):
+        if _dev_null_or_regular(file, opened):
             return b""
         raw = _read_capped(fd, file)
     except OSError as e:
