@@ -7,8 +7,9 @@ import contextlib
 import os
 import sys
 
-from kreld.config.settings import Config, load_config
+from kreld.config.settings import Config, load_config, socket_path_fault
 from kreld.core import consts
+from kreld.core.errors import ConfigError
 from kreld.core.record import replace
 
 __all__ = ["HelpFormatter", "add_common", "leave", "resolve_config"]
@@ -89,6 +90,8 @@ def resolve_config(args: argparse.Namespace) -> Config:
         value = getattr(args, attr, None)
         if value is not None:
             changes[attr] = value
+    if "socket" in changes and (fault := socket_path_fault(changes["socket"])) is not None:
+        raise ConfigError("the command line", f"expected {fault}", "--socket")
     return replace(cfg, **changes)
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_CONFIG",
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_CONNECTIONS_PER_UID",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_POLL_INTERVAL",
     "DEFAULT_PUBLISH_INTERVAL",
@@ -34,6 +35,7 @@ __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
     "MACHINE_ID",
+    "MAX_SOCKET_PATH",
     "OSRELEASE",
     "PERF_EVENT_PARANOID",
     "PROC_MODULES",
@@ -51,6 +53,11 @@ DEFAULT_CONFIG: Final = "/etc/kreld/kreld.toml"
 DEFAULT_STATE_DIR: Final = "/var/lib/kreld"
 DEFAULT_SOCKET: Final = "/run/kreld/kreld.sock"
 DEFAULT_ROOT: Final = "/"
+# The longest socket path kreld takes, in bytes: sockaddr_un's sun_path holds 108 with
+# its NUL (UNIX_PATH_MAX, include/uapi/linux/un.h), and kreld binds under a temporary
+# name up to 9 bytes longer (".NAME.PID"; a pid has at most 7 digits, PID_MAX_LIMIT
+# being 4,194,304) before renaming it into place (kreld.server.listener.bind_socket).
+MAX_SOCKET_PATH: Final = 108 - 1 - 9
 
 # The project's public address, as org.varlink.service.GetInfo gives it: empty
 # while pyproject.toml names none (tests/test_varlink_reference.py holds the two equal).
@@ -74,6 +81,8 @@ DEFAULT_PUBLISH_INTERVAL: Final = 10.0
 # What one peer may cost the server ([limits] in kreld.toml; kreld.server.listener.Limits).
 DEFAULT_MAX_MESSAGE_BYTES: Final = 4 << 20
 DEFAULT_MAX_CONNECTIONS: Final = 1024
+# Connections one uid may hold at once (root and kreld's own uid are not counted).
+DEFAULT_MAX_CONNECTIONS_PER_UID: Final = 64
 DEFAULT_IDLE_TIMEOUT: Final = 60.0
 DEFAULT_SUBSCRIBE_QUEUE: Final = 4096
 

@@ -6,6 +6,13 @@ transactions done inline, slow work (a fresh snapshot) runs in a thread.
 Module events arrive from the tracker thread and fan out to subscribers
 through bounded queues: a subscriber that does not keep up is dropped with
 ``io.kreld.SubscriberTooSlow`` and never holds anyone else back.
+
+Connections are capped twice: all of them (``io.kreld.TooManyConnections``),
+and those of one uid (``io.kreld.TooManyConnectionsPerUid``), so that one peer
+holding the global cap cannot lock every other client out.  A uid's count takes
+in every connection from its accept to its close, refused ones too.  Root and
+kreld's own uid are not counted: they are admitted whatever the policy says,
+and can stop kreld anyway; they stay under the global cap.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ ACCEPT_HEADROOM = 6 * ACCEPT_BATCH
 class Limits:
     max_message_bytes: int = consts.DEFAULT_MAX_MESSAGE_BYTES
     max_connections: int = consts.DEFAULT_MAX_CONNECTIONS
+    max_connections_per_uid: int = consts.DEFAULT_MAX_CONNECTIONS_PER_UID
     idle_timeout: float = consts.DEFAULT_IDLE_TIMEOUT
     subscribe_queue: int = consts.DEFAULT_SUBSCRIBE_QUEUE
 
@@ -100,7 +108,13 @@ def limits_of(cfg: Config, log: FilteringBoundLogger | None = None) -> Limits:
         conns = max(1, room)
         if log is not None:
             log.warning("max_connections_capped", configured=cfg.max_connections, to=conns)
-    return Limits(cfg.max_message_bytes, conns, cfg.idle_timeout, cfg.subscribe_queue)
+    return Limits(
+        cfg.max_message_bytes,
+        conns,
+        cfg.max_connections_per_uid,
+        cfg.idle_timeout,
+        cfg.subscribe_queue,
+    )
 
 
 class _Conn:
@@ -130,6 +144,11 @@ class Server:
         self.conns: set[_Conn] = set()
         self.subscribers: set[_Conn] = set()
         self.refused = 0
+        # Open connections of each uid not exempt from the per-uid cap; the uids
+        # whose refusal was logged since they last held none.
+        self.per_uid: dict[int, int] = {}
+        self._capped: set[int] = set()
+        self._exempt = frozenset({0, os.geteuid()})
         self._tasks: set[asyncio.Task[None]] = set()
         # One thread for the calls that may take a while (see kreld.server.methods, Method.quick).
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="calls")
@@ -223,19 +242,14 @@ class Server:
         except OSError:
             writer.close()
             return
+        over = self._over_a_limit(pid, uid)
+        if over is not None:
+            # Said without waiting for the peer: the descriptor goes at once.
+            writer.write(error_reply(over))
+            writer.close()
+            return
         conn = _Conn(pid, uid, None, writer)
         try:
-            if len(self.conns) >= self.limits.max_connections:
-                # Said without waiting for the peer: the descriptor goes at once.
-                writer.write(
-                    error_reply(
-                        VarlinkError(
-                            f"{INTERFACE}.TooManyConnections",
-                            {"limit": self.limits.max_connections},
-                        )
-                    )
-                )
-                return
             if not self.policy.allows(pid, uid, gid):
                 conn.comm = peer_comm(pid)
                 self.refused += 1
@@ -251,7 +265,33 @@ class Server:
         finally:
             self.conns.discard(conn)
             self.subscribers.discard(conn)
+            self._let_go(uid)
             writer.close()
+
+    def _over_a_limit(self, pid: int, uid: int) -> VarlinkError | None:
+        """The refusal of a connection over the global or its uid's cap, or None:
+        then the connection counts against its uid until :meth:`_let_go`."""
+        if len(self.conns) >= self.limits.max_connections:
+            return VarlinkError(
+                f"{INTERFACE}.TooManyConnections", {"limit": self.limits.max_connections}
+            )
+        if uid in self._exempt:
+            return None
+        held, cap = self.per_uid.get(uid, 0), self.limits.max_connections_per_uid
+        if held >= cap:
+            if uid not in self._capped:  # once, not once per connection of a flood
+                self._capped.add(uid)
+                self.log.warning("peer_connection_limit", pid=pid, uid=uid, limit=cap)
+            return VarlinkError(f"{INTERFACE}.TooManyConnectionsPerUid", {"uid": uid, "limit": cap})
+        self.per_uid[uid] = held + 1
+        return None
+
+    def _let_go(self, uid: int) -> None:
+        held = self.per_uid.pop(uid, 0) - 1
+        if held > 0:
+            self.per_uid[uid] = held
+        else:
+            self._capped.discard(uid)
 
     async def _refuse(self, reader: asyncio.StreamReader, conn: _Conn) -> None:
         err = VarlinkError(
