@@ -36,6 +36,9 @@ from test_symbols import BASE_A, BASE_B, Machine
 from test_symbols import daemons as daemons
 from test_symbols import sock_dir as sock_dir
 
+from kreld.perf.inject import inject as inject_file
+from kreld.store import Store
+
 WORK = ["dd", "if=/dev/zero", "of=/dev/null", "bs=512", "count=2500000"]
 # (how perf record is told, file name): each recorded once, side by side
 KINDS = {
@@ -93,7 +96,7 @@ def world(
     k.wait_for("modules_startup")
     raw = {kind: d / f"{kind}.raw" for kind in KINDS}
     procs = {kind: perf_record("perf", kind, raw[kind], home) for kind in KINDS}
-    time.sleep(0.4)
+    time.sleep(0.8)
     m.load("brd", BASE_A)
     k.wait_for("module_loaded", module="brd")
     k.wait_for("module_symbols", module="brd")
@@ -129,9 +132,12 @@ def _time_offset(sample_type: int) -> int:
     return 8 + 8 * sum(1 for bit in (1 << 16, 1, 2) if sample_type & bit)
 
 
-def splice(src: Path, dst: Path, load_ns: int) -> Path:
-    """*src* with a copy of its first sample after *load_ns* for each address of
-    IN_BRD, right after it (ip at BASE_A + offset, time 1..4 ns later)."""
+def splice(src: Path, dst: Path, load_ns: int, ips: list[tuple[int, int]] | None = None) -> Path:
+    """*src* with copies of its first sample after *load_ns*, right after it, one
+    per (ip, ns later) of *ips* (default: each address of IN_BRD, 1..4 ns later),
+    each a kernel sample."""
+    if ips is None:
+        ips = [(BASE_A + off, 1 + i) for i, off in enumerate(IN_BRD)]
     data = src.read_bytes()
     pipe = struct.unpack_from("<Q", data, 8)[0] == 16
     if pipe:
@@ -148,16 +154,21 @@ def splice(src: Path, dst: Path, load_ns: int) -> Path:
     samples = [(data[p : p + s], p + s) for p, t, s in recs if t == 9]
     if not samples:  # perf record -z: the samples are in compressed records
         samples = _inflated_samples(data, recs)
-    after = [(r, at) for r, at in samples if struct.unpack_from("<Q", r, toff)[0] > load_ns]
+    # After a kernel sample too: perf gives kallsyms lines only to modules whose
+    # maps have no symbols loaded yet when it first reads the kernel's.
+    kernel = [struct.unpack_from("<Q", r, toff)[0] for r, _ in samples if r[4] & 7 == 1]
+    since = max(load_ns, min(kernel))
+    after = [(r, at) for r, at in samples if struct.unpack_from("<Q", r, toff)[0] > since]
     template, at = min(after, key=lambda ra: struct.unpack_from("<Q", ra[0], toff)[0])
     t0 = struct.unpack_from("<Q", template, toff)[0]
+    (dst.parent / f"{dst.name}.t0").write_text(str(t0))
     extra = b""
-    for i, off in enumerate(IN_BRD):
+    for ip, later in ips:
         rec = bytearray(template)
         misc = struct.unpack_from("<H", rec, 4)[0]
         struct.pack_into("<H", rec, 4, misc & ~7 | 1)  # PERF_RECORD_MISC_KERNEL
-        struct.pack_into("<Q", rec, ip_off, BASE_A + off)
-        struct.pack_into("<Q", rec, toff, t0 + 1 + i)
+        struct.pack_into("<Q", rec, ip_off, ip)
+        struct.pack_into("<Q", rec, toff, t0 + later)
         extra += bytes(rec)
     out = data[:at] + extra + data[at:]
     if not pipe:
@@ -328,3 +339,32 @@ def test_an_output_that_is_a_symlink_is_refused_and_left_alone(
     assert "symbolic link" in cp.stderr
     assert victim.read_text() == "keep me" and link.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.data", "victim"]
+
+
+BPF = 0xFFFFFFFFA0001000
+BPF_NAME = "bpf_prog_6deef7357e7b4530_vfs_read"
+
+
+def test_ksymbol_records_name_bpf_code_in_perf_while_it_was_loaded(world: World) -> None:
+    """The seam for BPF symbols: a KSYMBOL registered at a program's load names
+    the samples in it (perf script), until the one unregistering it."""
+    w = world
+    src = splice(w.d / "file.raw", w.d / "bpf.data", w.load_ns,
+                 [(BPF + 0x10, 1), (BPF + 0x20, 2), (BPF + 0x30, 4)])  # fmt: skip
+    t0 = int((w.d / "bpf.data.t0").read_text())
+    out = w.d / "bpf.out"
+    err = io.StringIO()
+    with Store(str(w.m.state), readonly=True) as store:
+        prog = [(BPF, 0x100, "bpf", BPF_NAME, t0 - 50, t0 + 3)]
+        res = inject_file(store, str(src), str(out), err, ksyms=lambda m: prog)
+    assert res["ksymbols"] == 2, err.getvalue()
+    cp = run_perf(w, "script", "-i", str(out), "-F", "ip,sym", f"--symfs={w.empty}")
+    assert cp.stderr.strip() == "", cp.stderr
+    named = {ln.split()[0]: ln.split()[1] for ln in cp.stdout.splitlines() if "ffffffffa000" in ln}
+    assert named == {
+        f"{BPF + 0x10:x}": BPF_NAME,
+        f"{BPF + 0x20:x}": BPF_NAME,
+        f"{BPF + 0x30:x}": "[unknown]",  # after the unregister
+    }, cp.stdout[-2000:]
+    raw = run_perf(w, "script", "-i", str(src), "-F", "ip,sym", f"--symfs={w.empty}").stdout
+    assert f"{BPF + 0x10:x} [unknown]" in raw
