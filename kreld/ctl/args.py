@@ -92,7 +92,7 @@ def add_queries(cmd: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "-i", "--input", default="-", metavar="IN.data", help="the recording (a regular file)"
     )
     sp.add_argument(
-        "-o", "--output", default="-", metavar="OUT.data",
+        "-o", "--output", default="-", metavar="FILE",
         help="the new perf.data (default: stdout, for a pipe-mode recording)",
     )  # fmt: skip
 

@@ -18,7 +18,9 @@
 # boot's own /proc/kallsyms, no .ko files); brd is loaded after dummy and veth
 # in the first boot, after dummy alone in the second, so it lies elsewhere.
 # In the second, brd is loaded by the workload of a perf record -k monotonic
-# that started before it (perf-late.data, and its perf script output).
+# that started before it (perf-late.data, and its perf script output); then
+# unloaded and loaded again by the workload of a per-task perf record
+# -k monotonic (perf-task.data, for kreldctl inject).
 #
 # Environment: OUT (facts directory), STATE (kreld's state dir), KRELD_VENV,
 # KRELD_REPO, for "first" SYSMAP (the real System.map, may be empty), for
@@ -207,6 +209,23 @@ perf_late() {
     mark perf_late_done
 }
 
+# perf_task: brd unloaded, then loaded again by the workload of a per-task
+# perf record -k monotonic (no -a: perf asks for no KSYMBOL or module events
+# of the whole system); perf script of it with this boot's /proc/kallsyms.
+perf_task() {
+    rmmod brd || fail "rmmod brd"
+    wait_log 1 module_unloaded brd
+    HOME=$OUT/perf-home perf record -N -q -k monotonic -e cpu-clock -F 997 \
+        -o "$OUT/perf-task.data" -- sh "$HERE/guest_busy.sh" 3 load 2>"$OUT/perf-task.err" ||
+        fail "perf record -k monotonic (per task): $(cat "$OUT/perf-task.err")"
+    wait_log 2 module_loaded brd
+    copy_module brd brd2
+    HOME=$OUT/perf-home perf script -i "$OUT/perf-task.data" --kallsyms=/proc/kallsyms \
+        --symfs="$OUT/empty" >"$OUT/perf-task.script" 2>>"$OUT/perf-task.err" ||
+        fail "perf script: $(cat "$OUT/perf-task.err")"
+    mark perf_task_done
+}
+
 snapshot() { # LABEL: kreldctl snapshot into its own state dir
     "$V/kreldctl" --config "$CONFIG" --root / --state-dir "$OUT/state-$1" \
         snapshot --json >"$OUT/snapshot-$1.json" 2>"$OUT/snapshot-$1.err"
@@ -262,6 +281,7 @@ second)
     capture_kallsyms "${PREV_LOG:-}"
     perf_late
     perf_brd
+    perf_task
     stop_kreld
     ;;
 *)
