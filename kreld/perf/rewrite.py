@@ -27,6 +27,7 @@ import mmap
 import os
 import stat
 import struct
+from array import array
 from collections.abc import Sequence
 from typing import IO, cast
 
@@ -140,7 +141,7 @@ class Recording:
     def _index(self) -> None:
         """Record offsets, then each record's time (-1: untimed)."""
         buf, pos, end = self.buf, self.start, self.end
-        offs: list[int] = []
+        offs = array("q")  # 8 bytes a record (a list would take some 40)
         append = offs.append
         specials: list[int] = []
         big = self.e == ">"
@@ -156,7 +157,7 @@ class Recording:
                 pos += self._trailing(rtype, pos - size, size)
         if pos != end:
             raise PerfDataError(self.path, "last record truncated", offs[-1] if offs else pos)
-        self.offs = np.array(offs, dtype=np.int64)
+        self.offs = np.frombuffer(offs, dtype=np.int64) if offs else np.zeros(0, np.int64)
         self.ends = np.append(self.offs[1:], end) if offs else self.offs
         if self.pipe:
             self._pipe_attrs(specials)
