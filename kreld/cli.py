@@ -335,6 +335,14 @@ class Ctl:
             self.out.write(text)
         return 0
 
+    def inject(self) -> int:
+        from kreld.perf.inject import inject
+
+        res = inject(self.perf_store(), self.args.input, self.args.output, self.err)
+        if self.args.json and self.args.output != "-":
+            self.emit_json(res)
+        return 0
+
     def gc(self) -> int:
         if self.args.source:
             raise InvalidArgument("--from", "gc works on a local store; the bucket is read-only")

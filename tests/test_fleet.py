@@ -210,6 +210,11 @@ def test_two_hosts_publish_and_a_reader_with_only_the_bucket_resolves_a_module_o
         assert "1 of 1 module maps matched" in via_bucket.stderr
         for_local = kreldctl("--state-dir", str(h.state), "export", "kallsyms", "--for", str(rec))
         assert via_bucket.stdout == for_local.stdout and "start_kernel" in for_local.stdout
+        # inject finds the boot the same way: the same OUT from the bucket as from the store.
+        outs = [h.state.parent / "inj-bucket.data", h.state.parent / "inj-local.data"]
+        from_bucket(url, "inject", "-i", str(rec), "-o", str(outs[0]))
+        kreldctl("--state-dir", str(h.state), "inject", "-i", str(rec), "-o", str(outs[1]))
+        assert outs[0].read_bytes() == outs[1].read_bytes()
     # One kernel table for the two hosts.
     assert names(url, "tables/k/") == [f"tables/k/{kernel}"]
 

@@ -84,6 +84,17 @@ def add_queries(cmd: Callable[[str, str], argparse.ArgumentParser]) -> None:
     at_options(sp)
     for_option(sp, "the boot and module loads it was recorded on (no --boot needed)")
     sp.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
+    sp = cmd(
+        "inject",
+        "write a perf.data that maps the modules loaded while it was recorded (as perf inject)",
+    )
+    sp.add_argument(
+        "-i", "--input", default="-", metavar="IN.data", help="the recording (a regular file)"
+    )
+    sp.add_argument(
+        "-o", "--output", default="-", metavar="FILE",
+        help="the new perf.data (default: stdout, for a pipe-mode recording)",
+    )  # fmt: skip
 
 
 def at_options(sp: argparse.ArgumentParser) -> None:
@@ -114,7 +125,7 @@ def add_from(p: argparse.ArgumentParser, suppress: bool = False) -> None:
         metavar="s3://BUCKET/PREFIX",
         default=argparse.SUPPRESS if suppress else None,
         help="read the fleet bucket kreld hosts publish to (read-only; docs/FLEET.md): "
-        "boots, show, modules, resolve, symbolize, export",
+        "boots, show, modules, resolve, symbolize, export, inject",
     )
 
 

@@ -1,6 +1,8 @@
 """perf.data: its formats and the facts they carry (``records``), the header
 reader (``reader``), finding the boot and loads a recording was made on
-(``match``), and ``export``/``symbolize --for perf.data`` (``commands``).
+(``match``), ``export``/``symbolize --for perf.data`` (``commands``), and
+``kreldctl inject`` (``inject``: the records ``synth`` builds, placed by
+``rewrite`` in a copy of the recording written through ``output``).
 
 May import everything below ``server`` and ``server`` itself.
 """

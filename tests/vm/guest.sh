@@ -18,7 +18,9 @@
 # boot's own /proc/kallsyms, no .ko files); brd is loaded after dummy and veth
 # in the first boot, after dummy alone in the second, so it lies elsewhere.
 # In the second, brd is loaded by the workload of a perf record -k monotonic
-# that started before it (perf-late.data, and its perf script output).
+# that started before it (perf-late.data, and its perf script output); then
+# unloaded and loaded again by the workload of a per-task perf record
+# -k monotonic (perf-task.data, for kreldctl inject).
 #
 # Environment: OUT (facts directory), STATE (kreld's state dir), KRELD_VENV,
 # KRELD_REPO, for "first" SYSMAP (the real System.map, may be empty), for
@@ -193,18 +195,24 @@ perf_brd() {
     mark perf_brd_done
 }
 
-# perf_late: brd loaded while perf record -k monotonic runs; perf script of it.
-perf_late() {
+# perf_load NAME COUNT LABEL [PERF OPTIONS]: brd loaded by the workload of a perf
+# record -k monotonic that had started (kreld logs its COUNTth load of brd; its
+# facts under mod/LABEL); perf script of NAME.data with this boot's /proc/kallsyms.
+perf_load() {
+    name=$1
+    count=$2
+    label=$3
+    shift 3
     mkdir -p "$OUT/empty" "$OUT/perf-home"
-    HOME=$OUT/perf-home perf record -N -q -k monotonic -e cpu-clock -F 997 -a \
-        -o "$OUT/perf-late.data" -- sh "$HERE/guest_busy.sh" 3 load 2>"$OUT/perf-late.err" ||
-        fail "perf record -k monotonic: $(cat "$OUT/perf-late.err")"
-    wait_log 1 module_loaded brd
-    copy_module brd brd
-    HOME=$OUT/perf-home perf script -i "$OUT/perf-late.data" --kallsyms=/proc/kallsyms \
-        --symfs="$OUT/empty" >"$OUT/perf-late.script" 2>>"$OUT/perf-late.err" ||
-        fail "perf script: $(cat "$OUT/perf-late.err")"
-    mark perf_late_done
+    HOME=$OUT/perf-home perf record -N -q -k monotonic -e cpu-clock -F 997 "$@" \
+        -o "$OUT/$name.data" -- sh "$HERE/guest_busy.sh" 3 load 2>"$OUT/$name.err" ||
+        fail "perf record -k monotonic $*: $(cat "$OUT/$name.err")"
+    wait_log "$count" module_loaded brd
+    copy_module brd "$label"
+    HOME=$OUT/perf-home perf script -i "$OUT/$name.data" --kallsyms=/proc/kallsyms \
+        --symfs="$OUT/empty" >"$OUT/$name.script" 2>>"$OUT/$name.err" ||
+        fail "perf script: $(cat "$OUT/$name.err")"
+    mark "${name}_done"
 }
 
 snapshot() { # LABEL: kreldctl snapshot into its own state dir
@@ -260,8 +268,11 @@ second)
     start_kreld
     load dummy dummy 1
     capture_kallsyms "${PREV_LOG:-}"
-    perf_late
+    perf_load perf-late 1 brd -a # the whole system
     perf_brd
+    rmmod brd || fail "rmmod brd"
+    wait_log 1 module_unloaded brd
+    perf_load perf-task 2 brd2 # the workload alone: no KSYMBOL or module events asked for
     stop_kreld
     ;;
 *)

@@ -890,7 +890,9 @@ def test_exported_kallsyms_module_lines_equal_the_boots_own(
     assert not c.meta["modules_changed"], c.meta
     # brd is loaded after T, for the perf recordings (section 9)
     loaded_by_the_test = {
-        d.name.rstrip("0123456789") for d in (c.facts.dir / "mod").iterdir() if d.name != "brd"
+        d.name.rstrip("0123456789")
+        for d in (c.facts.dir / "mod").iterdir()
+        if d.name.rstrip("0123456789") != "brd"
     }
     assert loaded_by_the_test <= set(c.kernel.owners)
     problems = diff_owners(c.kernel, c.kreld)
@@ -1085,3 +1087,54 @@ def test_symbolize_for_names_a_module_loaded_after_perf_record_started(
             assert f" {m[1]} (" in live[i], (after, live[i])
         elif "[unknown]" not in before:
             assert after == before
+
+
+def test_inject_names_in_perf_report_the_samples_of_a_module_loaded_mid_recording(
+    second: Boot, state: Path, tmp_path: Path
+) -> None:
+    """brd, unloaded, then loaded again and kept busy by the workload of a
+    per-task ``perf record -k monotonic``: on the host, ``perf report
+    --symfs=<empty> --kallsyms=<export --for OUT>`` of ``kreldctl inject``'s OUT
+    names as brd functions the samples that IN's report leaves ``[unknown]``,
+    and agrees with it on every other line; ``perf script`` of OUT names each
+    such sample as the guest's own perf did from its live /proc/kallsyms, and
+    prints no warning."""
+    from kreld.perf.reader import read_perf_header
+
+    d = second.facts.dir
+    data = d / "perf-task.data"
+    h = read_perf_header(data)
+    assert h.clockid == 1 and "brd" not in {m.name for m in h.modules}
+    brd = second.facts.module("brd2")
+    base, size = brd.loaded["brd"]
+    out = tmp_path / "out.data"
+    cp = host_ctl(state, "inject", "-i", str(data), "-o", str(out), timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert "approximate" not in cp.stderr
+    ks = tmp_path / "kallsyms"
+    cp = host_ctl(state, "export", "kallsyms", "--for", str(out), "-o", str(ks), timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    rows = {}
+    for name, f in (("in", data), ("out", out)):
+        text = host_perf("report", f, ks, tmp_path, "--stdio", "--sort", "dso,sym")
+        rows[name] = [ln.split() for ln in text.splitlines() if ln.strip() and ln[0] != "#"]
+    unknown = [r for r in rows["in"] if r[1] == "[unknown]" and base <= int(r[3], 16) < base + size]
+    assert len(unknown) >= 3, rows["in"][:30]
+    named = [r for r in rows["out"] if r[1] == "[brd]"]
+    assert named and all(r[3].startswith("brd_") for r in named), named
+    total = sum(float(r[0].rstrip("%")) for r in unknown)
+    assert abs(sum(float(r[0].rstrip("%")) for r in named) - total) < 0.02 * len(unknown) + 0.05
+    assert [r for r in rows["out"] if r[1] != "[brd]"] == [
+        r for r in rows["in"] if r not in unknown
+    ]
+    script = host_perf("script", out, ks, tmp_path)
+    live = (d / "perf-task.script").read_text().splitlines()
+    lines = script.splitlines()
+    assert len(lines) == len(live)
+    in_brd = 0
+    for mine, theirs in zip(lines, live, strict=True):
+        m = re.search(r" ([0-9a-f]{16}) (brd_[\w.]+\+0x[0-9a-f]+) \(\[brd\]\)$", mine)
+        if m and base <= int(m[1], 16) < base + size:
+            in_brd += 1
+            assert f" {m[2]} (" in theirs, (mine, theirs)
+    assert in_brd >= 5

@@ -1,0 +1,225 @@
+"""``kreldctl inject -i IN.data -o OUT.data``: a perf.data that names what perf
+could not, for every reader of perf.data.
+
+``perf record`` maps only the modules of ``/proc/modules`` when it starts.  A
+module loaded later leaves its samples ``[unknown]`` in every tool that reads
+the perf.data (perf report, hotspot, pprof's converter).  OUT is IN with, for
+each module incarnation kreld recorded on IN's boot (:mod:`kreld.perf.match`)
+loaded while IN was recording:
+
+* one kernel ``PERF_RECORD_MMAP`` of its ``.text`` (and the code sections the
+  kernel lays after it, up to its first data section), named as perf names a
+  module (``[brd]``), timed at the load on the recording's sample clock and
+  placed in time order among the samples (:mod:`kreld.perf.rewrite`);
+* its build-id in the build-id table (feature ``HEADER_BUILD_ID``);
+* once per module name, a map of no size at the same base among perf's own
+  records of the recording's start.  It claims no address; it is there because
+  ``perf report --kallsyms`` gives a kallsyms file's module lines to the module
+  maps that exist when it first reads the kernel's symbols (at the first kernel
+  sample, ``maps__split_kallsyms`` in tools/perf/util/symbol.c) and drops the
+  rest, so a module mapped only later would get no symbols from the file.  It
+  also lets ``kreldctl export kallsyms --for OUT`` include the module.
+
+:func:`ksymbol_records` is the seam for BPF programs, trampolines and other
+out-of-line code: each becomes a ``PERF_RECORD_KSYMBOL`` registered at its load
+and unregistered at its unload.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from kreld.core.errors import InvalidArgument
+from kreld.core.model import Incarnation, hexaddr
+from kreld.core.record import record
+from kreld.perf.commands import find_boot
+from kreld.perf.match import BootMatch, SampleClock
+from kreld.perf.output import safe_output
+from kreld.perf.reader import read_perf_header
+from kreld.perf.rewrite import Added, Recording, write_with
+from kreld.perf.synth import AttrLayout, KsymType, build_id_entry, kernel_mmap, ksymbol
+from kreld.store.bootsource import BootSource
+from kreld.symbols.queries import module_regions
+
+__all__ = [
+    "KSYM_KINDS",
+    "Ksym",
+    "ModuleMapPlan",
+    "inject",
+    "ksymbol_records",
+    "module_records",
+    "plan_modules",
+    "text_range",
+]
+
+# kreld's kinds of out-of-line kernel code, as perf's ksym types.
+KSYM_KINDS = {
+    "bpf": KsymType.BPF,
+    "bpf_prog": KsymType.BPF,
+    "trampoline": KsymType.OOL,
+    "ftrace_trampoline": KsymType.OOL,
+    "kprobe_insn_page": KsymType.OOL,
+    "ool": KsymType.OOL,
+}
+# (addr, len, kind, name, load_ns, unload_ns): one symbol of out-of-line code,
+# times on the recording's sample clock (unload None: still live).
+Ksym = tuple[int, int, str, str, int, int | None]
+
+
+def _is_code(section: str) -> bool:
+    return (
+        section == ".text"
+        or section.startswith(".text.")
+        or section.endswith(".text")
+        or section in (".altinstr_replacement", ".fixup")
+    )
+
+
+def text_range(inc: Incarnation) -> tuple[int, int] | None:
+    """[start, end) of a load's ``.text`` and the code sections laid right after
+    it, up to the first other section (sysfs gives bases, not sizes)."""
+    text = inc.state.sections.get(".text")
+    if not text or inc.state.restricted:
+        return None
+    by_base: dict[int, list[tuple[str, int]]] = {}
+    for r in module_regions(inc, False):
+        if r.base >= text:
+            by_base.setdefault(r.base, []).append((r.section, r.limit))
+    end = text
+    for base in sorted(by_base):
+        code = [limit for name, limit in by_base[base] if _is_code(name)]
+        if base > end or not code:
+            break
+        end = max(end, *code)
+    return (text, end) if end > text else None
+
+
+@record
+class ModuleMapPlan:
+    inc: Incarnation
+    start: int
+    end: int
+    time: int  # the load, on the sample clock
+
+    @property
+    def name(self) -> str:
+        return f"[{self.inc.name}]"
+
+
+def plan_modules(m: BootMatch, span: tuple[int, int] | None, err: TextIO) -> list[ModuleMapPlan]:
+    """The loads to map: those recorded after the recording's start, at or before its end."""
+    clock: SampleClock = m.clock
+    if span is None:
+        return []
+    first, last = span
+    start = clock.start if clock.start is not None else first
+    start = min(start, first)
+    seen = {c.inc.seq for c in m.modules if c.inc is not None}
+    plans = []
+    for inc in m.incarnations:
+        t = inc.loaded.on(clock.clock)
+        if inc.seq in seen or not start < t <= last:
+            continue
+        r = text_range(inc)
+        if r is None:
+            print(f"kreldctl: warning: {inc.name} (seq {inc.seq}): no .text address", file=err)
+            continue
+        plans.append(ModuleMapPlan(inc, r[0], r[1], t))
+    return sorted(plans, key=lambda p: (p.time, p.inc.seq))
+
+
+def module_records(
+    plans: Sequence[ModuleMapPlan], rec: Recording, mapped: Sequence[str]
+) -> tuple[list[Added], list[bytes]]:
+    """The records and build-id entries for *plans*; *mapped* are the module
+    names IN already maps (and so need no early map of no size)."""
+    lay, e = rec.layout, rec.e
+    added: list[Added] = []
+    named = set(mapped)
+    ids: dict[tuple[str, str], bytes] = {}
+    for p in plans:
+        if p.inc.name not in named:
+            named.add(p.inc.name)
+            added.append(Added(kernel_mmap(p.name, p.start, 0, lay.sample_id(0, e), e), None))
+        mmap = kernel_mmap(p.name, p.start, p.end - p.start, lay.sample_id(p.time, e), e)
+        added.append(Added(mmap, p.time))
+        bid = p.inc.state.build_id
+        if bid:
+            ids.setdefault((p.name, bid), build_id_entry(p.name, bid, e))
+    return added, list(ids.values())
+
+
+def ksymbol_records(symbols: Sequence[Ksym], layout: AttrLayout, endian: str = "<") -> list[Added]:
+    """A ``PERF_RECORD_KSYMBOL`` registering each symbol at its load and, when
+    it was unloaded, one unregistering it then (kinds: :data:`KSYM_KINDS`)."""
+    out = []
+    for addr, length, kind, name, load_ns, unload_ns in symbols:
+        ktype = KSYM_KINDS.get(kind, KsymType.UNKNOWN)
+        trailer = layout.sample_id(load_ns, endian)
+        out.append(Added(ksymbol(addr, length, ktype, name, trailer, endian=endian), load_ns))
+        if unload_ns is not None:
+            trailer = layout.sample_id(unload_ns, endian)
+            rec = ksymbol(addr, length, ktype, name, trailer, unregister=True, endian=endian)
+            out.append(Added(rec, unload_ns))
+    return out
+
+
+def inject(
+    store: BootSource,
+    in_path: str,
+    out_path: str,
+    err: TextIO,
+    ksyms: Callable[[BootMatch], Sequence[Ksym]] | None = None,
+) -> dict[str, object]:
+    """Write OUT from IN (see the module's docstring); nothing is written when
+    no recorded boot matches (:class:`~kreld.core.errors.NoBootForRecording`)."""
+    if in_path == "-":
+        raise InvalidArgument("-i", "inject reads a regular file: give the perf.data's path")
+    if out_path != "-" and os.path.exists(out_path) and os.path.samefile(in_path, out_path):
+        raise InvalidArgument("-o", "the output is the input: IN is never modified")
+    h = read_perf_header(in_path)
+    rec = Recording(in_path)
+    try:
+        if out_path == "-" and not rec.pipe:
+            raise InvalidArgument(
+                "-o", "a file-mode perf.data is written to a file (only pipe mode streams)"
+            )
+        m = find_boot(store, h, err)
+        if not m.clock.exact:
+            print(
+                f"kreldctl: warning: {in_path} was not recorded with perf record -k "
+                "monotonic|boottime|realtime: modules are mapped at approximate times",
+                file=err,
+            )
+        plans = plan_modules(m, rec.span(), err)
+        added, ids = module_records(plans, rec, [mm.name for mm in h.modules])
+        extra = ksymbol_records(ksyms(m), rec.layout, rec.e) if ksyms is not None else []
+        with safe_output(out_path) as fd:
+            size = write_with(rec, fd, [*added, *extra], ids)
+    finally:
+        rec.close()
+    print(
+        f"kreldctl: {out_path}: {len(plans)} module loads mapped, {len(ids)} build-ids "
+        f"added, {len(extra)} ksymbol records",
+        file=err,
+    )
+    return {
+        "output": out_path,
+        "bytes": size,
+        "boot_id": m.boot.boot_id,
+        "modules": [_plan_json(p) for p in plans],
+        "build_ids": len(ids),
+        "ksymbols": len(extra),
+    }
+
+
+def _plan_json(p: ModuleMapPlan) -> dict[str, object]:
+    return {
+        "name": p.inc.name,
+        "seq": p.inc.seq,
+        "start": hexaddr(p.start),
+        "end": hexaddr(p.end),
+        "time": p.time,
+    }
