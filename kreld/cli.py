@@ -328,9 +328,9 @@ class Ctl:
         if self.args.json:
             text = json.dumps(res) + "\n"
         if self.args.output:
-            tmp = Path(self.args.output + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(self.args.output)
+            from kreld.core.safeout import write_output
+
+            write_output(self.args.output, text.encode())
         else:
             self.out.write(text)
         return 0

@@ -36,6 +36,7 @@ from test_symbols import BASE_A, BASE_B, Machine
 from test_symbols import daemons as daemons
 from test_symbols import sock_dir as sock_dir
 
+from kreld.core.errors import ExitCode
 from kreld.perf.inject import inject as inject_file
 from kreld.store import Store
 
@@ -335,7 +336,7 @@ def test_an_output_that_is_a_symlink_is_refused_and_left_alone(
     link = tmp_path / "out.data"
     link.symlink_to(victim)
     cp = w.ctl("inject", "-i", str(w.recs["file"]), "-o", str(link), check=False)
-    assert cp.returncode == 1, cp.stderr
+    assert cp.returncode == ExitCode.OUTPUT, cp.stderr
     assert "symbolic link" in cp.stderr
     assert victim.read_text() == "keep me" and link.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.data", "victim"]

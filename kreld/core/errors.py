@@ -26,6 +26,7 @@ __all__ = [
     "NoBootForRecording",
     "NoSuchBoot",
     "NoteError",
+    "OutputError",
     "PerfDataError",
     "PermissionDenied",
     "SocketError",
@@ -50,6 +51,7 @@ class ExitCode(IntEnum):
     STORE = 5
     CONFIG = 6
     STORE_LOCKED = 7
+    OUTPUT = 8
 
 
 class KreldError(Exception):
@@ -224,6 +226,19 @@ class ConfigError(KreldError):
         super().__init__(f"{where}: {reason}")
         self.file = file
         self.key = key
+        self.reason = reason
+
+
+class OutputError(KreldError):
+    """A file kreldctl was asked to write cannot be written safely or at all: a
+    directory, a link it will not follow, a missing directory, a full disk."""
+
+    varlink_name = "io.kreld.OutputError"
+    exit_code = ExitCode.OUTPUT
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
         self.reason = reason
 
 

@@ -32,6 +32,7 @@ exit status:
   5  the store is unusable: missing, corrupt, foreign or from a newer kreld
   6  the configuration is invalid
   7  snapshot without a daemon, or gc: another kreld writes to the store (holds its lock)
+  8  -o FILE cannot be written safely or at all (a directory, a link to a file, a full disk)
 """
 
 
@@ -83,7 +84,11 @@ def add_queries(cmd: Callable[[str, str], argparse.ArgumentParser]) -> None:
     sp.add_argument("what", choices=["kallsyms"], help="kallsyms: a file as /proc/kallsyms")
     at_options(sp)
     for_option(sp, "the boot and module loads it was recorded on (no --boot needed)")
-    sp.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
+    sp.add_argument(
+        "-o", "--output", metavar="FILE",
+        help="write FILE safely: a temporary file renamed over it, a device or FIFO in place,"
+        " a link to a file refused (default: stdout)",
+    )  # fmt: skip
     sp = cmd(
         "inject",
         "write a perf.data that maps the modules loaded while it was recorded (as perf inject)",

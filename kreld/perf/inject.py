@@ -34,9 +34,9 @@ from typing import TextIO
 from kreld.core.errors import InvalidArgument
 from kreld.core.model import Incarnation, hexaddr
 from kreld.core.record import record
+from kreld.core.safeout import safe_output
 from kreld.perf.commands import find_boot
 from kreld.perf.match import BootMatch, SampleClock
-from kreld.perf.output import safe_output
 from kreld.perf.reader import read_perf_header
 from kreld.perf.rewrite import Added, Recording, write_with
 from kreld.perf.synth import AttrLayout, KsymType, build_id_entry, kernel_mmap, ksymbol
@@ -196,8 +196,8 @@ def inject(
         plans = plan_modules(m, rec.span(), err)
         added, ids = module_records(plans, rec, [mm.name for mm in h.modules])
         extra = ksymbol_records(ksyms(m), rec.layout, rec.e) if ksyms is not None else []
-        with safe_output(out_path) as fd:
-            size = write_with(rec, fd, [*added, *extra], ids)
+        with safe_output(out_path, 0o600) as sink:  # perf writes its files 0600
+            size = write_with(rec, sink, [*added, *extra], ids)
     finally:
         rec.close()
     print(

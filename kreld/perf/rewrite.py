@@ -23,6 +23,7 @@ is written), little- or big-endian.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import stat
@@ -35,6 +36,7 @@ import numpy as np
 
 from kreld.core.errors import PerfDataError, PerfDataTooLarge
 from kreld.core.record import record
+from kreld.core.safeout import Sink
 from kreld.perf.reader import ATTR_SIZES, DECOMPRESSED_LIMIT, Feature, RecordType
 from kreld.perf.synth import AttrLayout
 
@@ -306,7 +308,9 @@ def _time_of(data: bytes, pos: int, rtype: int, size: int, lay: AttrLayout, e: s
     return -1
 
 
-def write_with(rec: Recording, out: int, added: Sequence[Added], build_ids: Sequence[bytes]) -> int:
+def write_with(
+    rec: Recording, out: Sink, added: Sequence[Added], build_ids: Sequence[bytes]
+) -> int:
     """*rec* to *out* with *added* records and *build_ids* entries; returns the
     bytes written."""
     early = b"".join(a.data for a in added if a.time is None)
@@ -379,30 +383,35 @@ def _features(rec: Recording, table_at: int, build_ids: Sequence[bytes]) -> byte
 class _Writer:
     """Copies ranges of the input (in the kernel where it can) and writes bytes."""
 
-    def __init__(self, src: int, dst: int) -> None:
+    def __init__(self, src: int, dst: Sink) -> None:
         self.src, self.dst = src, dst
-        self.written = 0
         self.fast = True
 
+    @property
+    def written(self) -> int:
+        return self.dst.written
+
     def data(self, b: bytes) -> None:
-        view = memoryview(b)
-        while view:
-            n = os.write(self.dst, view)
-            view = view[n:]
-            self.written += n
+        self.dst.write(b)
 
     def copy(self, off: int, n: int) -> None:
         while n > 0 and self.fast:
             try:
-                done = os.copy_file_range(self.src, self.dst, n, off)
-            except OSError:
+                done = os.copy_file_range(self.src, self.dst.fd, n, off)
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG):
+                    raise self.dst.failed(e) from e
                 done = 0
             if done <= 0:
                 self.fast = False
                 break
-            off, n, self.written = off + done, n - done, self.written + done
+            off, n = off + done, n - done
+            self.dst.written += done
         while n > 0:
-            chunk = os.pread(self.src, min(n, 1 << 20), off)
+            try:
+                chunk = os.pread(self.src, min(n, 1 << 20), off)
+            except OSError as e:
+                raise PerfDataError("input", f"cannot be read: {e.strerror or e}", off) from e
             if not chunk:
                 raise PerfDataError("input", "ended while being copied", off)
             self.data(chunk)
