@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
@@ -273,29 +273,38 @@ class Ctl:
         return 0 if all("image" in r for r in results) else 1
 
     def symbolize(self) -> int:
+        from kreld.core.textin import stdin_lines, transparent
+
+        lines = stdin_lines()
         if self.args.for_perf:
             header = self.perf_header(stdin_taken=True)  # a bad file is told first
             from kreld.perf import commands as perfctl
 
-            return perfctl.symbolize_for(self.perf_store(), header, sys.stdin, self.out, self.err)
-        addrs: list[str] = []
-        for line in sys.stdin:
-            addrs.extend(addresses_in(line))
+            out = transparent(self.out)
+            return perfctl.symbolize_for(self.perf_store(), header, lines, out, self.err)
         at = self._at()
-        results: list[dict[str, Any]] = []
         from kreld.client import resolutions
         from kreld.varlink.requests import MAX_RESOLVE_ADDRESSES
 
-        step = MAX_RESOLVE_ADDRESSES
-        for i in range(0, len(addrs), step):
-            batch = addrs[i : i + step]
-            results += resolutions(batch, self.call("Resolve", addresses=batch, **at))
+        # Resolved a batch at a time as the lines come: memory stays one batch's
+        # whatever the input's length, and the JSON array is written as it grows.
+        first = True
         if self.args.json:
-            self.emit_json(results)
-            return 0
-        for r in results:
-            where = "" if r.get("image", "kernel") == "kernel" else f" [{r['image']}]"
-            print(f"{r['address']} {symbol_of(r) or '?'}{where}", file=self.out)
+            self.out.write("[")
+        for batch in _batches(
+            (a for line, whole in lines if whole for a in addresses_in(line)),
+            MAX_RESOLVE_ADDRESSES,
+        ):
+            for r in resolutions(batch, self.call("Resolve", addresses=batch, **at)):
+                if self.args.json:
+                    body = json.dumps(r, indent=2).replace("\n", "\n  ")
+                    self.out.write(("\n  " if first else ",\n  ") + body)
+                else:
+                    where = "" if r.get("image", "kernel") == "kernel" else f" [{r['image']}]"
+                    print(f"{r['address']} {symbol_of(r) or '?'}{where}", file=self.out)
+                first = False
+        if self.args.json:
+            self.out.write("]\n" if first else "\n]\n")
         return 0
 
     def perf_header(self, stdin_taken: bool = False) -> PerfHeader:
@@ -398,6 +407,17 @@ class Ctl:
                 )
             self.out.flush()
         return 0
+
+
+def _batches(items: Iterable[str], n: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:

@@ -17,6 +17,7 @@ from typing import TextIO
 from kreld.core.errors import SymbolsUnavailable
 from kreld.core.record import record
 from kreld.core.symtab import SymbolTables
+from kreld.core.textin import Line
 from kreld.perf.match import BootMatch, SampleClock, match_boot
 from kreld.perf.reader import KERNEL_MAP_PREFIX, PerfHeader
 from kreld.store.bootsource import BootSource
@@ -97,9 +98,13 @@ def export_for(store: BootSource, h: PerfHeader, err: TextIO) -> str:
 
 # A frame perf could not name: "<address> [unknown] (<dso>)", on a sample's
 # own line (no call chains) or on a line of its call chain.
-_UNKNOWN_FRAME = re.compile(r"\b([0-9a-f]{16}) \[unknown\] \(([^)\n]*)\)")
-# A sample's time on its first line: "comm pid [cpu] 5291.345926: ..."
-_SAMPLE_TIME = re.compile(r"\s(\d+)\.(\d{1,9}):(?=\s|$)")
+# The DSO ends at the next "(" and is bounded (a path: PATH_MAX), so that a line
+# of unclosed "(" costs each candidate frame a few bytes, not the rest of the line
+# (a kernel image's DSO, "[kernel.kallsyms]" or "[brd]", has no parenthesis).
+_UNKNOWN_FRAME = re.compile(r"\b([0-9a-f]{16}) \[unknown\] \(([^()\n]{0,4096})\)")
+# A sample's time on its first line: "comm pid [cpu] 5291.345926: ..."; seconds
+# are bounded (2^64 ns is 20 digits of nanoseconds) so that int() is too.
+_SAMPLE_TIME = re.compile(r"\s(\d{1,20})\.(\d{1,9}):(?=\s|$)")
 _KERNEL_HALF = 0xFFFF800000000000
 
 
@@ -202,9 +207,10 @@ class Symbolizer:
         return Frame(f"{hit[0]}+{hit[1]:#x}", dso)
 
 
-def symbolize_lines(lines: Iterable[str], sym: Symbolizer, out: TextIO) -> tuple[int, int]:
+def symbolize_lines(lines: Iterable[Line], sym: Symbolizer, out: TextIO) -> tuple[int, int]:
     """Copy ``perf script`` output to *out*, naming the kernel frames perf left
-    ``[unknown]``; returns (frames named, unknown kernel frames seen)."""
+    ``[unknown]``; returns (frames named, unknown kernel frames seen).  Pieces
+    of a line over the reader's limit (not whole) are copied unchanged."""
     t: int | None = None
     named = seen = 0
 
@@ -220,11 +226,16 @@ def symbolize_lines(lines: Iterable[str], sym: Symbolizer, out: TextIO) -> tuple
         named += f.symbol != "[unknown]"
         return f"{m.group(1)} {f.symbol} ({f.dso})"
 
-    for line in lines:
+    for line, whole in lines:
+        if not whole:
+            out.write(line)
+            continue
         if not line.startswith("\t"):
             tm = _SAMPLE_TIME.search(line)
             if tm is not None:
                 t = _parse_time(tm)
+            elif line.strip():
+                t = None  # a sample line without a time: its frames at no time
         if "[unknown]" in line:
             line = _UNKNOWN_FRAME.sub(replace, line)
         out.write(line)
@@ -232,7 +243,7 @@ def symbolize_lines(lines: Iterable[str], sym: Symbolizer, out: TextIO) -> tuple
 
 
 def symbolize_for(
-    store: BootSource, h: PerfHeader, lines: Iterable[str], out: TextIO, err: TextIO
+    store: BootSource, h: PerfHeader, lines: Iterable[Line], out: TextIO, err: TextIO
 ) -> int:
     """``perf script`` output of *h* from *lines* to *out*, unknown kernel frames named."""
     m = find_boot(store, h, err)
