@@ -207,12 +207,11 @@ class Ctl:
         recs = self.call("ListBoots")["boots"]
         boots = [BootSnapshot.from_json(b) for b in recs]
         if self.args.json:
-            self.emit_json(
-                [
-                    b.to_json() | {"host": r["host"]} if "host" in r else b.to_json()
-                    for b, r in zip(boots, recs, strict=True)
-                ]
-            )
+            listed: list[dict[str, Any]] = [
+                b.to_json() | {"host": r["host"]} if "host" in r else b.to_json()
+                for b, r in zip(boots, recs, strict=True)
+            ]
+            self.emit_json(listed + self.skipped_json())
             return 0
         rows = [
             (
@@ -226,6 +225,18 @@ class Ctl:
         ]
         render_table(("BOOT-ID", "FIRST-SEEN", "RELEASE", "BUILD-ID", "OFFSET"), rows, self.out)
         return 0
+
+    def skipped_json(self) -> list[dict[str, Any]]:
+        """The bucket objects a --from listing left out, as items of its --json list."""
+        store = getattr(self._backend, "store", None)
+        skipped = getattr(store, "skipped", {})
+        return [{"skipped": {"object": k, "reason": e.reason}} for k, e in skipped.items()]
+
+    def report_skipped(self) -> None:
+        """On stderr, each bucket object a --from command did not believe."""
+        for item in self.skipped_json():
+            sk = item["skipped"]
+            print(f"kreldctl: skipped {sk['object']}: {sk['reason']}", file=self.err)
 
     def fleet_boots(self, backend: BucketBackend) -> int:
         """The fleet's boots from the bucket's listing alone (no object read)."""
@@ -425,7 +436,9 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = 
     try:
         cfg = resolve_config(args)
         ctl = Ctl(cfg, args, out, err)
-        return leave(int(getattr(ctl, args.command)()))
+        rc = int(getattr(ctl, args.command)())
+        ctl.report_skipped()
+        return leave(rc)
     except KreldError as e:
         if args.debug:
             raise

@@ -37,36 +37,78 @@ class _Tables:
 
 
 class BucketStore:
-    """The recorded boots of every host that publishes to one bucket."""
+    """The recorded boots of every host that publishes to one bucket.
+
+    Nothing read is believed unchecked (docs/FLEET.md, "What a reader checks"):
+    a manifest must be of the boot its key names, an index entry must agree with
+    its boot's manifest (host, generation, summary), a batch must be of its boot.
+    In a listing, an object that fails is recorded in :attr:`skipped` (what and
+    why, for the command to report) and left out; the other boots still list.
+    Asked for by name, a boot whose objects fail is the error itself.
+    """
 
     def __init__(self, bucket: Bucket) -> None:
         self.bucket = bucket
         self._manifests: dict[str, fleet.Manifest] = {}
+        self._bad: dict[str, FleetObjectInvalid] = {}  # boot-id: why its manifest failed
         self._history: dict[str, tuple[list[Incarnation], dict[int, list[int]]]] = {}
         self._tables: dict[str, SymbolTable | None] = {}
+        self.skipped: dict[str, FleetObjectInvalid] = {}  # object name: why, in listings
 
     @classmethod
     def open(cls, url: str, endpoint: str = "") -> BucketStore:
         return cls(open_bucket(url, endpoint))
 
+    def skip(self, e: FleetObjectInvalid) -> None:
+        self.skipped.setdefault(e.key, e)
+
     # -- the listing ---------------------------------------------------------------------
 
     def index(self, prefix: str = "") -> list[fleet.IndexEntry]:
-        """Index entries (the newest of each boot) whose boot-id starts with *prefix*,
-        newest boot first: LIST requests only, a thousand boots a page."""
-        best: dict[str, fleet.IndexEntry] = {}
+        """The boots whose boot-id starts with *prefix*, newest first, each row
+        checked against its boot's manifest (fetched concurrently): an entry that
+        disagrees is skipped, the boot listed from its manifest when the host
+        agrees, and left out when it does not (or the manifest itself fails)."""
+        entries: dict[str, list[fleet.IndexEntry]] = {}
+        names: dict[int, str] = {}
         for name in self.bucket.list("index/" + prefix):
-            e = fleet.parse_index(name)
-            old = best.get(e.boot_id)
-            if old is None or e.gen > old.gen:
-                best[e.boot_id] = e
-        missing = [e for e in best.values() if e.first_seen is None]
-        if missing:  # summaries too long for a name: read from their manifests
-            self.prefetch([e.boot_id for e in missing])
-            for e in missing:
-                m = self.manifest(e.boot_id)
-                best[e.boot_id] = summary_of(m, e.gen)
-        return sorted(best.values(), key=lambda e: (e.first_seen or 0, e.boot_id), reverse=True)
+            try:
+                e = fleet.parse_index(name)
+            except FleetObjectInvalid as bad:
+                self.skip(bad)
+                continue
+            names[id(e)] = name
+            entries.setdefault(e.boot_id, []).append(e)
+        self.prefetch(entries)
+        rows = []
+        for boot_id, es in entries.items():
+            row = self._row(boot_id, es, names)
+            if row is not None:
+                rows.append(row)
+        return sorted(rows, key=lambda e: (e.first_seen or 0, e.boot_id), reverse=True)
+
+    def _row(
+        self, boot_id: str, es: list[fleet.IndexEntry], names: dict[int, str]
+    ) -> fleet.IndexEntry | None:
+        m = self._manifests.get(boot_id)
+        if m is None:
+            why = self._bad.get(boot_id)
+            self.skip(why or FleetObjectInvalid(names[id(es[0])], "its boot has no manifest"))
+            return None
+        truth = summary_of(m, m.gen if m.gen is not None else max(e.gen for e in es))
+        agree = [e for e in es if _agrees(e, truth)]
+        for e in es:
+            if e in agree:
+                continue
+            if e.gen < truth.gen and e.host.machine_id == truth.host.machine_id:
+                continue  # an older generation a round cut short left behind: not a lie
+            what = _disagreement(e, truth)
+            self.skip(FleetObjectInvalid(names[id(e)], f"disagrees with its manifest: {what}"))
+        if not agree and all(e.host.machine_id != m.host.machine_id for e in es):
+            name = fleet.manifest_object(boot_id)
+            self.skip(FleetObjectInvalid(name, "claims another host than its index entry"))
+            return None
+        return truth
 
     def resolve_boot(self, prefix: str) -> str:
         p = prefix.strip().lower()
@@ -74,6 +116,9 @@ class BucketStore:
             raise InvalidArgument("BOOT", f"not a boot-id or a prefix of one: {prefix!r}")
         ids = sorted({e.boot_id for e in self.index(p)})
         if not ids:
+            bad = self._bad.get(p)
+            if bad is not None:
+                raise bad
             raise NoSuchBoot(prefix)
         if len(ids) > 1:
             raise AmbiguousBoot(prefix, ids)
@@ -82,21 +127,31 @@ class BucketStore:
     # -- one boot ------------------------------------------------------------------------
 
     def prefetch(self, boot_ids: Iterable[str]) -> None:
-        """Fetch the manifests of many boots at once (concurrent GETs)."""
-        want = [b for b in boot_ids if b not in self._manifests]
+        """Fetch the manifests of many boots at once (concurrent GETs); one that
+        fails is kept as the reason, for a listing to skip and a query to raise."""
+        want = [b for b in boot_ids if b not in self._manifests and b not in self._bad]
         names = {fleet.manifest_object(b): b for b in want}
-        for name, data in self.bucket.get_many(list(names)).items():
-            if data is not None:
-                self._manifests[names[name]] = fleet.decode_manifest(name, data)
+        got = self.bucket.get_many(list(names), fleet.MAX_MANIFEST)
+        for name, data in got.items():
+            boot_id = names[name]
+            try:
+                if isinstance(data, FleetObjectInvalid):
+                    raise data
+                if data is not None:
+                    self._manifests[boot_id] = fleet.decode_manifest(name, data, boot_id)
+            except FleetObjectInvalid as e:
+                self._bad[boot_id] = e
 
     def manifest(self, boot_id: str, fresh: bool = False) -> fleet.Manifest:
         m = None if fresh else self._manifests.get(boot_id)
         if m is None:
+            if not fresh and boot_id in self._bad:
+                raise self._bad[boot_id]
             name = fleet.manifest_object(boot_id)
-            data = self.bucket.get(name)
+            data = self.bucket.get(name, fleet.MAX_MANIFEST)
             if data is None:
                 raise NoSuchBoot(boot_id)
-            m = self._manifests[boot_id] = fleet.decode_manifest(name, data)
+            m = self._manifests[boot_id] = fleet.decode_manifest(name, data, boot_id)
         return m
 
     def host(self, boot_id: str) -> fleet.Host:
@@ -120,14 +175,19 @@ class BucketStore:
         for attempt in range(2):
             m = self.manifest(boot_id, fresh=attempt > 0)
             names = [fleet.batch_object(boot_id, b) for b in m.batches]
-            data = self.bucket.get_many(names)
+            data = self.bucket.get_many(names, fleet.MAX_BATCH)
             absent = [n for n in names if data.get(n) is None]
             if not absent:
                 break
             # A round compacted the boot after this manifest was read: read it again.
         else:
             raise FleetObjectInvalid(absent[0], "named by its boot's manifest but absent")
-        batches = [fleet.decode_batch(n, data[n] or b"", boot_id) for n in names]
+        batches = []
+        for n in names:
+            blob = data[n]
+            if isinstance(blob, FleetObjectInvalid):
+                raise blob
+            batches.append(fleet.decode_batch(n, blob or b"", boot_id))
         got = self._history[boot_id] = fleet.merge_batches(batches)
         return got
 
@@ -143,7 +203,7 @@ class BucketStore:
     def table(self, key: str) -> SymbolTable | None:
         if key not in self._tables:
             name = fleet.table_object(key)
-            data = self.bucket.get(name)
+            data = self.bucket.get(name, fleet.MAX_TABLE)
             table = None
             if data is not None:
                 try:
@@ -172,6 +232,30 @@ def summary_of(m: fleet.Manifest, gen: int) -> fleet.IndexEntry:
         f"{b.kaslr.value:#x}" if b.kaslr else None,
         b.restricted,
     )
+
+
+_SUMMARY = ("first_seen", "release", "build_id", "offset", "restricted")
+
+
+def _agrees(e: fleet.IndexEntry, truth: fleet.IndexEntry) -> bool:
+    """An index entry that says what its manifest does (one whose summary did not
+    fit its name says nothing beyond its host and generation)."""
+    if e.host.machine_id != truth.host.machine_id or e.gen != truth.gen:
+        return False
+    if e.first_seen is None:
+        return True
+    return e.host == truth.host and all(getattr(e, k) == getattr(truth, k) for k in _SUMMARY)
+
+
+def _disagreement(e: fleet.IndexEntry, truth: fleet.IndexEntry) -> str:
+    if e.host.machine_id != truth.host.machine_id:
+        return f"machine-id {e.host.machine_id}, the manifest's {truth.host.machine_id}"
+    if e.gen != truth.gen:
+        return f"generation {e.gen}, the manifest's {truth.gen}"
+    if e.host != truth.host:
+        return f"host {e.host.hostname!r}, the manifest's {truth.host.hostname!r}"
+    k = next(k for k in _SUMMARY if getattr(e, k) != getattr(truth, k))
+    return f"{k} {getattr(e, k)!r}, the manifest's {getattr(truth, k)!r}"
 
 
 def _no_current() -> BootSnapshot:

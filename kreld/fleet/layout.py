@@ -28,14 +28,21 @@ from urllib.parse import quote, unquote
 
 import zstandard
 
+from kreld.core import jsonin
 from kreld.core.errors import FleetObjectInvalid
-from kreld.core.model import BootSnapshot, Incarnation
+from kreld.core.jsonin import Bool, Int, List, Map, Obj, Opt, Str
+from kreld.core.model import WIRE_ANCHORS, BootSnapshot, Incarnation
 from kreld.core.record import record
 
 __all__ = [
     "COMPACT_AFTER",
     "FORMAT",
+    "MAX_BATCH",
+    "MAX_BATCH_INFLATED",
     "MAX_COMPONENT",
+    "MAX_MANIFEST",
+    "MAX_TABLE",
+    "MAX_TABLE_INFLATED",
     "TABLE_MAGIC",
     "VERSION",
     "Batch",
@@ -66,6 +73,16 @@ TABLE_MAGIC = b"kreld-fleet table 1\n"
 MAX_COMPONENT = 255
 # Batches of one boot kept before a round writes one batch of the whole boot instead.
 COMPACT_AFTER = 32
+# What a reader fetches and inflates, at most (a kernel's table is a few MiB, a
+# manifest some KiB, a boot's whole history after compaction a few MiB): an
+# object past these is refused before it is read further.
+MAX_MANIFEST = 8 << 20
+MAX_BATCH = 64 << 20
+MAX_BATCH_INFLATED = 64 << 20
+MAX_TABLE = 64 << 20
+MAX_TABLE_INFLATED = 128 << 20
+MAX_JSON_DEPTH = 16
+_ZSTD_WINDOW = 1 << 23  # kreld compresses at level 6: a 2 MiB window
 _BATCH = re.compile(r"batch-[0-9]{8}")
 _MACHINE_ID = re.compile(r"[0-9a-f]{32}")
 _BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -181,6 +198,83 @@ def parse_index(name: str) -> IndexEntry:
         raise FleetObjectInvalid(name, f"not a kreld index entry: {e}") from e
 
 
+# -- the shapes a reader checks before it believes anything ---------------------------
+
+_ADDR = Str(18, r"0x[0-9a-f]{1,16}")
+_I64 = Int(-(1 << 63), (1 << 63) - 1)
+_U64 = Int(0, (1 << 64) - 1)
+_TEXT = Str(4096)
+_NAME = Str(255)
+_BOOT_ID_STR = Str(36, _BOOT_ID.pattern)
+_BUILD_ID = Str(128, r"[0-9a-f]{2,128}")
+_TIME = Obj({"monotonic": _I64, "boottime": _I64, "realtime": _I64})
+_FAULTS = List(_TEXT, 1024)
+BOOT_SHAPE = Obj(
+    {
+        "boot_id": _BOOT_ID_STR,
+        "release": _NAME,
+        "version": _TEXT,
+        "anchors": Obj({}, {k: Opt(_ADDR) for k in WIRE_ANCHORS}),
+        "restricted": Bool(),
+        "first_seen": _TIME,
+    },
+    {
+        "build_id": Opt(_BUILD_ID),
+        "kaslr_offset": Opt(_ADDR),
+        "kaslr_source": Opt(Str(32)),
+        "kaslr_path": Opt(_TEXT),
+        "restricted_reason": Opt(_TEXT),
+        "kptr_restrict": Opt(Int(-(1 << 31), (1 << 31) - 1)),
+        "faults": _FAULTS,
+    },
+)
+INCARNATION_SHAPE = Obj(
+    {
+        "boot_id": _BOOT_ID_STR,
+        "seq": Int(0, (1 << 63) - 1),
+        "name": _NAME,
+        "sections": Map(_NAME, _ADDR, 4096),
+        "loaded": _TIME,
+        "seen_by": Str(32),
+        "init_live": Bool(),
+    },
+    {
+        "build_id": Opt(_BUILD_ID),
+        "coresize": Opt(_U64),
+        "initsize": Opt(_U64),
+        "initstate": Opt(Str(32)),
+        "srcversion": Opt(Str(64)),
+        "taint": Opt(Str(64)),
+        "core_base": Opt(_ADDR),
+        "restricted": Bool(),
+        "inode": Opt(_U64),
+        "faults": _FAULTS,
+        "init_done": Opt(_TIME),
+        "unloaded": Opt(_TIME),
+        "unloaded_after": Opt(_TIME),
+        "unload_seen_by": Opt(Str(32)),
+    },
+)
+MANIFEST_SHAPE = Obj(
+    {
+        "host": Obj({"machine_id": Str(32, _MACHINE_ID.pattern), "hostname": _NAME}),
+        "boot": BOOT_SHAPE,
+        "batches": List(Str(14, _BATCH.pattern), 4096),
+    },
+    {
+        "symbols": Opt(Obj({"kernel": _TEXT}, {"extras": List(_TEXT, 1 << 20)})),
+        "gen": Int(0, (1 << 62) - 1),
+    },
+)
+BATCH_SHAPE = Obj(
+    {
+        "boot_id": _BOOT_ID_STR,
+        "incarnations": List(INCARNATION_SHAPE, 1 << 20),
+        "absolutes": Map(Str(19, r"[0-9]{1,19}"), List(_I64, 1 << 16), 1 << 20),
+    }
+)
+
+
 # -- objects -------------------------------------------------------------------------
 
 
@@ -190,21 +284,48 @@ def _json_object(kind: str, body: Mapping[str, Any]) -> bytes:
     ).encode()
 
 
-def _read_json(name: str, data: bytes, kind: str) -> dict[str, Any]:
+def _read_json(name: str, data: bytes, kind: str, shape: jsonin.Shape) -> dict[str, Any]:
+    """*data* parsed within bounds, of *kind* and version, and of *shape*."""
     try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise FleetObjectInvalid(name, f"not JSON: {e}") from e
+        obj = jsonin.loads(data, MAX_JSON_DEPTH)
+    except jsonin.JsonRefused as e:
+        raise FleetObjectInvalid(name, str(e)) from e
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise FleetObjectInvalid(name, f"not a {FORMAT} object")
     if obj.get("kind") != kind:
-        raise FleetObjectInvalid(name, f"a {obj.get('kind')!r} object where a {kind} belongs")
-    version = obj.get("version")
-    if not isinstance(version, int) or version > VERSION:
         raise FleetObjectInvalid(
-            name, f"format version {version!r}; this kreld reads up to {VERSION}"
+            name, f"a {str(obj.get('kind'))[:40]!r} object where a {kind} belongs"
         )
+    version = obj.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
+        raise FleetObjectInvalid(
+            name, f"format version {_shown(version)}; this kreld reads up to {VERSION}"
+        )
+    try:
+        jsonin.check(obj, shape)
+    except jsonin.ShapeError as e:
+        raise FleetObjectInvalid(name, f"malformed {kind}: {e}") from e
     return obj
+
+
+def _shown(v: Any) -> str:
+    """A value a hostile writer chose, short enough for a message."""
+    return repr(v) if isinstance(v, int) and abs(v) < 1 << 64 else repr(str(v)[:40])
+
+
+def _inflate(name: str, data: bytes, limit: int, what: str) -> bytes:
+    """*data* decompressed a MiB at a time, refused as soon as it passes *limit*."""
+    out = bytearray()
+    try:
+        d = zstandard.ZstdDecompressor(max_window_size=_ZSTD_WINDOW)
+        with d.stream_reader(data, read_across_frames=True) as r:
+            while chunk := r.read(1 << 20):
+                out += chunk
+                if len(out) > limit:
+                    raise FleetObjectInvalid(name, f"inflates past {limit:,} bytes")
+    except zstandard.ZstdError as e:
+        raise FleetObjectInvalid(name, f"{what}: {e}") from e
+    return bytes(out)
 
 
 def encode_table(packed: bytes) -> bytes:
@@ -217,12 +338,7 @@ def decode_table(name: str, data: bytes) -> bytes:
         if head.startswith(b"kreld-fleet table "):
             raise FleetObjectInvalid(name, f"table format {head!r}; this kreld reads version 1")
         raise FleetObjectInvalid(name, "not a kreld symbol table")
-    try:
-        return zstandard.ZstdDecompressor().decompress(
-            data[len(TABLE_MAGIC) :], max_output_size=1 << 30
-        )
-    except zstandard.ZstdError as e:
-        raise FleetObjectInvalid(name, f"damaged table: {e}") from e
+    return _inflate(name, data[len(TABLE_MAGIC) :], MAX_TABLE_INFLATED, "damaged table")
 
 
 @record
@@ -231,6 +347,7 @@ class Manifest:
     boot: BootSnapshot
     symbols: dict[str, Any] | None  # the store's boot_symbols record
     batches: tuple[str, ...]
+    gen: int | None = None  # its index entry's generation (None: written before it was kept)
 
 
 def encode_manifest(m: Manifest) -> bytes:
@@ -241,25 +358,24 @@ def encode_manifest(m: Manifest) -> bytes:
             "boot": m.boot.to_json(),
             "symbols": m.symbols,
             "batches": list(m.batches),
+            **({} if m.gen is None else {"gen": m.gen}),
         },
     )
 
 
-def decode_manifest(name: str, data: bytes) -> Manifest:
-    obj = _read_json(name, data, "manifest")
+def decode_manifest(name: str, data: bytes, boot_id: str | None = None) -> Manifest:
+    """The manifest object *name*; with *boot_id*, refused unless it is that boot's
+    (a manifest copied over another boot's key is not believed)."""
+    obj = _read_json(name, data, "manifest", MANIFEST_SHAPE)
     try:
-        host = Host(str(obj["host"]["machine_id"]), str(obj["host"]["hostname"]))
+        host = Host(obj["host"]["machine_id"], obj["host"]["hostname"])
         boot = BootSnapshot.from_json(obj["boot"])
-        batches = tuple(str(b) for b in obj["batches"])
-        symbols = obj.get("symbols")
-        if symbols is not None and not isinstance(symbols, dict):
-            raise TypeError("symbols is not an object")
+        batches = tuple(obj["batches"])
     except (KeyError, TypeError, ValueError) as e:
         raise FleetObjectInvalid(name, f"malformed manifest: {e!r}") from e
-    bad = [b for b in batches if not _BATCH.fullmatch(b)]
-    if bad:
-        raise FleetObjectInvalid(name, f"malformed batch names {bad[:3]}")
-    return Manifest(host, boot, symbols, batches)
+    if boot_id is not None and boot.boot_id != boot_id:
+        raise FleetObjectInvalid(name, f"the manifest of boot {boot.boot_id}, not of {boot_id}")
+    return Manifest(host, boot, obj.get("symbols"), batches, obj.get("gen"))
 
 
 @record
@@ -283,18 +399,18 @@ def encode_batch(
 
 
 def decode_batch(name: str, data: bytes, boot_id: str) -> Batch:
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 30)
-    except zstandard.ZstdError as e:
-        raise FleetObjectInvalid(name, f"not a compressed kreld batch: {e}") from e
-    obj = _read_json(name, raw, "batch")
-    if obj.get("boot_id") != boot_id:
-        raise FleetObjectInvalid(name, f"a batch of boot {obj.get('boot_id')!r}, not {boot_id}")
+    raw = _inflate(name, data, MAX_BATCH_INFLATED, "not a compressed kreld batch")
+    obj = _read_json(name, raw, "batch", BATCH_SHAPE)
+    if obj["boot_id"] != boot_id:
+        raise FleetObjectInvalid(name, f"a batch of boot {obj['boot_id']}, not {boot_id}")
     try:
         incs = tuple(Incarnation.from_json(i) for i in obj["incarnations"])
-        absolutes = {int(k): [int(x) for x in v] for k, v in obj["absolutes"].items()}
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        absolutes = {int(k): list(v) for k, v in obj["absolutes"].items()}
+    except (KeyError, TypeError, ValueError) as e:
         raise FleetObjectInvalid(name, f"malformed batch: {e!r}") from e
+    strays = [i.seq for i in incs if i.boot_id != boot_id]
+    if strays:
+        raise FleetObjectInvalid(name, f"incarnations of another boot (seq {strays[:3]})")
     return Batch(incs, absolutes)
 
 

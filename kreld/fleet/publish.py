@@ -173,7 +173,6 @@ def plan_boot(
         data = fleet.encode_batch(
             boot.boot_id, changed, {s: v for s, v in absolutes.items() if s in seqs}
         )
-    manifest = fleet.encode_manifest(fleet.Manifest(host, boot, symbols, tuple(batches)))
     gen = int(cur["gen"])
     index = fleet.index_object(boot, host, gen)
     old_index = None
@@ -181,6 +180,9 @@ def plan_boot(
         gen += 1
         index = fleet.index_object(boot, host, gen)
         old_index = cur["index"]
+    # The manifest names its index entry's generation: a reader believes the entry
+    # that agrees with it, not one whose generation someone raised.
+    manifest = fleet.encode_manifest(fleet.Manifest(host, boot, symbols, tuple(batches), gen))
     cursor = {"batches": batches, "next": n, "boot": boot_digest, "index": index}
     cursor |= {"gen": gen, "done": not current}
     return Plan(

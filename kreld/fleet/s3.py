@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kreld.core.errors import ConfigError, FleetError
+from kreld.core.errors import ConfigError, FleetError, FleetObjectInvalid
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
@@ -48,6 +48,11 @@ _ECHOED = re.compile(
 _FROM_FILES: set[str] = set()
 # Requests in flight at once when a reader fetches many objects.
 CONCURRENCY = 64
+# What one GET may bring unless the caller says (the largest object kreld writes is a
+# symbol table, refused past kreld.fleet.layout.MAX_TABLE), and the pieces it comes in.
+DEFAULT_LIMIT = 64 << 20
+_CHUNK = 1 << 20
+Fetched = bytes | None | FleetObjectInvalid
 
 
 def missing_reason() -> str | None:
@@ -154,15 +159,26 @@ class Bucket:
     def _fail(self, what: str, key: str, e: BaseException) -> FleetError:
         return FleetError(self.url, f"{what} {key}: {describe(e)}")
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, limit: int = DEFAULT_LIMIT) -> bytes | None:
+        """The object *key* (None when absent); one past *limit* bytes is refused
+        with :class:`FleetObjectInvalid`, by its listed size before it is read and
+        by what arrives while it is read."""
         import obstore
         from obstore.exceptions import NotFoundError
 
         self.requests += 1
         try:
-            return bytes(obstore.get(self.store, key).bytes())
+            res = obstore.get(self.store, key)
+            _fits(key, int(res.meta["size"]), limit)
+            buf = bytearray()
+            for chunk in res.stream(min_chunk_size=_CHUNK):
+                buf += chunk
+                _fits(key, len(buf), limit)
+            return bytes(buf)
         except (NotFoundError, FileNotFoundError):
             return None
+        except FleetObjectInvalid:
+            raise
         except Exception as e:
             raise self._fail("GET", key, e) from e
 
@@ -220,22 +236,31 @@ class Bucket:
         except Exception as e:
             raise self._fail("LIST", prefix, e) from e
 
-    def get_many(self, keys: Sequence[str]) -> dict[str, bytes | None]:
-        """Many objects fetched concurrently (absent ones None)."""
+    def get_many(self, keys: Sequence[str], limit: int = DEFAULT_LIMIT) -> dict[str, Fetched]:
+        """Many objects fetched concurrently: each its bytes, None when absent, or
+        the :class:`FleetObjectInvalid` that refused it (past *limit* bytes), so
+        that one oversized object does not cost the others."""
         import obstore
         from obstore.exceptions import NotFoundError
 
-        async def one(key: str, gate: asyncio.Semaphore) -> tuple[str, bytes | None]:
+        async def one(key: str, gate: asyncio.Semaphore) -> tuple[str, Fetched]:
             async with gate:
                 try:
                     res = await obstore.get_async(self.store, key)
-                    return key, bytes(await res.bytes_async())
+                    _fits(key, int(res.meta["size"]), limit)
+                    buf = bytearray()
+                    async for chunk in res.stream(min_chunk_size=_CHUNK):
+                        buf += chunk
+                        _fits(key, len(buf), limit)
+                    return key, bytes(buf)
                 except (NotFoundError, FileNotFoundError):
                     return key, None
+                except FleetObjectInvalid as e:
+                    return key, e
                 except Exception as e:
                     raise self._fail("GET", key, e) from e
 
-        async def run() -> list[tuple[str, bytes | None]]:
+        async def run() -> list[tuple[str, Fetched]]:
             gate = asyncio.Semaphore(CONCURRENCY)
             return list(await asyncio.gather(*(one(k, gate) for k in keys)))
 
@@ -243,6 +268,11 @@ class Bucket:
             return {}
         self.requests += len(keys)
         return dict(asyncio.run(run()))
+
+
+def _fits(key: str, size: int, limit: int) -> None:
+    if size > limit:
+        raise FleetObjectInvalid(key, f"{size:,} bytes or more, past the {limit:,} a reader takes")
 
 
 def _segments(prefix: str) -> tuple[str | None, str | None]:
