@@ -190,6 +190,12 @@ class SymbolTable:
         if magic != MAGIC:
             raise ValueError("not a kreld symbol table")
         off = _HEADER.size
+        need = off + sec_len + _pad8(sec_len) + 12 * n + 12 * ns
+        need += _pad8(need) + 3 * n + names_len
+        if need > len(mv):
+            raise ValueError(
+                f"symbol table truncated: its counts need {need:,} bytes, not {len(mv):,}"
+            )
         self.sections = (
             [s.decode() for s in bytes(mv[off : off + sec_len]).split(b"\0")] if nsec else []
         )
@@ -214,6 +220,20 @@ class SymbolTable:
         self.names = mv[off : off + names_len]
         if off + names_len > len(mv):
             raise ValueError("symbol table truncated")
+
+    def check(self) -> None:
+        """Every index inside the table (a table from someone else: the fleet
+        bucket); ValueError naming the first that is not.  Linear, in numpy."""
+        import numpy as np
+
+        if self.sorted and int(np.frombuffer(self.sorted, dtype=np.uint32).max()) >= self.count:
+            raise ValueError("a sorted entry past the table's count")
+        ends = np.frombuffer(self.name_end, dtype=np.uint32)
+        if len(ends) and (int(ends[-1]) > len(self.names) or bool((np.diff(ends) < 0).any())):
+            raise ValueError("name ends out of order or past the names")
+        keys = np.frombuffer(self.keys, dtype=np.int64)
+        if len(keys) > 1 and bool((np.diff(keys) <= 0).any()):
+            raise ValueError("sort keys not ascending")
 
     def section_index(self, name: str) -> int | None:
         try:

@@ -64,11 +64,20 @@ class BucketStore:
 
     # -- the listing ---------------------------------------------------------------------
 
-    def index(self, prefix: str = "") -> list[fleet.IndexEntry]:
-        """The boots whose boot-id starts with *prefix*, newest first, each row
-        checked against its boot's manifest (fetched concurrently): an entry that
-        disagrees is skipped, the boot listed from its manifest when the host
-        agrees, and left out when it does not (or the manifest itself fails)."""
+    def index(self, prefix: str = "", verify: bool | None = None) -> list[fleet.IndexEntry]:
+        """The boots whose boot-id starts with *prefix*, newest first.
+
+        A checked row agrees with its boot's manifest (fetched concurrently): an
+        entry that disagrees is skipped, the boot listed from its manifest when
+        the host agrees, and left out when it does not (or the manifest fails).
+        Rows are checked when *verify*, by default when a prefix narrows the
+        listing; a whole-fleet listing (LIST requests alone, 1,000 boots a page)
+        checks the boots whose entries conflict (more than one, or a summary too
+        long for a name) and takes a single entry's word for the rest: every
+        answer about a boot comes from its checked manifest, never from a name.
+        """
+        if verify is None:
+            verify = bool(prefix)
         entries: dict[str, list[fleet.IndexEntry]] = {}
         names: dict[int, str] = {}
         for name in self.bucket.list("index/" + prefix):
@@ -79,10 +88,14 @@ class BucketStore:
                 continue
             names[id(e)] = name
             entries.setdefault(e.boot_id, []).append(e)
-        self.prefetch(entries)
-        rows = []
-        for boot_id, es in entries.items():
-            row = self._row(boot_id, es, names)
+        doubt = [
+            b for b, es in entries.items() if verify or len(es) > 1 or es[0].first_seen is None
+        ]
+        self.prefetch(doubt)
+        doubted = set(doubt)
+        rows = [es[0] for b, es in entries.items() if b not in doubted]
+        for boot_id in doubt:
+            row = self._row(boot_id, entries[boot_id], names)
             if row is not None:
                 rows.append(row)
         return sorted(rows, key=lambda e: (e.first_seen or 0, e.boot_id), reverse=True)
@@ -164,7 +177,7 @@ class BucketStore:
         return self.manifest(boot_id).boot
 
     def list_boots(self) -> list[BootSnapshot]:
-        entries = self.index()
+        entries = self.index(verify=True)  # the manifests are read anyway
         self.prefetch([e.boot_id for e in entries])
         return [self.manifest(e.boot_id).boot for e in entries]
 
@@ -208,7 +221,8 @@ class BucketStore:
             if data is not None:
                 try:
                     table = SymbolTable(fleet.decode_table(name, data))
-                except ValueError as e:
+                    table.check()
+                except (ValueError, TypeError) as e:
                     raise FleetObjectInvalid(name, f"malformed symbol table: {e}") from e
             self._tables[key] = table
         return self._tables[key]
