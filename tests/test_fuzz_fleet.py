@@ -13,6 +13,7 @@ hundred examples in some seconds.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -113,7 +114,7 @@ def json_mutated(draw: st.DrawFn, seed: bytes) -> bytes:
             node = node[k]
         kind = draw(st.sampled_from(["value", "drop", "deep"]))
         if kind == "value":
-            node[p[-1]] = draw(st.sampled_from(HOSTILE))
+            node[p[-1]] = copy.deepcopy(draw(st.sampled_from(HOSTILE)))  # HOSTILE stays as is
         elif kind == "drop" and isinstance(node, dict):
             del node[p[-1]]
         else:
