@@ -231,7 +231,7 @@ def figures_live(quick: bool, tmp: Path) -> list[Result]:
     rec = store.boot_symbols(stored.boot_id)
     if rec is None:
         raise RuntimeError("kreld did not cache the kernel table for this boot")
-    key = str(rec["kernel"])
+    key = rec.kernel
     table_bytes = store.read(lambda txn: len(txn.get(key.encode(), db=store.dbs[b"symtabs"])))
     store.close()
 

@@ -57,7 +57,7 @@ def seeds(tmp_path_factory: pytest.TempPathFactory) -> Seeds:
         boot = store.get_boot(tree.boot_id)
         symbols = store.boot_symbols(tree.boot_id)
         assert symbols is not None
-        packed = table_bytes(store, symbols["kernel"])
+        packed = table_bytes(store, symbols.kernel)
         assert packed is not None
         table = fleet.encode_table(packed)
     host = fleet.Host("0" * 32, tree.hostname)

@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 import kreld.store
-from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.core.model import BootSymbols, Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.core.symtab import pack
 from kreld.store import KernelTable, Store, Table
 from kreld.store.pubstate import PubState
@@ -57,4 +57,4 @@ def test_record_kernel_table_stores_shares_differs_and_knows(tmp_path: Path) -> 
         # The boot already has its table: nothing is written, its key comes back.
         again = store.record_kernel_table(c, "k:ab", table(b"h"), [])
         assert again == (f"b:{c}", KernelTable.KNOWN)
-        assert store.boot_symbols(c) == {"kernel": f"b:{c}", "extras": []}
+        assert store.boot_symbols(c) == BootSymbols(f"b:{c}")

@@ -33,7 +33,7 @@ from elftools.elf.sections import SymbolTableSection
 from faketree import FakeTree, kcore, link_vmlinux
 
 from kreld.client import resolutions
-from kreld.core.model import Incarnation, SeenBy, Timestamp
+from kreld.core.model import BootSymbols, Incarnation, SeenBy, Timestamp
 from kreld.kernel.info import Root
 from kreld.kernel.modules import read_module
 from kreld.kernel.snapshot import take_snapshot
@@ -481,8 +481,8 @@ def test_second_boot_of_a_build_shares_the_table_and_exports_shifted(boots: Boot
     keys = symtab_keys(m.state)
     assert [k for k in keys if k.startswith(("k:", "v:"))] == [f"k:{BUILD_ID}"]
     with Store(m.state, readonly=True) as store:
-        assert store.boot_symbols(ids["A"])["kernel"] == f"k:{BUILD_ID}"  # type: ignore[index]
-        assert store.boot_symbols(ids["B"])["kernel"] == f"k:{BUILD_ID}"  # type: ignore[index]
+        assert store.boot_symbols(ids["A"]) == BootSymbols(f"k:{BUILD_ID}")
+        assert store.boot_symbols(ids["B"]) == BootSymbols(f"k:{BUILD_ID}")
 
     a = m.export("--boot", ids["A"])
     b = m.export("--boot", ids["B"])
@@ -519,7 +519,7 @@ def test_boot_whose_kallsyms_differs_gets_its_own_table(
     assert warned["build_id"] == BUILD_ID
     assert f"b:{boot}" in symtab_keys(m.state)
     with Store(m.state, readonly=True) as store:
-        assert store.boot_symbols(boot)["kernel"] == f"b:{boot}"  # type: ignore[index]
+        assert store.boot_symbols(boot) == BootSymbols(f"b:{boot}")
     out = m.export("--boot", boot)
     assert_same_but_module_order(out, boots.kallsyms[label])
     kernel = [ln for ln in out.splitlines() if "\t" not in ln]

@@ -20,6 +20,7 @@ __all__ = [
     "WIRE_ANCHORS",
     "Anchors",
     "BootSnapshot",
+    "BootSymbols",
     "Clock",
     "HintAction",
     "Incarnation",
@@ -211,6 +212,23 @@ class BootSnapshot:
             first_seen=Timestamp.from_json(d["first_seen"]),
             faults=tuple(d.get("faults", ())),
         )
+
+
+@record
+class BootSymbols:
+    """Which symbol tables name a boot's kernel: the table's key (its build's,
+    ``k:<build-id>``, or the boot's own, ``b:<boot-id>``, where it differs) and
+    the kallsyms lines the kernel printed that no table holds (``extras``)."""
+
+    kernel: str
+    extras: tuple[str, ...] = ()
+
+    def to_json(self) -> JSON:
+        return {"kernel": self.kernel, "extras": list(self.extras)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> BootSymbols:
+        return cls(str(d["kernel"]), tuple(str(x) for x in d.get("extras") or ()))
 
 
 def merge_boot(old: BootSnapshot, new: BootSnapshot) -> BootSnapshot:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from kreld.core.errors import AmbiguousBoot, FleetObjectInvalid, InvalidArgument, NoSuchBoot
-from kreld.core.model import BootSnapshot, Incarnation
+from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 from kreld.core.symtab import SymbolTable, SymbolTables
 from kreld.fleet import layout as fleet
 from kreld.fleet.s3 import Bucket, open_bucket
@@ -210,7 +210,7 @@ class BucketStore:
     def absolutes(self, boot_id: str) -> dict[int, list[int]]:
         return self._load(boot_id)[1]
 
-    def boot_symbols(self, boot_id: str) -> dict[str, Any] | None:
+    def boot_symbols(self, boot_id: str) -> BootSymbols | None:
         return self.manifest(boot_id).symbols
 
     def table(self, key: str) -> SymbolTable | None:

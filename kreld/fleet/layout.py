@@ -31,7 +31,7 @@ import zstandard
 from kreld.core import jsonin
 from kreld.core.errors import FleetObjectInvalid
 from kreld.core.jsonin import Bool, Int, List, Map, Obj, Opt, Str
-from kreld.core.model import WIRE_ANCHORS, BootSnapshot, Incarnation
+from kreld.core.model import WIRE_ANCHORS, BootSnapshot, BootSymbols, Incarnation
 from kreld.core.record import record
 
 __all__ = [
@@ -345,7 +345,7 @@ def decode_table(name: str, data: bytes) -> bytes:
 class Manifest:
     host: Host
     boot: BootSnapshot
-    symbols: dict[str, Any] | None  # the store's boot_symbols record
+    symbols: BootSymbols | None
     batches: tuple[str, ...]
     gen: int | None = None  # its index entry's generation (None: written before it was kept)
 
@@ -356,7 +356,7 @@ def encode_manifest(m: Manifest) -> bytes:
         {
             "host": m.host.to_json(),
             "boot": m.boot.to_json(),
-            "symbols": m.symbols,
+            "symbols": m.symbols.to_json() if m.symbols else None,
             "batches": list(m.batches),
             **({} if m.gen is None else {"gen": m.gen}),
         },
@@ -375,7 +375,9 @@ def decode_manifest(name: str, data: bytes, boot_id: str | None = None) -> Manif
         raise FleetObjectInvalid(name, f"malformed manifest: {e!r}") from e
     if boot_id is not None and boot.boot_id != boot_id:
         raise FleetObjectInvalid(name, f"the manifest of boot {boot.boot_id}, not of {boot_id}")
-    return Manifest(host, boot, obj.get("symbols"), batches, obj.get("gen"))
+    sym = obj.get("symbols")
+    symbols = None if sym is None else BootSymbols.from_json(sym)
+    return Manifest(host, boot, symbols, batches, obj.get("gen"))
 
 
 @record

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from kreld.config.settings import Config
 from kreld.core import consts
 from kreld.core.errors import KernelReadError, KreldError
-from kreld.core.model import BootSnapshot, Incarnation
+from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 from kreld.core.record import field, fields, record
 from kreld.core.symtab import module_symbol_key
 from kreld.fleet import layout as fleet
@@ -132,10 +132,10 @@ def _changed(
 
 
 def _tables_to_send(
-    store: Store, state: PubState, symbols: dict[str, Any] | None, incs: list[Incarnation]
+    store: Store, state: PubState, symbols: BootSymbols | None, incs: list[Incarnation]
 ) -> list[str]:
     """The symbol tables the boot's records name, held here, not yet in the bucket."""
-    wanted = {str(symbols["kernel"])} if symbols else set()
+    wanted = {symbols.kernel} if symbols else set()
     wanted |= {
         k for i in incs if (k := module_symbol_key(i.state.build_id, i.name, i.state.srcversion))
     }
@@ -157,7 +157,8 @@ def plan_boot(
     absolutes = store.absolutes(boot.boot_id)
     symbols = store.boot_symbols(boot.boot_id)
     changed, digests = _changed(incs, absolutes, state.digests(boot.boot_id))
-    boot_digest = fleet.digest([boot.to_json(), symbols, host.to_json()]).hex()
+    sym_json = symbols.to_json() if symbols else None
+    boot_digest = fleet.digest([boot.to_json(), sym_json, host.to_json()]).hex()
     tables = _tables_to_send(store, state, symbols, incs)
     if not changed and boot_digest == cur["boot"] and not tables:
         return None

@@ -77,7 +77,7 @@ def export_for(store: BootSource, h: PerfHeader, err: TextIO) -> str:
         raise SymbolsUnavailable(boot.boot_id, "kallsyms was not captured for it")
     # The kernel lists modules newest first (each load goes to the list head).
     incs = sorted(m.chosen, key=lambda i: (i.loaded.monotonic, i.seq), reverse=True)
-    kernel_key = str(rec["kernel"])
+    kernel_key = rec.kernel
     keys = {kernel_key} | {k for i in incs if (k := module_key(i)) is not None}
     absolutes = store.absolutes(boot.boot_id)
     clock = m.clock
@@ -88,7 +88,7 @@ def export_for(store: BootSource, h: PerfHeader, err: TextIO) -> str:
             tables,
             kernel_key,
             incs,
-            rec["extras"],
+            rec.extras,
             clock.clock,
             clock.start,
             absolutes,
@@ -256,7 +256,7 @@ def symbolize_for(
             file=err,
         )
     rec = store.boot_symbols(m.boot.boot_id)
-    kernel_key = None if rec is None else str(rec["kernel"])
+    kernel_key = None if rec is None else rec.kernel
     keys: set[str] = {kernel_key} if kernel_key else set()
     keys |= {k for i in m.incarnations if (k := module_key(i)) is not None}
 

@@ -194,7 +194,7 @@ class Service:
         if key is None:
             rec = self.store.boot_symbols(boot_id)
             if rec is not None:
-                key = self._kernel_tables[boot_id] = str(rec["kernel"])
+                key = self._kernel_tables[boot_id] = rec.kernel
         return key
 
     def export_kallsyms(self, req: requests.ExportKallsyms) -> Reply:
@@ -213,7 +213,7 @@ class Service:
         incs = loaded_at(self._incarnations(boot.boot_id), clock, t)
         # The kernel lists modules newest first (each load goes to the list head).
         incs.sort(key=lambda i: (i.loaded.monotonic, i.seq), reverse=True)
-        keys = {str(rec["kernel"])}
+        keys = {rec.kernel}
         keys |= {k for i in incs if (k := module_key(i)) is not None}
         absolutes = self.store.absolutes(boot.boot_id)
         text = self.store.with_tables(
@@ -221,9 +221,9 @@ class Service:
             lambda tables: render_kallsyms(
                 boot.anchors.text or 0,
                 tables,
-                str(rec["kernel"]),
+                rec.kernel,
                 incs,
-                rec["extras"],
+                rec.extras,
                 clock,
                 t,
                 absolutes,

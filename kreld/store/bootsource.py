@@ -8,9 +8,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from kreld.core.model import BootSnapshot, Incarnation
+from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 
 if TYPE_CHECKING:
     from kreld.core.symtab import SymbolTables
@@ -31,7 +31,7 @@ class BootSource(Protocol):
 
     def absolutes(self, boot_id: str) -> dict[int, list[int]]: ...
 
-    def boot_symbols(self, boot_id: str) -> dict[str, Any] | None: ...
+    def boot_symbols(self, boot_id: str) -> BootSymbols | None: ...
 
     def with_tables(self, keys: Iterable[str], fn: Callable[[SymbolTables], T]) -> T: ...
 

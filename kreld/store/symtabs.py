@@ -10,8 +10,9 @@ from typing import Any, TypeVar
 import lmdb
 
 from kreld.core.errors import StoreCorrupt
+from kreld.core.model import BootSymbols
 from kreld.core.symtab import SymbolTable
-from kreld.store.env import SEQ, StoreEnv, Table, boot_key, dumps, inc_key
+from kreld.store.env import SEQ, StoreEnv, Table, boot_key, decoded, dumps, inc_key
 
 __all__ = ["KernelTable", "SymbolTableStore", "T", "TableViews"]
 
@@ -60,13 +61,16 @@ class TableViews:
 class SymbolTableStore(StoreEnv):
     """Packed symbol tables, which one each boot uses, and per-load absolutes."""
 
-    def boot_symbols(self, boot_id: str) -> dict[str, Any] | None:
+    def boot_symbols(self, boot_id: str) -> BootSymbols | None:
         def fn(txn: Any) -> bytes | None:
             db = self.dbs[Table.BOOT_SYMBOLS]
             return None if db is None else txn.get(boot_id.encode(), db=db)
 
         raw = self.read(fn)
-        return None if raw is None else self._json(raw, "boot symbols record")
+        if raw is None:
+            return None
+        rec = self._json(raw, "boot symbols record")
+        return decoded(self.path, "boot symbols record", lambda: BootSymbols.from_json(rec))
 
     def put_absolutes(self, boot_id: str, seq: int, values: list[int]) -> None:
         """The values one incarnation printed for its table's absolute entries

@@ -24,7 +24,7 @@ def render_kallsyms(
     tables: SymbolTables,
     kernel_key: str,
     incs: list[Incarnation],
-    extras: list[str],
+    extras: Sequence[str],
     clock: Clock,
     t: int | None,
     absolutes: Mapping[int, Sequence[int]] | None = None,

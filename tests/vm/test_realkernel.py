@@ -862,7 +862,7 @@ def test_kallsyms_stored_once_for_both_boots(first: Boot, second: Boot, state: P
         assert [k for k in keys if not k.startswith("m:")] == [key], keys
         for f in (a, b):
             rec = store.boot_symbols(f.boot_id)
-            assert rec is not None and rec["kernel"] == key, (f.boot_id, rec)
+            assert rec is not None and rec.kernel == key, (f.boot_id, rec)
 
 
 @pytest.mark.parametrize("label", ["first", "second"])
