@@ -14,7 +14,6 @@ import os
 import resource
 import select
 import socket
-import subprocess
 import sys
 import textwrap
 import threading
@@ -30,6 +29,7 @@ from faultlib import (
     fd_count,
     history,
     proc_status,
+    run_measured,
     write_config,
 )
 from hypothesis import HealthCheck, given, settings
@@ -482,16 +482,23 @@ def test_atheris_fuzzes_the_call_path_in_process(served: Served, tmp_path: Path)
     (corpus / "seed-exp").write_bytes(b'{"method":"io.kreld.ExportKallsyms","parameters":{}}\0')
     harness = tmp_path / "harness.py"
     harness.write_text(ATHERIS_HARNESS)
-    cp = subprocess.run(
-        [
-            sys.executable, str(harness), str(s.state), "-runs=200000", "-max_total_time=20",
-            "-max_len=2048", "-rss_limit_mb=1024", str(corpus),
-        ],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    tail = cp.stderr[-3000:]
-    assert cp.returncode == 0, tail
-    done = [line for line in cp.stderr.splitlines() if "DONE" in line or "Done" in line]
+    err = tmp_path / "atheris.err"
+    # Through peak.py: libFuzzer's -rss_limit_mb reads ru_maxrss, which a child started
+    # straight from pytest inherits from pytest's own peak (peak.py says why); in CI that
+    # peak passed 2 GB after the suites before, and the harness was killed at its start.
+    with err.open("wb") as f:
+        m = run_measured(
+            [
+                sys.executable, str(harness), str(s.state), "-runs=200000", "-max_total_time=20",
+                "-max_len=2048", "-rss_limit_mb=1024", f"-artifact_prefix={tmp_path}/",
+                str(corpus),
+            ],
+            stderr=f, timeout=120, as_limit=16 << 30,
+        )  # fmt: skip
+    stderr = err.read_text(errors="replace")
+    tail = stderr[-3000:]
+    assert m.rc == 0 and not m.timed_out, tail
+    done = [line for line in stderr.splitlines() if "DONE" in line or "Done" in line]
     print("atheris:", " | ".join(done[-2:]) if done else tail[-300:])
 
 
