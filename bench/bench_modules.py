@@ -223,7 +223,7 @@ class StoreTail:
         self.boot_id = boot_id
         self.prefix = boot_key(boot_id)
         self.next_key = inc_key(boot_id, 0)
-        self.db = store.dbs[b"incarnations"]
+        self.db = store.env.dbs[b"incarnations"]
 
     def _fn(self, txn: Any) -> list[Incarnation]:
         out = []
@@ -232,13 +232,13 @@ class StoreTail:
             for k, v in cur.iternext():
                 if k[:16] != self.prefix:
                     break
-                out.append(self.store.decode_incarnation(txn, k, v))
+                out.append(self.store.loads.decode_incarnation(txn, k, v))
         if out:
             self.next_key = inc_key(self.boot_id, out[-1].seq + 1)
         return out
 
     def __call__(self) -> list[Incarnation]:
-        return self.store.read(self._fn)
+        return self.store.env.read(self._fn)
 
 
 @dataclass

@@ -216,17 +216,17 @@ def build_store(path: Path, n_boots: int, seed: int) -> dict[str, Any]:
             snap, incs = boot_records(i, rng, t0_real)
             gen_ns += now_ns() - t
             t = now_ns()
-            _, added, _ = store.record_boot(snap)
+            _, added, _ = store.boots.record_boot(snap)
             assert added, snap.boot_id
-            store.apply_module_changes(snap.boot_id, incs, [], [], snap.first_seen)
+            store.loads.apply_module_changes(snap.boot_id, incs, [], [], snap.first_seen)
             write_ns += now_ns() - t
             ids.append(snap.boot_id)
             if (i + 1) % 200 == 0:
                 log(f"scale: {path.name}: {i + 1}/{n_boots} boots written")
         t = now_ns()
-        dropped = store.close_other_boots(str(uuid.UUID(int=0)))
+        dropped = store.loads.close_other_boots(str(uuid.UUID(int=0)))
         write_ns += now_ns() - t
-        counts = store.counts()
+        counts = store.boots.counts()
     finally:
         store.close()
     return {"ids": ids, "gen_s": gen_ns / 1e9, "write_s": write_ns / 1e9,

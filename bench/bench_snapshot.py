@@ -131,7 +131,7 @@ def _run(tmp: Path, n: int) -> list[Result]:
             t0 = now_ns()
             snap, _notes = take_snapshot(root)
             t1 = now_ns()
-            _stored, added, _changed = store.record_boot(snap)
+            _stored, added, _changed = store.boots.record_boot(snap)
             t2 = now_ns()
         if not added:
             raise RuntimeError("a fresh store did not record the boot as new")

@@ -226,13 +226,15 @@ def figures_live(quick: bool, tmp: Path) -> list[Result]:
     state = tmp / "live-state"
     store = Store(state)
     snap, _notes = take_snapshot(root)
-    stored, _, _ = store.record_boot(snap)
+    stored, _, _ = store.boots.record_boot(snap)
     SymbolCapture(store, root, stored, None).capture_kernel(KallsymsText.of(data))
     rec = store.boot_symbols(stored.boot_id)
     if rec is None:
         raise RuntimeError("kreld did not cache the kernel table for this boot")
     key = rec.kernel
-    table_bytes = store.read(lambda txn: len(txn.get(key.encode(), db=store.dbs[b"symtabs"])))
+    table_bytes = store.env.read(
+        lambda txn: len(txn.get(key.encode(), db=store.env.dbs[b"symtabs"]))
+    )
     store.close()
 
     t0 = now_ns()

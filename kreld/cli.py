@@ -78,15 +78,15 @@ class LocalBackend:
                 return loaded_at(store.incarnations(self._current_id()), Clock.MONOTONIC, None)
 
             def status() -> dict[str, Any]:
-                counts = store.counts()
+                counts = store.boots.counts()
                 return {
                     "daemon": False,
                     "boot_id": self._current_id(),
                     "loaded_modules": len(loaded()),
-                    "store_bytes": store.size_bytes(),
+                    "store_bytes": store.env.size_bytes(),
                     **counts,
                     "damaged_stores": damaged_stores(self.cfg.state_dir),
-                    "damaged_databases": sorted(store.lost),
+                    "damaged_databases": sorted(store.env.lost),
                 }
 
             self._service = Service(
@@ -116,7 +116,7 @@ class LocalBackend:
 
             # No daemon answered: write as one, under its lock (StoreLocked if one runs).
             with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
-                stored, added, changed = store.record_boot(snap)
+                stored, added, changed = store.boots.record_boot(snap)
                 if ks and not stored.restricted and store.boot_symbols(stored.boot_id) is None:
                     SymbolCapture(store, self.root, stored, None).capture_kernel(ks)
             return {"boot": stored.to_json(), "new": added, "updated": changed}
@@ -378,8 +378,8 @@ class Ctl:
         from kreld.store.lock import writer_lock
 
         with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
-            before = store.size_bytes()
-            removed = store.gc(keep_boots, keep_days, current, time.time_ns())
+            before = store.env.size_bytes()
+            removed = store.retention.gc(keep_boots, keep_days, current, time.time_ns())
         removed["store_bytes"] = before
         if self.args.json:
             self.emit_json(removed)

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["EPILOG", "Daemon", "build_parser", "check_config", "log_boot", "main", "status_line"]
+__all__ = [
+    "EPILOG",
+    "Daemon",
+    "build_parser",
+    "check_config",
+    "event_sources",
+    "main",
+    "status_line",
+]
 
 import argparse
 import asyncio
@@ -32,11 +40,11 @@ from kreld.config.settings import RESTART_KEYS, Config
 from kreld.core import heap
 from kreld.core import log as klog
 from kreld.core.errors import ExitCode, KernelReadError, KreldError
-from kreld.core.model import BootSnapshot, Timestamp, hexaddr
+from kreld.core.model import BootSnapshot, Timestamp
 from kreld.core.record import fields, replace
 from kreld.kernel.info import Root, read_boot_id
 from kreld.kernel.kallsyms import KallsymsText
-from kreld.kernel.snapshot import take_snapshot
+from kreld.kernel.snapshot import log_boot, take_snapshot
 from kreld.server.access import policy_of
 from kreld.server.listener import Server, bind_socket, limits_of, raise_fd_limit
 from kreld.server.service import Service
@@ -88,32 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def log_boot(
-    log: FilteringBoundLogger, snap: BootSnapshot, added: bool, changed: bool, notes: list[str]
-) -> None:
-    """One event per fact."""
-    log.info("boot", boot_id=snap.boot_id, new=added, updated=changed)
-    log.info("kernel_release", release=snap.release, version=snap.version)
-    log.info("kernel_build_id", build_id=snap.build_id)
-    for name, value in snap.anchors.to_ints().items():
-        log.info("kernel_symbol", symbol=name, address=hexaddr(value))
-    if snap.kaslr is not None:
-        log.info(
-            "kaslr_offset",
-            offset=f"{snap.kaslr.value:#x}",
-            source=snap.kaslr.source.value,
-            path=snap.kaslr.path,
-        )
-    else:
-        log.info("kaslr_offset", offset=None, source=None)
-        for note in notes:
-            log.debug("kaslr_source_skipped", reason=note)
-    if snap.restricted:
-        log.warning("addresses_restricted", reason=snap.restricted_reason)
-    for fault in snap.faults:
-        log.warning("kernel_read_fault", fault=fault)
-
-
 def check_config(cfg: Config) -> None:
     """:func:`kreld.fleet.publish.check_config`, imported only when ``[publish]`` is
     set: fleet publishing (zstandard, the S3 client) is not every host's."""
@@ -121,6 +103,55 @@ def check_config(cfg: Config) -> None:
         from kreld.fleet.publish import check_config as check_publishing
 
         check_publishing(cfg)
+
+
+def event_sources(
+    cfg: Config, root: Root, tracker: ModuleTracker, log: FilteringBoundLogger
+) -> tuple[WatchSource, list[EventSource]]:
+    """The sources that wake *tracker*: the watch of ``sys/module`` always, the
+    kernel's uevents on the real root where netlink can be had."""
+    watch = WatchSource(tracker.notify, str(root / "sys/module"), cfg.watch, cfg.poll_interval, log)
+    sources: list[EventSource] = [watch]
+    if cfg.uevents and os.path.realpath(cfg.root) == "/":
+        try:
+            sources.append(UeventSource(tracker.notify, log))
+        except Exception as e:  # no netlink here (container, seccomp): polling still works
+            log.warning("uevent_source_unavailable", error=str(e))
+    return watch, sources
+
+
+class Tracking:
+    """What the daemon runs once the boot is recorded: the module tracker and its
+    thread, the event sources that wake it, the symbol capture and the fleet
+    publisher.  Made whole by :meth:`Daemon.start_tracking`, so that nothing in it
+    is ever half there."""
+
+    __slots__ = ("publisher", "sources", "symbols", "thread", "tracker")
+
+    def __init__(
+        self,
+        tracker: ModuleTracker,
+        sources: list[EventSource],
+        symbols: SymbolCapture,
+        thread: threading.Thread,
+    ) -> None:
+        self.tracker = tracker
+        self.sources = sources
+        self.symbols = symbols
+        self.thread = thread
+        self.publisher: Publisher | None = None
+
+    def healthy(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self) -> None:
+        """Stop the sources, the tracker thread and the publisher (the caller has
+        set the threads' stop event)."""
+        for s in self.sources:
+            s.stop()
+        self.thread.join(timeout=5)
+        if self.publisher is not None:
+            self.publisher.stop()
 
 
 class Daemon:
@@ -137,14 +168,10 @@ class Daemon:
         except BaseException:
             self.lock.release()
             raise
-        self.sources: list[EventSource] = []
-        self.symbols: SymbolCapture | None = None
-        self.tracker: ModuleTracker | None = None
-        self.tracker_thread: threading.Thread | None = None
         self.boot: BootSnapshot | None = None
         self.reading: tuple[bool, str | None] = (False, None)
+        self.tracking: Tracking | None = None
         self.server: Server | None = None
-        self.publisher: Publisher | None = None
         self.bound: tuple[str, int] | None = None
         self._snapshot_lock = threading.Lock()
 
@@ -155,7 +182,7 @@ class Daemon:
         *kallsyms*: a read of it already made."""
         with self._snapshot_lock:
             snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs, kallsyms)
-            stored, added, changed = self.store.record_boot(snap)
+            stored, added, changed = self.store.boots.record_boot(snap)
             self.boot = stored
             # What kreld can read now; the boot's record keeps what it learnt
             # before (a restart after kptr_restrict went up still knows _text).
@@ -169,7 +196,7 @@ class Daemon:
             raise KreldError("the boot is not recorded yet")
         return self.boot
 
-    def start_tracking(self) -> None:
+    def start_tracking(self) -> Tracking:
         # One read of kallsyms per start: the snapshot and the symbol capture share it.
         try:
             ks: KallsymsText | None = KallsymsText.read(self.root)
@@ -179,49 +206,45 @@ class Daemon:
         tracker = ModuleTracker(
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
-        self.tracker = tracker
-        watch = WatchSource(
-            tracker.notify,
-            str(self.root / "sys/module"),
-            self.cfg.watch,
-            self.cfg.poll_interval,
-            self.log,
-        )
-        self.sources.append(watch)
-        if self.cfg.uevents and os.path.realpath(self.cfg.root) == "/":
-            try:
-                self.sources.append(UeventSource(tracker.notify, self.log))
-            except Exception as e:  # no netlink here (container, seccomp): polling still works
-                self.log.warning("uevent_source_unavailable", error=str(e))
+        watch, sources = event_sources(self.cfg, self.root, tracker, self.log)
         # Sources first, then the scan: see ModuleTracker.startup().
-        for s in self.sources:
-            s.start(self.stop_threads)
+        for src in sources:
+            src.start(self.stop_threads)
         tracker.startup()
-        self.symbols = SymbolCapture(
+        symbols = SymbolCapture(
             self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs, tracker.busy
         )
-        tracker.listeners.append(self.symbols.on_event)
-        self.symbols.start(self.stop_threads, tracker.loaded(), ks)
+        tracker.listeners.append(symbols.on_event)
+        symbols.start(self.stop_threads, tracker.loaded(), ks)
         del ks
-        self.tracker_thread = threading.Thread(
+        thread = threading.Thread(
             target=tracker.run, args=(self.stop_threads,), name="tracker", daemon=True
         )
-        self.tracker_thread.start()
+        thread.start()
+        self.tracking = Tracking(tracker, sources, symbols, thread)
         self.log.info(
             "watching",
             path=watch.path,
             method=watch.method,
-            uevents=any(isinstance(s, UeventSource) for s in self.sources),
+            uevents=any(isinstance(src, UeventSource) for src in sources),
         )
         if self.cfg.publish_url:
             self.configure_publishing(self.cfg)
+        return self.tracking
 
     def configure_publishing(self, cfg: Config) -> None:
         """Start, retarget or stop fleet publishing (imported only when used)."""
         from kreld.fleet.publish import configure
 
-        self.publisher = configure(
-            self.publisher, cfg, self.store, self.root, self.current_id, self.log, self.stop_threads
+        tracking = self.started_tracking()
+        tracking.publisher = configure(
+            tracking.publisher,
+            cfg,
+            self.store,
+            self.root,
+            self.current_id,
+            self.log,
+            self.stop_threads,
         )
 
     def current_id(self) -> str:
@@ -243,8 +266,9 @@ class Daemon:
         return sock
 
     def status(self) -> dict[str, Any]:
-        boot, tracker = self.current_boot(), self.started_tracker()
-        counts = self.store.counts()
+        boot, tracking = self.current_boot(), self.started_tracking()
+        tracker = tracking.tracker
+        counts = self.store.boots.counts()
         return {
             "version": __version__,
             "uptime_ns": time.monotonic_ns() - self.started,
@@ -253,29 +277,30 @@ class Daemon:
             "builds": counts["builds"],
             "incarnations": counts["incarnations"],
             "loaded_modules": len(tracker.loaded()),
-            "store_bytes": self.store.size_bytes(),
+            "store_bytes": self.store.env.size_bytes(),
             "restricted": self.reading[0],
             "restricted_reason": self.reading[1],
             "damaged_stores": damaged_stores(self.cfg.state_dir),
-            "sources": [health(s) for s in [*self.sources, self.symbols] if s is not None]
-            + [
+            "sources": [
+                *map(health, tracking.sources),
+                health(tracking.symbols),
                 {
                     "name": "tracker",
                     "healthy": self.healthy(),
                     "events": tracker.reconciliations,
                     "last_error": None,
-                }
+                },
             ],
-            "publish": None if self.publisher is None else self.publisher.health(),
+            "publish": None if tracking.publisher is None else tracking.publisher.health(),
         } | ({} if self.server is None else self.server.counts())  # connections, once served
 
-    def started_tracker(self) -> ModuleTracker:
-        if self.tracker is None:
+    def started_tracking(self) -> Tracking:
+        if self.tracking is None:
             raise KreldError("module tracking has not started")
-        return self.tracker
+        return self.tracking
 
     def healthy(self) -> bool:
-        return self.tracker_thread is not None and self.tracker_thread.is_alive()
+        return self.tracking is not None and self.tracking.healthy()
 
     # -- the main loop -------------------------------------------------------------
 
@@ -291,12 +316,11 @@ class Daemon:
             loop.add_signal_handler(sig, on_stop, sig)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
 
-        self.start_tracking()
-        tracker = self.started_tracker()
+        tracker = self.start_tracking().tracker
         service = Service(
             self.store,
             current_boot=self.current_boot,
-            current_id=lambda: self.current_boot().boot_id,
+            current_id=self.current_id,
             loaded=tracker.loaded,
             snapshot=self.record_boot,
             status=self.status,
@@ -350,7 +374,7 @@ class Daemon:
             await asyncio.sleep(86400)
 
     def gc(self) -> dict[str, int]:
-        return self.store.gc(
+        return self.store.retention.gc(
             self.cfg.keep_boots, self.cfg.keep_days, self.current_boot().boot_id, time.time_ns()
         )
 
@@ -389,24 +413,19 @@ class Daemon:
         if self.server is not None:
             self.server.policy = policy_of(applied, self.log)
             self.server.limits = limits_of(applied, self.log)
-        if self.tracker is not None:
-            self.tracker.recheck_interval = applied.poll_interval
-        if self.tracker is not None and (self.publisher is not None or applied.publish_url):
-            self.configure_publishing(applied)
+        if self.tracking is not None:
+            self.tracking.tracker.recheck_interval = applied.poll_interval
+            if self.tracking.publisher is not None or applied.publish_url:
+                self.configure_publishing(applied)
         self.log.info("config_reloaded", changed=changed, files=list(applied.sources))
         sd.notify("READY=1")
 
     def shutdown(self) -> None:
         self.stop_threads.set()
-        for s in self.sources:
-            s.stop()
-        if self.tracker_thread is not None:
-            self.tracker_thread.join(timeout=5)
-        if self.publisher is not None:
-            self.publisher.stop()
-        if self.tracker is not None:
+        if self.tracking is not None:
+            self.tracking.stop()
             try:
-                self.store.heartbeat(self.tracker.boot_id, Timestamp.now())
+                self.store.loads.heartbeat(self.tracking.tracker.boot_id, Timestamp.now())
             except KreldError as e:
                 self.log.error("final_heartbeat_failed", error=str(e))
         if self.bound is not None:

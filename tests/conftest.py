@@ -72,7 +72,7 @@ def symbol_worker(
     snap, _ = take_snapshot(root, [], None)
     stop = threading.Event()
     with Store(str(state)) as store:
-        stored, _, _ = store.record_boot(snap)
+        stored, _, _ = store.boots.record_boot(snap)
         capture = SymbolCapture(store, root, stored, log)
         capture.start(stop, [], KallsymsText.read(root))
         try:

@@ -122,7 +122,7 @@ def test_offset_from_matching_vmlinux_in_boot_is_exact(
     assert boot["anchors"]["text"] == f"{LINK + OFFSET:#x}"
     # The build record keeps the link-time _text for later symbolization.
     with Store(tmp_path / "st", readonly=True) as store:
-        build = store.get_build(BUILD_ID)
+        build = store.boots.get_build(BUILD_ID)
     assert build is not None and build["link_text"] == f"{LINK:#x}"
 
 

@@ -37,13 +37,13 @@ def grow_and_free_again(store: Store) -> None:
     keys = [b"x%05d" % i for i in range(400)]
 
     def fn(txn: Any) -> None:
-        db = store.dbs[b"watch"]
+        db = store.env.dbs[b"watch"]
         for k in keys:
             txn.put(k, b"y" * 200, db=db)
         for k in reversed(keys):
             txn.delete(k, db=db)
 
-    store.write(fn)
+    store.env.write(fn)
 
 
 BOOT0 = snap(n=0).boot_id
@@ -54,11 +54,11 @@ def make_short_store(d: Path) -> tuple[list[BootSnapshot], list[Incarnation]]:
     boots = [snap(BOOT0 if i == 0 else None, n=i) for i in range(20)]
     with Store(d) as store:
         for b in boots:
-            store.record_boot(b)
+            store.boots.record_boot(b)
         opened = [
             incarnation(f"mod{i}", i, 0xFFFFFFFFC0000000 + i * 0x10000, 0x4000, 0) for i in range(8)
         ]
-        incs = store.apply_module_changes(boots[0].boot_id, opened, [], [], None)
+        incs = store.loads.apply_module_changes(boots[0].boot_id, opened, [], [], None)
         grow_and_free_again(store)
     return boots, incs
 
@@ -90,7 +90,7 @@ def test_a_file_shorter_than_its_last_page_number_once_refused_is_accepted_and_r
     out = json.loads(kreldctl("--state-dir", str(state), "boots", "--json").stdout)
     assert len(out) == len(boots)
     with Store(state) as rw:  # and a writer opens it and goes on
-        rw.record_boot(snap(n=99))
+        rw.boots.record_boot(snap(n=99))
         assert len(rw.list_boots()) == len(boots) + 1
 
 
@@ -190,22 +190,24 @@ def test_a_record_that_lacks_a_required_field_is_store_corrupt_also_under_python
     state = tmp_path / "st"
     b = snap()
     with Store(state) as store:
-        store.record_boot(b)
+        store.boots.record_boot(b)
         if kind == "incarnation":
             inc = incarnation("broken", 0, 0xFFFFFFFFC0000000, 0x4000, 0)
             rec = inc.to_json()
             del rec["loaded"]
-            store.write(
+            store.env.write(
                 lambda txn: txn.put(
-                    inc_key(b.boot_id, 0), json.dumps(rec).encode(), db=store.dbs[b"incarnations"]
+                    inc_key(b.boot_id, 0),
+                    json.dumps(rec).encode(),
+                    db=store.env.dbs[b"incarnations"],
                 )
             )
         else:
             rec = b.to_json()
             del rec["anchors"]
-            store.write(
+            store.env.write(
                 lambda txn: txn.put(
-                    b.boot_id.encode(), json.dumps(rec).encode(), db=store.dbs[b"boots"]
+                    b.boot_id.encode(), json.dumps(rec).encode(), db=store.env.dbs[b"boots"]
                 )
             )
     for flags in ([], ["-O"]):

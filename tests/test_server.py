@@ -77,7 +77,7 @@ def test_every_method_answers_what_the_store_holds(served: Any) -> None:
         assert boot == store.get_boot(tree.boot_id).to_json()
         assert boots == [b.to_json() for b in store.list_boots()]
         recorded = [i.to_json() for i in store.incarnations(tree.boot_id)]
-        counts = store.counts()
+        counts = store.boots.counts()
     assert history == recorded
     assert sorted(m["name"] for m in mods) == ["dummy", "veth"]
     veth = next(m for m in mods if m["name"] == "veth")
@@ -695,6 +695,6 @@ def test_list_boots_sees_a_boot_another_process_recorded(served: Any) -> None:
         assert [b["boot_id"] for b in c.call("ListBoots")["boots"]] == [tree.boot_id]
         tree.new_boot(text=tree.text + 0x200000)
         with Store(state) as other:
-            other.record_boot(replace(snap(tree.boot_id), first_seen=Timestamp.now()))
+            other.boots.record_boot(replace(snap(tree.boot_id), first_seen=Timestamp.now()))
         ids = [b["boot_id"] for b in c.call("ListBoots")["boots"]]
     assert ids[0] == tree.boot_id and len(ids) == 2

@@ -59,17 +59,17 @@ def snap(
 def test_same_boot_recorded_twice_is_one_record(tmp_path: Path) -> None:
     first = snap()
     with Store(tmp_path / "st") as store:
-        stored, new, changed = store.record_boot(first)
+        stored, new, changed = store.boots.record_boot(first)
         assert (stored, new, changed) == (first, True, False)
         # A second scan of the same boot, a moment later: nothing new.
         again = snap(first.boot_id, n=5)
-        stored, new, changed = store.record_boot(again)
+        stored, new, changed = store.boots.record_boot(again)
         assert (new, changed) == (False, False)
         assert stored == first  # first_seen is the first scan's
     with Store(tmp_path / "st") as store:  # and after reopening
-        _, new, changed = store.record_boot(snap(first.boot_id, n=9))
+        _, new, changed = store.boots.record_boot(snap(first.boot_id, n=9))
         assert (new, changed) == (False, False)
-        assert store.counts()["boots"] == 1
+        assert store.boots.counts()["boots"] == 1
         assert [b.boot_id for b in store.list_boots()] == [first.boot_id]
         assert store.get_boot(first.boot_id) == first
 
@@ -82,8 +82,8 @@ def test_later_snapshot_fills_unknowns_and_keeps_what_was_known(tmp_path: Path) 
     offset = KaslrOffset(TEXT - LINK, OffsetSource.VMLINUX, "/boot/vmlinux-6.1.0-fake")
     full = snap(boot, n=1, kaslr=offset, kptr_restrict=0)
     with Store(tmp_path / "st") as store:
-        store.record_boot(restricted)
-        stored, new, changed = store.record_boot(full)
+        store.boots.record_boot(restricted)
+        stored, new, changed = store.boots.record_boot(full)
         assert (new, changed) == (False, True)
         assert stored.anchors == full.anchors
         assert stored.kaslr == offset
@@ -91,14 +91,14 @@ def test_later_snapshot_fills_unknowns_and_keeps_what_was_known(tmp_path: Path) 
         assert stored.restricted is False and stored.restricted_reason is None
         assert stored.first_seen == restricted.first_seen
         assert stored.kptr_restrict == 2  # known before: kept
-        assert store.get_build(BUILD_ID)["link_text"] == f"{LINK:#x}"
+        assert store.boots.get_build(BUILD_ID)["link_text"] == f"{LINK:#x}"
 
         other = KaslrOffset(0x1000000, OffsetSource.VMCOREINFO, "/proc/kcore")
         liar = snap(boot, n=2, text=TEXT + 0x200000, kaslr=other, build_id="ab" * 20)
-        stored2, new, changed = store.record_boot(liar)
+        stored2, new, changed = store.boots.record_boot(liar)
         assert (new, changed) == (False, False)
         assert stored2 == stored == store.get_boot(boot)
-        assert store.counts()["boots"] == 1
+        assert store.boots.counts()["boots"] == 1
 
 
 def test_partial_anchor_knowledge_is_completed_field_by_field(tmp_path: Path) -> None:
@@ -107,8 +107,8 @@ def test_partial_anchor_knowledge_is_completed_field_by_field(tmp_path: Path) ->
     a = BootSnapshot(**{**_fields(a), "anchors": Anchors(text=TEXT)})
     b = snap(boot, n=1)
     with Store(tmp_path / "st") as store:
-        store.record_boot(a)
-        stored, _, changed = store.record_boot(b)
+        store.boots.record_boot(a)
+        stored, _, changed = store.boots.record_boot(b)
     assert changed is True
     assert stored.anchors == Anchors(TEXT, TEXT, TEXT + 0x1000000)
 
@@ -130,7 +130,7 @@ def test_stored_anchors_keep_the_kernel_symbol_names_the_wire_drops(tmp_path: Pa
     _text, ... as before, so an older store reads and an older kreld reads a newer one."""
     old_id, new_id = str(uuid.uuid4()), str(uuid.uuid4())
     with Store(tmp_path / "st") as store:
-        store.record_boot(snap(new_id))
+        store.boots.record_boot(snap(new_id))
     env = lmdb.open(str(tmp_path / "st"), max_dbs=16)
     boots = env.open_db(b"boots", create=False)
     with env.begin(write=True) as txn:
@@ -163,8 +163,8 @@ def test_restriction_learnt_later_keeps_its_reason(tmp_path: Path) -> None:
     unreadable = snap(boot, text=None)
     zeros = snap(boot, n=1, text=None, restricted=True, kptr_restrict=2)
     with Store(tmp_path / "st") as store:
-        store.record_boot(unreadable)
-        stored, _, changed = store.record_boot(zeros)
+        store.boots.record_boot(unreadable)
+        stored, _, changed = store.boots.record_boot(zeros)
     assert changed is True
     assert stored.restricted is True
     assert stored.restricted_reason == zeros.restricted_reason
@@ -187,7 +187,7 @@ WRITER = textwrap.dedent(
     i = 0
     while True:
         boot = str(uuid.uuid4())
-        store.record_boot(BootSnapshot(
+        store.boots.record_boot(BootSnapshot(
             boot_id=boot, release="6.1.0-fake", version="#1", build_id=uuid.uuid4().hex,
             anchors=Anchors(0xffffffff81000000 + (i << 21)), kaslr=None, restricted=False,
             restricted_reason=None, kptr_restrict=0, first_seen=Timestamp.now(),
@@ -220,15 +220,15 @@ def test_kill_9_of_a_writer_mid_burst_loses_nothing_committed(tmp_path: Path) ->
     with Store(state) as store:  # opens for writing: no corruption
         for boot in committed:
             assert store.get_boot(boot).boot_id == boot
-        n = store.counts()
+        n = store.boots.counts()
         # At most one more than printed: committed, killed before printing.
         assert len(committed) <= n["boots"] <= len(committed) + 1
         # Every boot has its listing entry and its build record: no half transaction.
         assert len(store.list_boots()) == n["boots"] == n["builds"]
-        _, new, _ = store.record_boot(snap())
+        _, new, _ = store.boots.record_boot(snap())
         assert new is True
     with Store(state, readonly=True) as ro:
-        assert ro.counts()["boots"] == n["boots"] + 1
+        assert ro.boots.counts()["boots"] == n["boots"] + 1
 
 
 # -- refusing what is not a kreld store -----------------------------------------------------
@@ -247,7 +247,7 @@ def make_text_file(d: Path) -> None:
 def make_kreld_store(d: Path, boots: int = 200) -> None:
     with Store(d) as store:
         for i in range(boots):
-            store.record_boot(snap(n=i))
+            store.boots.record_boot(snap(n=i))
 
 
 def make_truncated(keep: float | int):
@@ -377,10 +377,10 @@ def test_tiny_map_grows_to_take_thousands_of_records(tmp_path: Path) -> None:
     ids = [str(uuid.UUID(int=i + 1)) for i in range(n)]
     with Store(tmp_path / "st", map_size=64 << 10) as store:
         for i, boot in enumerate(ids):
-            store.record_boot(snap(boot, n=i))
-        assert store.env.info()["map_size"] > 64 << 10
+            store.boots.record_boot(snap(boot, n=i))
+        assert store.env.lmdb.info()["map_size"] > 64 << 10
     with Store(tmp_path / "st", readonly=True, map_size=64 << 10) as ro:
-        assert ro.counts()["boots"] == n
+        assert ro.boots.counts()["boots"] == n
         listed = [b.boot_id for b in ro.list_boots()]
         assert listed == ids[::-1]  # newest first
 
@@ -396,9 +396,9 @@ READER = textwrap.dedent(
     for line in sys.stdin:
         cmd, _, arg = line.strip().partition(" ")
         if cmd == "count":
-            print(store.counts()["boots"], flush=True)
+            print(store.boots.counts()["boots"], flush=True)
         elif cmd == "mapsize":
-            print(store.env.info()["map_size"], flush=True)
+            print(store.env.lmdb.info()["map_size"], flush=True)
         elif cmd == "get":
             try:
                 print(store.get_boot(arg).boot_id, flush=True)
@@ -427,21 +427,21 @@ def test_reader_in_another_process_sees_commits_while_writer_stays_open(tmp_path
 
     try:
         first = snap(n=0)
-        writer.record_boot(first)
+        writer.boots.record_boot(first)
         assert reader.stdout.readline() == "ready\n"
         assert ask("count") == "1"
         later = snap(n=1)
         assert ask(f"get {later.boot_id}") == "missing"
-        writer.record_boot(later)
+        writer.boots.record_boot(later)
         assert ask(f"get {later.boot_id}") == later.boot_id
         # Grow the map well past the reader's 64 KiB while it stays open.
         for i in range(300):
-            writer.record_boot(snap(n=2 + i))
-        assert writer.env.info()["map_size"] > 64 << 10
+            writer.boots.record_boot(snap(n=2 + i))
+        assert writer.env.lmdb.info()["map_size"] > 64 << 10
         assert ask("count") == "302"
         assert int(ask("mapsize")) > 64 << 10  # the reader adopted the grown map
         last = snap(n=1000)
-        writer.record_boot(last)
+        writer.boots.record_boot(last)
         assert ask(f"get {last.boot_id}") == last.boot_id
     finally:
         reader.stdin.close()
@@ -453,7 +453,9 @@ def test_reader_in_another_process_sees_commits_while_writer_stays_open(tmp_path
 HOLD_READ = """
 import sys, time
 from kreld.store import Store
-Store(sys.argv[1], readonly=True).read(lambda txn: (print("reading", flush=True), time.sleep(60)))
+Store(sys.argv[1], readonly=True).env.read(
+    lambda txn: (print("reading", flush=True), time.sleep(60))
+)
 """
 
 
@@ -464,7 +466,7 @@ def test_a_reader_killed_mid_read_is_cleared_and_its_pages_reused(tmp_path: Path
     state = tmp_path / "st"
     with Store(state) as writer:
         for i in range(50):
-            writer.record_boot(snap(n=i))
+            writer.boots.record_boot(snap(n=i))
         reader = subprocess.Popen(
             [sys.executable, "-c", HOLD_READ, str(state)], stdout=subprocess.PIPE, text=True
         )
@@ -475,21 +477,21 @@ def test_a_reader_killed_mid_read_is_cleared_and_its_pages_reused(tmp_path: Path
 
         def churn() -> int:
             for k in range(300):  # each commit frees the pages of the one before
-                writer.heartbeat(snap(n=0).boot_id, Timestamp(k, k, k))
-            return int(writer.env.info()["last_pgno"])
+                writer.loads.heartbeat(snap(n=0).boot_id, Timestamp(k, k, k))
+            return int(writer.env.lmdb.info()["last_pgno"])
 
-        start = int(writer.env.info()["last_pgno"])
+        start = int(writer.env.lmdb.info()["last_pgno"])
         pinned = churn()
-        assert writer.clear_stale_readers() == 1
+        assert writer.env.clear_stale_readers() == 1
         assert reader.pid not in _reader_pids(writer)
-        assert writer.clear_stale_readers() == 0
+        assert writer.env.clear_stale_readers() == 0
         after = churn()
         assert after - pinned < (pinned - start) // 4, (start, pinned, after)
 
 
 def _reader_pids(store: Store) -> set[int]:
     """Pids in LMDB's reader table (``mdb_reader_list``: "pid thread txnid" rows)."""
-    rows = store.env.readers().splitlines()[1:]
+    rows = store.env.lmdb.readers().splitlines()[1:]
     return {int(r.split()[0]) for r in rows if r.split() and r.split()[0].isdigit()}
 
 
@@ -499,4 +501,4 @@ def test_readonly_store_refuses_writes_and_missing_store(tmp_path: Path) -> None
     assert not (tmp_path / "nothing").exists()
     make_kreld_store(tmp_path / "st", boots=1)
     with Store(tmp_path / "st", readonly=True) as ro, pytest.raises(StoreError, match="read-only"):
-        ro.record_boot(snap())
+        ro.boots.record_boot(snap())

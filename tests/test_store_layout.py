@@ -27,7 +27,7 @@ def one_load(name: str) -> Incarnation:
 
 
 def named_databases(store: Store) -> set[bytes]:
-    return set(store.read(lambda txn: [bytes(k) for k, _ in txn.cursor()]))
+    return set(store.env.read(lambda txn: [bytes(k) for k, _ in txn.cursor()]))
 
 
 def test_every_table_a_store_holds_is_a_named_handle_and_described(tmp_path: Path) -> None:
@@ -35,9 +35,9 @@ def test_every_table_a_store_holds_is_a_named_handle_and_described(tmp_path: Pat
     the tables :class:`Table` names, and the package docstring describes each."""
     boot_id = str(uuid.uuid4())
     with Store(tmp_path / "st") as store:
-        store.apply_module_changes(boot_id, [one_load("m")], [], [], NOW)
-        store.record_kernel_table(boot_id, "k:ab", table(b"f"), [])
-        store.put_absolutes(boot_id, 0, [1, 2])
+        store.loads.apply_module_changes(boot_id, [one_load("m")], [], [], NOW)
+        store.symbols.record_kernel_table(boot_id, "k:ab", table(b"f"), [])
+        store.symbols.put_absolutes(boot_id, 0, [1, 2])
         PubState(store, "s3://bucket/prefix")
         held = named_databases(store)
     assert held == {t.value for t in Table}
@@ -50,11 +50,11 @@ def test_every_table_a_store_holds_is_a_named_handle_and_described(tmp_path: Pat
 def test_record_kernel_table_stores_shares_differs_and_knows(tmp_path: Path) -> None:
     a, b, c = (str(uuid.uuid4()) for _ in range(3))
     with Store(tmp_path / "st") as store:
-        assert store.record_kernel_table(a, "k:ab", table(b"f"), []) == ("k:ab", "stored")
-        assert store.record_kernel_table(b, "k:ab", table(b"f"), []) == ("k:ab", "shared")
-        used, action = store.record_kernel_table(c, "k:ab", table(b"g"), [])
+        assert store.symbols.record_kernel_table(a, "k:ab", table(b"f"), []) == ("k:ab", "stored")
+        assert store.symbols.record_kernel_table(b, "k:ab", table(b"f"), []) == ("k:ab", "shared")
+        used, action = store.symbols.record_kernel_table(c, "k:ab", table(b"g"), [])
         assert (used, action) == (f"b:{c}", KernelTable.DIFFERS)
         # The boot already has its table: nothing is written, its key comes back.
-        again = store.record_kernel_table(c, "k:ab", table(b"h"), [])
+        again = store.symbols.record_kernel_table(c, "k:ab", table(b"h"), [])
         assert again == (f"b:{c}", KernelTable.KNOWN)
         assert store.boot_symbols(c) == BootSymbols(f"b:{c}")

@@ -33,8 +33,8 @@ def make_damaged_store(state: Path) -> None:
     overflow pages) was cut short: LMDB cannot read it whole, a writer is refused."""
     with Store(state) as store:
         for i in range(20):
-            store.record_boot(snap(n=i))
-        store.put_table("x:pad", os.urandom(256 << 10))
+            store.boots.record_boot(snap(n=i))
+        store.symbols.put_table("x:pad", os.urandom(256 << 10))
     data = state / "data.mdb"
     os.truncate(data, data.stat().st_size - (64 << 10))
 

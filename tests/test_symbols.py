@@ -170,10 +170,10 @@ def resolved(sock: Path, addresses: list[str], **params: Any) -> list[dict[str, 
 def symtab_keys(state: Path) -> list[str]:
     """The keys of the symtabs database, read from LMDB directly."""
     with Store(state, readonly=True) as store:
-        db = store.dbs[b"symtabs"]
+        db = store.env.dbs[b"symtabs"]
         if db is None:
             return []
-        return store.read(
+        return store.env.read(
             lambda txn: sorted(bytes(k).decode() for k in txn.cursor(db=db).iternext(values=False))
         )
 
@@ -572,7 +572,7 @@ def test_gc_removes_old_boots_and_tables_no_boot_uses(
     cfg.write_text("[retention]\nkeep_boots = 2\n")
     common = ["--root", str(root), "--state-dir", str(state), "--config", str(cfg)]
     with Store(state, readonly=True) as store:
-        before = store.counts()["incarnations"]
+        before = store.boots.counts()["incarnations"]
         per_boot = {k: len(store.incarnations(v)) for k, v in ids.items()}
     assert per_boot == {"A": 1, "B": 1, "C": 2, "D": 2}
 
@@ -588,7 +588,7 @@ def test_gc_removes_old_boots_and_tables_no_boot_uses(
         v for k, v in full.items() if k not in tables_removed
     )
     with Store(state, readonly=True) as store:
-        assert store.counts()["incarnations"] == before - incs_removed
+        assert store.boots.counts()["incarnations"] == before - incs_removed
         for label, boot in ids.items():
             assert len(store.incarnations(boot)) == (per_boot[label] if label in kept else 0)
             assert (store.boot_symbols(boot) is not None) == (label in kept)
@@ -1138,7 +1138,7 @@ def test_export_of_a_boot_recorded_without_symbols_is_symbols_unavailable(
     snap, _notes = take_snapshot(Root(m.tree.root))
     m.state.mkdir()
     with Store(m.state) as store:
-        store.record_boot(snap)
+        store.boots.record_boot(snap)
     cp = kreldctl("export", "kallsyms", *m.opts, check=False)
     assert cp.returncode == 1, cp.stderr
     assert "no kernel symbols recorded for boot" in cp.stderr and cp.stdout == ""

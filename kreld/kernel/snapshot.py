@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from kreld.core import consts
 from kreld.core.errors import KernelReadError
-from kreld.core.model import Anchors, BootSnapshot, Timestamp
+from kreld.core.model import Anchors, BootSnapshot, Timestamp, hexaddr
 from kreld.kernel.elf import elf_symbols
 from kreld.kernel.info import (
     Root,
@@ -21,7 +22,10 @@ from kreld.kernel.info import (
 )
 from kreld.kernel.kaslr import find_offset, matching_vmlinux
 
-__all__ = ["take_snapshot"]
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+__all__ = ["log_boot", "take_snapshot"]
 
 
 def take_snapshot(
@@ -83,3 +87,30 @@ def take_snapshot(
         faults=tuple(faults),
     )
     return snap, notes
+
+
+def log_boot(
+    log: FilteringBoundLogger, snap: BootSnapshot, added: bool, changed: bool, notes: list[str]
+) -> None:
+    """Log what the snapshot found (the daemon, at start and on Snapshot): one
+    event per fact."""
+    log.info("boot", boot_id=snap.boot_id, new=added, updated=changed)
+    log.info("kernel_release", release=snap.release, version=snap.version)
+    log.info("kernel_build_id", build_id=snap.build_id)
+    for name, value in snap.anchors.to_ints().items():
+        log.info("kernel_symbol", symbol=name, address=hexaddr(value))
+    if snap.kaslr is not None:
+        log.info(
+            "kaslr_offset",
+            offset=f"{snap.kaslr.value:#x}",
+            source=snap.kaslr.source.value,
+            path=snap.kaslr.path,
+        )
+    else:
+        log.info("kaslr_offset", offset=None, source=None)
+        for note in notes:
+            log.debug("kaslr_source_skipped", reason=note)
+    if snap.restricted:
+        log.warning("addresses_restricted", reason=snap.restricted_reason)
+    for fault in snap.faults:
+        log.warning("kernel_read_fault", fault=fault)

@@ -46,20 +46,86 @@ doubled and the write retried (:mod:`.env`).  :mod:`.gc` applies retention.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from kreld.core import consts
+from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 from kreld.store.boots import BootTables
-from kreld.store.env import Table, boot_key, inc_key
+from kreld.store.bootsource import T
+from kreld.store.env import StoreEnv, Table, boot_key, inc_key
 from kreld.store.gc import Retention
+from kreld.store.incarnations import IncarnationTables
 from kreld.store.symtabs import KernelTable, SymbolTableStore, TableViews
 
-__all__ = ["KernelTable", "Store", "Table", "TableViews", "boot_key", "inc_key"]
+__all__ = ["KernelTable", "Store", "StoreEnv", "Table", "TableViews", "boot_key", "inc_key"]
 
 
-class Store(BootTables, SymbolTableStore, Retention):
-    """A kreld store opened for writing (the daemon) or reading (kreldctl):
-    the table families of this package over one LMDB environment."""
+class Store:
+    """A kreld store opened for writing (the daemon) or reading (kreldctl): one
+    LMDB environment (:attr:`env`) and the table families kept over it, each an
+    object of its own: :attr:`boots`, :attr:`loads` (module incarnations),
+    :attr:`symbols` and :attr:`retention`.  The store itself answers the
+    read-only :class:`~kreld.store.bootsource.BootSource` protocol, as a fleet
+    bucket does, by asking the family that keeps the answer."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        readonly: bool = False,
+        map_size: int = consts.STORE_INITIAL_MAP_SIZE,
+    ) -> None:
+        self.env = StoreEnv(path, readonly=readonly, map_size=map_size)
+        self.boots = BootTables(self.env)
+        self.loads = IncarnationTables(self.env)
+        self.symbols = SymbolTableStore(self.env)
+        self.retention = Retention(self.env, self.loads)
+
+    @property
+    def path(self) -> Path:
+        return self.env.path
+
+    @property
+    def readonly(self) -> bool:
+        return self.env.readonly
+
+    def close(self) -> None:
+        self.env.close()
 
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- BootSource ----------------------------------------------------------
+
+    def resolve_boot(self, prefix: str) -> str:
+        return self.boots.resolve_boot(prefix)
+
+    def get_boot(self, boot_id: str) -> BootSnapshot:
+        return self.boots.get_boot(boot_id)
+
+    def list_boots(self) -> list[BootSnapshot]:
+        return self.boots.list_boots()
+
+    def incarnations(self, boot_id: str) -> list[Incarnation]:
+        return self.loads.incarnations(boot_id)
+
+    def absolutes(self, boot_id: str) -> dict[int, list[int]]:
+        return self.symbols.absolutes(boot_id)
+
+    def boot_symbols(self, boot_id: str) -> BootSymbols | None:
+        return self.symbols.boot_symbols(boot_id)
+
+    def with_tables(self, keys: Iterable[str], fn: Callable[[TableViews], T]) -> T:
+        return self.symbols.with_tables(keys, fn)
+
+    def hostname(self, boot_id: str) -> str | None:
+        """A host's own store holds only its boots: no host name to tell them by."""
+        return None
+
+    def last_txnid(self) -> int:
+        return self.env.last_txnid()

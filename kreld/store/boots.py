@@ -26,17 +26,20 @@ def boot_from_record(raw: bytes) -> BootSnapshot:
     return BootSnapshot.from_json(d)
 
 
-class BootTables(StoreEnv):
+class BootTables:
     """Every boot recorded, newest first, and what kreld knows of each build."""
 
+    def __init__(self, env: StoreEnv) -> None:
+        self.env = env
+
     def _boot(self, raw: bytes) -> BootSnapshot:
-        return decoded(self.path, "boot record", lambda: boot_from_record(raw))
+        return decoded(self.env.path, "boot record", lambda: boot_from_record(raw))
 
     def record_boot(self, snap: BootSnapshot) -> tuple[BootSnapshot, bool, bool]:
         """Record *snap*; returns the stored record, whether it was new, and
         whether an existing record learnt something."""
         key = snap.boot_id.encode()
-        boots = self.dbs[Table.BOOTS]
+        boots = self.env.dbs[Table.BOOTS]
 
         def txn_fn(txn: Any) -> tuple[BootSnapshot, bool, bool]:
             raw = txn.get(key, db=boots)
@@ -50,19 +53,19 @@ class BootTables(StoreEnv):
                 return merged, False, True
             txn.put(key, boot_record(snap), db=boots)
             order = SEQ.pack(snap.first_seen.realtime) + key
-            txn.put(order, b"", db=self.dbs[Table.BOOT_ORDER])
+            txn.put(order, b"", db=self.env.dbs[Table.BOOT_ORDER])
             self._put_build(txn, snap)
             return snap, True, False
 
-        return self.write(txn_fn)
+        return self.env.write(txn_fn)
 
     def _put_build(self, txn: Any, snap: BootSnapshot) -> None:
         if not snap.build_id:
             return
         key = snap.build_id.encode()
-        db = self.dbs[Table.BUILDS]
+        db = self.env.dbs[Table.BUILDS]
         raw = txn.get(key, db=db)
-        rec = decoded(self.path, "build record", lambda: json.loads(raw)) if raw else None
+        rec = decoded(self.env.path, "build record", lambda: json.loads(raw)) if raw else None
         if rec is None:
             rec = {
                 "build_id": snap.build_id,
@@ -79,10 +82,10 @@ class BootTables(StoreEnv):
 
     def get_boot(self, boot_id: str) -> BootSnapshot:
         def fn(txn: Any) -> bytes | None:
-            db = self.dbs[Table.BOOTS]
+            db = self.env.dbs[Table.BOOTS]
             return None if db is None else txn.get(boot_id.encode(), db=db)
 
-        raw = self.read(fn)
+        raw = self.env.read(fn)
         if raw is None:
             raise NoSuchBoot(boot_id)
         return self._boot(raw)
@@ -94,7 +97,7 @@ class BootTables(StoreEnv):
             raise NoSuchBoot(prefix)
 
         def fn(txn: Any) -> list[str]:
-            db = self.dbs[Table.BOOTS]
+            db = self.env.dbs[Table.BOOTS]
             if db is None:
                 return []
             cur = txn.cursor(db=db)
@@ -109,7 +112,7 @@ class BootTables(StoreEnv):
                         return [s]
             return out
 
-        matches = self.read(fn)
+        matches = self.env.read(fn)
         if not matches:
             raise NoSuchBoot(prefix)
         if len(matches) > 1:
@@ -120,7 +123,7 @@ class BootTables(StoreEnv):
         """Every recorded boot, newest first."""
 
         def fn(txn: Any) -> list[BootSnapshot]:
-            order, boots = self.dbs[Table.BOOT_ORDER], self.dbs[Table.BOOTS]
+            order, boots = self.env.dbs[Table.BOOT_ORDER], self.env.dbs[Table.BOOTS]
             if order is None or boots is None:
                 return []
             out = []
@@ -130,24 +133,24 @@ class BootTables(StoreEnv):
                     out.append(self._boot(raw))
             return out
 
-        return self.read(fn)
+        return self.env.read(fn)
 
     def get_build(self, build_id: str) -> dict[str, Any] | None:
         def fn(txn: Any) -> bytes | None:
-            db = self.dbs[Table.BUILDS]
+            db = self.env.dbs[Table.BUILDS]
             return None if db is None else txn.get(build_id.encode(), db=db)
 
-        raw = self.read(fn)
-        return None if raw is None else self._json(raw, "build record")
+        raw = self.env.read(fn)
+        return None if raw is None else self.env.json_record(raw, "build record")
 
     def counts(self) -> dict[str, int]:
         def fn(txn: Any) -> dict[str, int]:
             out = {}
             for table in (Table.BOOTS, Table.BUILDS, Table.INCARNATIONS, Table.OPEN):
-                if table.label in self.lost:  # a damaged store read as far as it is whole
+                if table.label in self.env.lost:  # a damaged store read as far as it is whole
                     continue
-                db = self.dbs[table]
+                db = self.env.dbs[table]
                 out[table.label] = 0 if db is None else txn.stat(db)["entries"]
             return out
 
-        return self.read(fn)
+        return self.env.read(fn)

@@ -44,7 +44,7 @@ T = TypeVar("T")
 class Table(bytes, Enum):
     """The named databases of a store: a handle's name is its LMDB name.
 
-    A member is bytes, so ``store.dbs[Table.BOOTS]`` and ``store.dbs[b"boots"]``
+    A member is bytes, so ``env.dbs[Table.BOOTS]`` and ``env.dbs[b"boots"]``
     are the same handle.  The layout of each is in :mod:`kreld.store`.
     """
 
@@ -161,7 +161,6 @@ class StoreEnv:
         self.path = Path(path)
         self.readonly = readonly
         self._gate = _ResizeGate()
-        self._layouts: dict[bytes, list[str]] = {}
         self._write_lock = threading.Lock()
         if readonly and not (self.path / "data.mdb").exists():
             raise StoreError(str(self.path), "no kreld store here (no data.mdb)")
@@ -177,21 +176,21 @@ class StoreEnv:
             raise StoreDamaged(
                 str(self.path), "data.mdb is truncated or damaged in its meta database"
             )
-        self.env = self._open_env(map_size)
+        self.lmdb = self._open_env(map_size)
         try:
             self._init_or_check()
         except lmdb.CorruptedError as e:
-            self.env.close()
+            self.lmdb.close()
             raise StoreDamaged(str(self.path), f"LMDB finds it damaged ({e})") from e
         except BaseException:
-            self.env.close()
+            self.lmdb.close()
             raise
         self.dbs = _Databases(str(self.path), self.lost)
         for table in OPENED:
             if table.label in self.lost:
                 continue
             try:
-                self.dbs[table] = self.env.open_db(table.value, create=not readonly)
+                self.dbs[table] = self.lmdb.open_db(table.value, create=not readonly)
             except lmdb.NotFoundError:
                 # A read-only open of a store from before this table existed.
                 self.dbs[table] = None
@@ -221,26 +220,26 @@ class StoreEnv:
             raise StoreError(str(self.path), str(e)) from e
 
     def _init_or_check(self) -> None:
-        with self.env.begin() as txn:
+        with self.lmdb.begin() as txn:
             names = [k for k, _ in txn.cursor()]
         if not names:
             if self.readonly:
                 raise StoreError(str(self.path), "the store is empty (never initialised)")
-            meta = self.env.open_db(Table.META.value, create=True)
-            with self.env.begin(write=True) as txn:
+            meta = self.lmdb.open_db(Table.META.value, create=True)
+            with self.lmdb.begin(write=True) as txn:
                 txn.put(b"magic", consts.STORE_MAGIC, db=meta)
                 txn.put(b"schema", str(consts.STORE_SCHEMA_VERSION).encode(), db=meta)
             return
         if Table.META.value not in names:
             raise StoreCorrupt(str(self.path), "an LMDB environment, but not a kreld store")
         try:
-            meta = self.env.open_db(Table.META.value, create=False)
+            meta = self.lmdb.open_db(Table.META.value, create=False)
         except lmdb.Error as e:
             # e.g. MDB_INCOMPATIBLE: "meta" is a plain key of a foreign environment.
             raise StoreCorrupt(
                 str(self.path), f"an LMDB environment, but not a kreld store ({e})"
             ) from e
-        with self.env.begin(db=meta) as txn:
+        with self.lmdb.begin(db=meta) as txn:
             magic = txn.get(b"magic")
             schema = txn.get(b"schema")
         if magic != consts.STORE_MAGIC or schema is None:
@@ -255,30 +254,31 @@ class StoreEnv:
             # 1 -> 2 -> 3: new incarnations are written in the newest record form
             # (records.py); older ones stay readable as they are.  The version
             # is raised so that an older kreld refuses what it cannot read.
-            with self.env.begin(write=True, db=meta) as txn:
+            with self.lmdb.begin(write=True, db=meta) as txn:
                 txn.put(b"schema", str(consts.STORE_SCHEMA_VERSION).encode())
 
     def close(self) -> None:
-        self.env.close()
+        self.lmdb.close()
 
     # -- transactions --------------------------------------------------------
 
     def _grow(self) -> None:
         with self._gate.exclusive():
-            size = self.env.info()["map_size"]
+            size = self.lmdb.info()["map_size"]
             if size >= consts.STORE_MAX_MAP_SIZE:
                 raise StoreFull(str(self.path), f"map size limit {size} bytes reached")
-            self.env.set_mapsize(size * 2)
+            self.lmdb.set_mapsize(size * 2)
 
     def _adopt_size(self) -> None:
         with self._gate.exclusive():
-            self.env.set_mapsize(0)
+            self.lmdb.set_mapsize(0)
 
-    def read(self, fn: Callable[[Any], T]) -> T:
-        """Run *fn* in a read transaction (a consistent snapshot of the store)."""
+    def read(self, fn: Callable[[Any], T], *, buffers: bool = False) -> T:
+        """Run *fn* in a read transaction (a consistent snapshot of the store);
+        with *buffers*, values are views into the map, valid only inside *fn*."""
         while True:
             try:
-                with self._gate.shared(), self.env.begin(buffers=False) as txn:
+                with self._gate.shared(), self.lmdb.begin(buffers=buffers) as txn:
                     return fn(txn)
             except lmdb.MapResizedError:
                 self._adopt_size()
@@ -292,7 +292,7 @@ class StoreEnv:
         with self._write_lock:
             for _ in range(64):
                 try:
-                    with self._gate.shared(), self.env.begin(write=True) as txn:
+                    with self._gate.shared(), self.lmdb.begin(write=True) as txn:
                         return fn(txn)
                 except lmdb.MapFullError:
                     self._grow()
@@ -321,13 +321,9 @@ class StoreEnv:
             return False
         return st.f_bavail * st.f_frsize < _NEARLY_FULL
 
-    def hostname(self, boot_id: str) -> str | None:
-        """A host's own store holds only its boots: no host name to tell them by."""
-        return None
-
     def last_txnid(self) -> int:
         """The id of the last committed write, by any process: a cache key."""
-        return int(self.env.info()["last_txnid"])
+        return int(self.lmdb.info()["last_txnid"])
 
     def size_bytes(self) -> int:
         try:
@@ -341,9 +337,9 @@ class StoreEnv:
         snapshots from being reused and the file grows.  Returns how many."""
         try:
             with self._gate.shared():
-                return int(self.env.reader_check())
+                return int(self.lmdb.reader_check())
         except lmdb.Error as e:
             raise StoreError(str(self.path), f"reader check: {e}") from e
 
-    def _json(self, raw: bytes, what: str) -> dict[str, Any]:
+    def json_record(self, raw: bytes, what: str) -> dict[str, Any]:
         return decoded(self.path, what, lambda: dict(json.loads(bytes(raw))))

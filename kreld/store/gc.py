@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kreld.core.symtab import module_symbol_key
-from kreld.store.env import SEQ, Table, boot_key
+from kreld.store.env import SEQ, StoreEnv, Table, boot_key
 from kreld.store.incarnations import IncarnationTables
 
 __all__ = ["Retention"]
@@ -14,7 +14,13 @@ __all__ = ["Retention"]
 _PER_LOAD = (Table.INCARNATIONS, Table.OPEN, Table.ABSOLUTES)
 
 
-class Retention(IncarnationTables):
+class Retention:
+    """The retention policy applied to every table family of one store."""
+
+    def __init__(self, env: StoreEnv, loads: IncarnationTables) -> None:
+        self.env = env
+        self.loads = loads
+
     def gc(
         self, keep_boots: int, keep_days: float, protect: str | None, now_realtime: int
     ) -> dict[str, int]:
@@ -24,7 +30,7 @@ class Retention(IncarnationTables):
         cutoff = now_realtime - int(keep_days * 86400e9) if keep_days else None
 
         def fn(txn: Any) -> dict[str, int]:
-            order = self.dbs[Table.BOOT_ORDER]
+            order = self.env.dbs[Table.BOOT_ORDER]
             doomed = []
             for rank, k in enumerate(txn.cursor(db=order).iterprev(values=False)):
                 boot_id = k[8:].decode()
@@ -37,36 +43,36 @@ class Retention(IncarnationTables):
             dropped = self._drop_unused_tables(txn)
             return {"boots": len(doomed), "incarnations": removed_incs, "tables": dropped}
 
-        return self.write(fn)
+        return self.env.write(fn)
 
     def _forget_boot(self, txn: Any, order_key: bytes, boot_id: str) -> int:
         """Delete one boot everywhere; returns how many incarnations it had."""
         prefix = boot_key(boot_id)
         removed = 0
         for table in _PER_LOAD:
-            cur = txn.cursor(db=self.dbs[table])
+            cur = txn.cursor(db=self.env.dbs[table])
             if cur.set_range(prefix):
                 while cur.key()[:16] == prefix:
                     removed += table is Table.INCARNATIONS
                     if not cur.delete():
                         break
-        txn.delete(prefix, db=self.dbs[Table.WATCH])
-        txn.delete(boot_id.encode(), db=self.dbs[Table.BOOTS])
-        txn.delete(boot_id.encode(), db=self.dbs[Table.BOOT_SYMBOLS])
-        txn.delete(order_key, db=self.dbs[Table.BOOT_ORDER])
+        txn.delete(prefix, db=self.env.dbs[Table.WATCH])
+        txn.delete(boot_id.encode(), db=self.env.dbs[Table.BOOTS])
+        txn.delete(boot_id.encode(), db=self.env.dbs[Table.BOOT_SYMBOLS])
+        txn.delete(order_key, db=self.env.dbs[Table.BOOT_ORDER])
         return removed
 
     def _drop_unused_tables(self, txn: Any) -> int:
         """Delete the symbol tables no boot and no incarnation refers to."""
         used: set[bytes] = set()
-        for _, v in txn.cursor(db=self.dbs[Table.BOOT_SYMBOLS]):
-            used.add(str(self._json(v, "boot symbols record")["kernel"]).encode())
-        for k, v in txn.cursor(db=self.dbs[Table.INCARNATIONS]):
-            st = self.decode_incarnation(txn, bytes(k), v).state
+        for _, v in txn.cursor(db=self.env.dbs[Table.BOOT_SYMBOLS]):
+            used.add(str(self.env.json_record(v, "boot symbols record")["kernel"]).encode())
+        for k, v in txn.cursor(db=self.env.dbs[Table.INCARNATIONS]):
+            st = self.loads.decode_incarnation(txn, bytes(k), v).state
             key = module_symbol_key(st.build_id, st.name, st.srcversion)
             if key:
                 used.add(key.encode())
-        symtabs = self.dbs[Table.SYMTABS]
+        symtabs = self.env.dbs[Table.SYMTABS]
         tables = list(txn.cursor(db=symtabs).iternext(values=False))
         dropped = 0
         for k in tables:

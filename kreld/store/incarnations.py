@@ -24,13 +24,18 @@ from kreld.store.env import (
 __all__ = ["IncarnationTables"]
 
 
-class IncarnationTables(StoreEnv):
+class IncarnationTables:
     """Every load of a module per boot, which are still open, and when
     ``sys/module`` was last looked at."""
 
+    def __init__(self, env: StoreEnv) -> None:
+        self.env = env
+        # Layout key -> section names, decoded once (layouts never change).
+        self._layouts: dict[bytes, list[str]] = {}
+
     def _next_seq(self, txn: Any, boot_id: str) -> int:
         prefix = boot_key(boot_id)
-        cur = txn.cursor(db=self.dbs[Table.INCARNATIONS])
+        cur = txn.cursor(db=self.env.dbs[Table.INCARNATIONS])
         # Position past the last key of this boot, then step back.
         if cur.set_range(prefix + b"\xff" * 8):
             if cur.key()[:16] == prefix:
@@ -52,7 +57,7 @@ class IncarnationTables(StoreEnv):
     ) -> list[Incarnation]:
         """Record new incarnations (seq assigned here), updates and unloads in
         one transaction; returns the opened ones with their seq."""
-        db, open_db = self.dbs[Table.INCARNATIONS], self.dbs[Table.OPEN]
+        db, open_db = self.env.dbs[Table.INCARNATIONS], self.env.dbs[Table.OPEN]
 
         def fn(txn: Any) -> list[Incarnation]:
             seq = self._next_seq(txn, boot_id)
@@ -72,10 +77,10 @@ class IncarnationTables(StoreEnv):
                 txn.put(key, self._encode(txn, inc), db=db)
                 txn.delete(key, db=open_db)
             if watched is not None:
-                txn.put(boot_key(boot_id), dumps(watched.to_json()), db=self.dbs[Table.WATCH])
+                txn.put(boot_key(boot_id), dumps(watched.to_json()), db=self.env.dbs[Table.WATCH])
             return out
 
-        return self.write(fn)
+        return self.env.write(fn)
 
     def close_other_boots(self, boot_id: str) -> int:
         """Drop the open-index entries of every other boot: those boots are over.
@@ -87,7 +92,7 @@ class IncarnationTables(StoreEnv):
         prefix = boot_key(boot_id)
 
         def fn(txn: Any) -> int:
-            cur = txn.cursor(db=self.dbs[Table.OPEN])
+            cur = txn.cursor(db=self.env.dbs[Table.OPEN])
             n = 0
             if not cur.first():
                 return 0
@@ -100,11 +105,11 @@ class IncarnationTables(StoreEnv):
                     break
             return n
 
-        return self.write(fn)
+        return self.env.write(fn)
 
     def _encode(self, txn: Any, inc: Incarnation) -> bytes:
         raw, key, names = records.encode(inc)
-        txn.put(key, dumps(names), db=self.dbs[Table.LAYOUTS], overwrite=False)
+        txn.put(key, dumps(names), db=self.env.dbs[Table.LAYOUTS], overwrite=False)
         return raw
 
     def decode_incarnation(self, txn: Any, key: bytes, raw: bytes) -> Incarnation:
@@ -113,11 +118,11 @@ class IncarnationTables(StoreEnv):
         def layout(k: bytes) -> list[str]:
             names = self._layouts.get(k)
             if names is None:
-                stored = txn.get(k, db=self.dbs[Table.LAYOUTS])
+                stored = txn.get(k, db=self.env.dbs[Table.LAYOUTS])
                 if stored is None:
-                    raise StoreCorrupt(str(self.path), f"section layout {k.hex()} is missing")
+                    raise StoreCorrupt(str(self.env.path), f"section layout {k.hex()} is missing")
                 names = self._layouts[k] = decoded(
-                    self.path, "section layout", lambda: list(json.loads(bytes(stored)))
+                    self.env.path, "section layout", lambda: list(json.loads(bytes(stored)))
                 )
             return names
 
@@ -126,7 +131,7 @@ class IncarnationTables(StoreEnv):
             return records.decode(raw, boot_id, int(SEQ.unpack(key[16:24])[0]), layout)
         except UNREADABLE as e:
             raise StoreCorrupt(
-                str(self.path), f"unreadable incarnation record {bytes(key).hex()}: {e}"
+                str(self.env.path), f"unreadable incarnation record {bytes(key).hex()}: {e}"
             ) from e
 
     def heartbeat(self, boot_id: str, when: Timestamp) -> None:
@@ -134,19 +139,19 @@ class IncarnationTables(StoreEnv):
 
     def last_watched(self, boot_id: str) -> Timestamp | None:
         def fn(txn: Any) -> bytes | None:
-            db = self.dbs[Table.WATCH]
+            db = self.env.dbs[Table.WATCH]
             return None if db is None else txn.get(boot_key(boot_id), db=db)
 
-        raw = self.read(fn)
+        raw = self.env.read(fn)
         if raw is None:
             return None
-        return decoded(self.path, "watch time", lambda: Timestamp.from_json(json.loads(raw)))
+        return decoded(self.env.path, "watch time", lambda: Timestamp.from_json(json.loads(raw)))
 
     def open_incarnations(self, boot_id: str) -> list[Incarnation]:
         prefix = boot_key(boot_id)
 
         def fn(txn: Any) -> list[Incarnation]:
-            open_db, db = self.dbs[Table.OPEN], self.dbs[Table.INCARNATIONS]
+            open_db, db = self.env.dbs[Table.OPEN], self.env.dbs[Table.INCARNATIONS]
             if open_db is None or db is None:
                 return []
             out = []
@@ -160,14 +165,14 @@ class IncarnationTables(StoreEnv):
                         out.append(self.decode_incarnation(txn, k, raw))
             return out
 
-        return self.read(fn)
+        return self.env.read(fn)
 
     def incarnations(self, boot_id: str) -> list[Incarnation]:
         """Every incarnation of the boot, in the order they were recorded."""
         prefix = boot_key(boot_id)
 
         def fn(txn: Any) -> list[Incarnation]:
-            db = self.dbs[Table.INCARNATIONS]
+            db = self.env.dbs[Table.INCARNATIONS]
             if db is None:
                 return []
             out = []
@@ -179,4 +184,4 @@ class IncarnationTables(StoreEnv):
                     out.append(self.decode_incarnation(txn, k, v))
             return out
 
-        return self.read(fn)
+        return self.env.read(fn)

@@ -32,11 +32,11 @@ def table_bytes(store: Store, key: str) -> bytes | None:
     """A symbol table's packed bytes as the store holds them, or None."""
 
     def fn(txn: Any) -> bytes | None:
-        db = store.dbs[Table.SYMTABS]
+        db = store.env.dbs[Table.SYMTABS]
         raw = None if db is None else txn.get(key.encode(), db=db)
         return None if raw is None else bytes(raw)
 
-    return store.read(fn)
+    return store.env.read(fn)
 
 
 class PubState:
@@ -46,12 +46,12 @@ class PubState:
         self.store = store
         self.tid = hashlib.blake2b(target.encode(), digest_size=8).digest()
         if store.readonly:
-            self.db = store.env.open_db(_DB, create=False)
+            self.db = store.env.lmdb.open_db(_DB, create=False)
         else:
-            self.db = store.write(lambda txn: store.env.open_db(_DB, txn=txn, create=True))
+            self.db = store.env.write(lambda txn: store.env.lmdb.open_db(_DB, txn=txn, create=True))
 
     def _get(self, key: bytes) -> bytes | None:
-        raw = self.store.read(lambda txn: txn.get(self.tid + key, db=self.db))
+        raw = self.store.env.read(lambda txn: txn.get(self.tid + key, db=self.db))
         return None if raw is None else bytes(raw)
 
     def cursor(self, boot_id: str) -> dict[str, Any] | None:
@@ -71,7 +71,7 @@ class PubState:
                     out[int(_SEQ.unpack(k[len(prefix) :])[0])] = bytes(v)
             return out
 
-        return self.store.read(fn)
+        return self.store.env.read(fn)
 
     def has_table(self, key: str) -> bool:
         return self._get(b"t" + key.encode()) is not None
@@ -82,7 +82,7 @@ class PubState:
 
     def save_pending(self, plan: dict[str, Any]) -> None:
         data = json.dumps(plan, separators=(",", ":")).encode()
-        self.store.write(lambda txn: txn.put(self.tid + b"p", data, db=self.db))
+        self.store.env.write(lambda txn: txn.put(self.tid + b"p", data, db=self.db))
 
     def mark_done(self, boot_id: str) -> None:
         """A boot that is over and wholly published (its cursor, if any, says so)."""
@@ -107,4 +107,4 @@ class PubState:
                 txn.put(self.tid + b"t" + key.encode(), b"", db=self.db)
             txn.delete(self.tid + b"p", db=self.db)
 
-        self.store.write(fn)
+        self.store.env.write(fn)

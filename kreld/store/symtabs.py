@@ -7,8 +7,6 @@ from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import Any, TypeVar
 
-import lmdb
-
 from kreld.core.errors import StoreCorrupt
 from kreld.core.model import BootSymbols
 from kreld.core.symtab import SymbolTable
@@ -58,19 +56,22 @@ class TableViews:
         return table
 
 
-class SymbolTableStore(StoreEnv):
+class SymbolTableStore:
     """Packed symbol tables, which one each boot uses, and per-load absolutes."""
+
+    def __init__(self, env: StoreEnv) -> None:
+        self.env = env
 
     def boot_symbols(self, boot_id: str) -> BootSymbols | None:
         def fn(txn: Any) -> bytes | None:
-            db = self.dbs[Table.BOOT_SYMBOLS]
+            db = self.env.dbs[Table.BOOT_SYMBOLS]
             return None if db is None else txn.get(boot_id.encode(), db=db)
 
-        raw = self.read(fn)
+        raw = self.env.read(fn)
         if raw is None:
             return None
-        rec = self._json(raw, "boot symbols record")
-        return decoded(self.path, "boot symbols record", lambda: BootSymbols.from_json(rec))
+        rec = self.env.json_record(raw, "boot symbols record")
+        return decoded(self.env.path, "boot symbols record", lambda: BootSymbols.from_json(rec))
 
     def put_absolutes(self, boot_id: str, seq: int, values: list[int]) -> None:
         """The values one incarnation printed for its table's absolute entries
@@ -78,16 +79,16 @@ class SymbolTableStore(StoreEnv):
         packed = struct.pack(f"<{len(values)}q", *values)
 
         def fn(txn: Any) -> None:
-            txn.put(inc_key(boot_id, seq), packed, db=self.dbs[Table.ABSOLUTES])
+            txn.put(inc_key(boot_id, seq), packed, db=self.env.dbs[Table.ABSOLUTES])
 
-        self.write(fn)
+        self.env.write(fn)
 
     def absolutes(self, boot_id: str) -> dict[int, list[int]]:
         """:meth:`put_absolutes` of every incarnation of *boot_id*, by seq."""
         prefix = boot_key(boot_id)
 
         def fn(txn: Any) -> dict[int, list[int]]:
-            db = self.dbs[Table.ABSOLUTES]
+            db = self.env.dbs[Table.ABSOLUTES]
             out: dict[int, list[int]] = {}
             if db is None:
                 return out
@@ -97,11 +98,11 @@ class SymbolTableStore(StoreEnv):
                     if k[:16] != prefix:
                         break
                     if len(v) % 8:
-                        raise StoreCorrupt(str(self.path), f"absolutes {bytes(k).hex()}")
+                        raise StoreCorrupt(str(self.env.path), f"absolutes {bytes(k).hex()}")
                     out[int(SEQ.unpack(k[16:24])[0])] = list(struct.unpack(f"<{len(v) // 8}q", v))
             return out
 
-        return self.read(fn)
+        return self.env.read(fn)
 
     def record_kernel_table(
         self, boot_id: str, key: str, packed: bytes, extras: list[str]
@@ -112,12 +113,14 @@ class SymbolTableStore(StoreEnv):
         the table was stored, shared with the build, stored apart because it
         differs, or the boot was already known (nothing written).
         """
-        db, bdb = self.dbs[Table.SYMTABS], self.dbs[Table.BOOT_SYMBOLS]
+        db, bdb = self.env.dbs[Table.SYMTABS], self.env.dbs[Table.BOOT_SYMBOLS]
 
         def fn(txn: Any) -> tuple[str, KernelTable]:
             done = txn.get(boot_id.encode(), db=bdb)
             if done is not None:
-                return str(self._json(done, "boot symbols record")["kernel"]), KernelTable.KNOWN
+                return str(
+                    self.env.json_record(done, "boot symbols record")["kernel"]
+                ), KernelTable.KNOWN
             used, action = key, KernelTable.SHARED
             existing = txn.get(key.encode(), db=db)
             if existing is None:
@@ -129,35 +132,32 @@ class SymbolTableStore(StoreEnv):
             txn.put(boot_id.encode(), dumps({"kernel": used, "extras": extras}), db=bdb)
             return used, action
 
-        return self.write(fn)
+        return self.env.write(fn)
 
     def put_table(self, key: str, packed: bytes, replace: bool = False) -> bool:
         """Store a table under *key* unless one is there (or *replace*); True if stored."""
-        db = self.dbs[Table.SYMTABS]
-        return bool(self.write(lambda txn: txn.put(key.encode(), packed, db=db, overwrite=replace)))
+        db = self.env.dbs[Table.SYMTABS]
+        return bool(
+            self.env.write(lambda txn: txn.put(key.encode(), packed, db=db, overwrite=replace))
+        )
 
     def table_source(self, key: str) -> int | None:
         """Where the table under *key* came from (``symtab.FROM_*``); None if absent."""
 
         def fn(txn: Any) -> int | None:
-            db = self.dbs[Table.SYMTABS]
+            db = self.env.dbs[Table.SYMTABS]
             buf = None if db is None else txn.get(key.encode(), db=db)
             return None if buf is None else SymbolTable(buf).source
 
         try:
-            return self.read(fn)
+            return self.env.read(fn)
         except ValueError as e:
-            raise StoreCorrupt(str(self.path), f"symbol table {key}: {e}") from e
+            raise StoreCorrupt(str(self.env.path), f"symbol table {key}: {e}") from e
 
     def with_tables(self, keys: Iterable[str], fn: Callable[[TableViews], T]) -> T:
         """Run *fn* with :class:`~kreld.core.symtab.SymbolTable` views of the named
         tables (absent ones left out), straight from the map and opened as
         *fn* asks for them; the views are valid only inside *fn*."""
         wanted = set(keys)
-        db = self.dbs[Table.SYMTABS]
-        while True:
-            try:
-                with self._gate.shared(), self.env.begin(buffers=True) as txn:
-                    return fn(TableViews(txn, db, wanted))
-            except lmdb.MapResizedError:
-                self._adopt_size()
+        db = self.env.dbs[Table.SYMTABS]
+        return self.env.read(lambda txn: fn(TableViews(txn, db, wanted)), buffers=True)

@@ -339,7 +339,7 @@ class SymbolCapture:
         key = module_symbol_key(s.build_id, s.name, s.srcversion)
         if key is None:
             return False
-        if self.store.table_source(key) in (None, FROM_ELF):
+        if self.store.symbols.table_source(key) in (None, FROM_ELF):
             return True
         return bool(self.store.with_tables([key], lambda t: absolute_entries(t.get(key))))
 
@@ -388,7 +388,9 @@ class SymbolCapture:
                 len(entries),
             )
             self.log.info("kernel_symbols_from_vmlinux", path=str(vmlinux))
-        used, action = self.store.record_kernel_table(self.boot.boot_id, key, packed, extras)
+        used, action = self.store.symbols.record_kernel_table(
+            self.boot.boot_id, key, packed, extras
+        )
         self.captured += 1
         if action == "differs":
             self.log.warning(
@@ -417,7 +419,7 @@ class SymbolCapture:
             if stale and not lines and not s.restricted:
                 missing.append(inc)
                 continue
-            stored = self.store.table_source(key)
+            stored = self.store.symbols.table_source(key)
             if stored is not None and stored != FROM_ELF:
                 self._capture_absolutes(inc, key, lines)
                 continue
@@ -426,7 +428,7 @@ class SymbolCapture:
             if lines and not s.restricted:
                 packed = module_table(lines, s.sections, _section_sizes(inc))
             if packed is not None and stored is not None:
-                self.store.put_table(key, packed, replace=True)
+                self.store.symbols.put_table(key, packed, replace=True)
                 self.captured += 1
                 self.log.info(
                     "module_symbols", module=s.name, build_id=s.build_id, source=source,
@@ -441,7 +443,7 @@ class SymbolCapture:
             if packed is None:
                 self.log.info("module_symbols_unavailable", module=s.name, build_id=s.build_id)
                 continue
-            if self.store.put_table(key, packed):
+            if self.store.symbols.put_table(key, packed):
                 self.captured += 1
                 self.log.info("module_symbols", module=s.name, build_id=s.build_id, source=source)
         return missing
@@ -463,7 +465,7 @@ class SymbolCapture:
             return
         values = [v for v, _ in printed]
         if values != [v for v, _ in stored]:
-            self.store.put_absolutes(inc.boot_id, inc.seq, values)
+            self.store.symbols.put_absolutes(inc.boot_id, inc.seq, values)
             self.log.info("module_absolute_values", module=s.name, seq=inc.seq, count=len(values))
 
 

@@ -101,7 +101,7 @@ class ModuleTracker:
         recorded twice.
         """
         now = Timestamp.now()
-        self.store.close_other_boots(self.boot_id)
+        self.store.loads.close_other_boots(self.boot_id)
         present = list_modules(self.root)
         proc = read_proc_modules(self.root)
         closed, continued = self._continue_open(present, proc, now)
@@ -116,7 +116,7 @@ class ModuleTracker:
             state = read_module(self.root, name, proc)
             if state is not None:
                 opened.append(new_incarnation(state, now, SeenBy.STARTUP))
-        stored = self.store.apply_module_changes(self.boot_id, opened, [], closed, now)
+        stored = self.store.loads.apply_module_changes(self.boot_id, opened, [], closed, now)
         with self.lock:
             for inc in stored:
                 self._open[inc.name] = Tracked(inc, _STARTUP)
@@ -145,10 +145,10 @@ class ModuleTracker:
         """Keep tracking what a previous run left open and is still the same
         load; return the rest closed (unloaded while kreld was down) and how
         many continue."""
-        last = self.store.last_watched(self.boot_id)
+        last = self.store.loads.last_watched(self.boot_id)
         closed: list[Incarnation] = []
         continued = 0
-        for inc in self.store.open_incarnations(self.boot_id):
+        for inc in self.store.loads.open_incarnations(self.boot_id):
             state = read_module(self.root, inc.name, proc) if inc.name in present else None
             if state is not None and same_load(inc.state, state):
                 self._open[inc.name] = Tracked(inc, _STARTUP)
@@ -208,9 +208,9 @@ class ModuleTracker:
         now = Timestamp.now()
         if now.monotonic - self._last_heartbeat >= self.heartbeat_interval * 1e9:
             self.reconcile([])
-            self.store.heartbeat(self.boot_id, self._last_scan or now)
+            self.store.loads.heartbeat(self.boot_id, self._last_scan or now)
             self._last_heartbeat = now.monotonic
-            stale = self.store.clear_stale_readers()
+            stale = self.store.env.clear_stale_readers()
             if stale:
                 self.log.warning("stale_readers_cleared", readers=stale)
 
@@ -248,7 +248,9 @@ class ModuleTracker:
             self._last_scan = now
             return
         updated, closed = list(changes.updated), [t.inc for t in changes.closed]
-        stored = self.store.apply_module_changes(self.boot_id, changes.new, updated, closed, now)
+        stored = self.store.loads.apply_module_changes(
+            self.boot_id, changes.new, updated, closed, now
+        )
         with self.lock:
             for t in changes.closed:
                 if (o := self._open.get(t.inc.name)) is not None and o.inc.seq == t.inc.seq:

@@ -119,7 +119,7 @@ def test_state_dir_on_a_full_tmpfs_errors_by_name_keeps_serving_and_recovers(
             assert len(c.call("GetModules")["modules"]) == 5 + len(late)
         assert d.stop() == 0
         with Store(state) as store:  # reopens for writing: not corrupt
-            assert store.counts()["incarnations"] == 5 + len(late)
+            assert store.boots.counts()["incarnations"] == 5 + len(late)
 
 
 def test_disk_full_while_idle_does_not_stop_module_tracking(
@@ -259,7 +259,9 @@ def test_daemon_grows_a_full_map_and_goes_on(
         state = fast / "state"
         with Store(state, map_size=64 << 20) as store:
             # An unreferenced table nobody reads: only there to take up room.
-            store.put_table("x:ballast", b"\x5a" * (consts.STORE_INITIAL_MAP_SIZE - (96 << 10)))
+            store.symbols.put_table(
+                "x:ballast", b"\x5a" * (consts.STORE_INITIAL_MAP_SIZE - (96 << 10))
+            )
         size0 = (state / "data.mdb").stat().st_size
         assert consts.STORE_INITIAL_MAP_SIZE - size0 < 128 << 10
         sock = sockdir / "kreld.sock"
@@ -292,7 +294,7 @@ def test_daemon_grows_a_full_map_and_goes_on(
         assert not full_disk_errors(d)
         assert seen == sorted(seen) and seen[-1] == 400  # the reader followed the growth
         assert len(reader.incarnations(tree.boot_id)) == 400
-        assert reader.env.info()["map_size"] > consts.STORE_INITIAL_MAP_SIZE
+        assert reader.env.lmdb.info()["map_size"] > consts.STORE_INITIAL_MAP_SIZE
         reader.close()
         with Client(str(sock)) as c:
             assert len(c.call("GetModules")["modules"]) == 400
@@ -345,7 +347,7 @@ def test_tiny_map_takes_thousands_of_incarnations_and_a_record_larger_than_it() 
         def read_on() -> None:
             try:
                 while not halt.is_set():
-                    counts.append(store.counts()["incarnations"])
+                    counts.append(store.boots.counts()["incarnations"])
                     time.sleep(0.001)
             except BaseException as e:
                 errors.append(e)
@@ -355,26 +357,26 @@ def test_tiny_map_takes_thousands_of_incarnations_and_a_record_larger_than_it() 
             t.start()
         try:
             for b in range(0, n, 50):
-                store.apply_module_changes(
+                store.loads.apply_module_changes(
                     boot, [_inc(f"m{i}", i) for i in range(b, b + 50)], [], [], Timestamp.now()
                 )
             big = b"\x33" * (3 << 20)  # 48 times the initial map, in one transaction
-            assert store.put_table("x:big", big)
+            assert store.symbols.put_table("x:big", big)
         finally:
             halt.set()
             for t in readers:
                 t.join()
         assert not errors, errors
         assert counts and max(counts) == n and all(c % 50 == 0 for c in counts)
-        assert store.env.info()["map_size"] >= 4 << 20
+        assert store.env.lmdb.info()["map_size"] >= 4 << 20
         incs = store.incarnations(boot)
         assert [i.seq for i in incs] == list(range(n))
-        assert len(store.open_incarnations(boot)) == n
-        got = store.read(lambda txn: txn.get(b"x:big", db=store.dbs[b"symtabs"]))
+        assert len(store.loads.open_incarnations(boot)) == n
+        got = store.env.read(lambda txn: txn.get(b"x:big", db=store.env.dbs[b"symtabs"]))
         assert got == big
         store.close()
         with Store(fast / "st", readonly=True, map_size=64 << 10) as ro:
-            assert ro.counts()["incarnations"] == n
+            assert ro.boots.counts()["incarnations"] == n
 
 
 def test_map_at_its_ceiling_is_a_named_error_and_nothing_partial(
@@ -385,12 +387,12 @@ def test_map_at_its_ceiling_is_a_named_error_and_nothing_partial(
     monkeypatch.setattr(consts, "STORE_MAX_MAP_SIZE", 512 << 10)
     boot = str(uuid.uuid4())
     with Store(tmp_path / "st", map_size=64 << 10) as store:
-        store.apply_module_changes(boot, [_inc("first", 0)], [], [], Timestamp.now())
+        store.loads.apply_module_changes(boot, [_inc("first", 0)], [], [], Timestamp.now())
         with pytest.raises(StoreFull) as ei:
-            store.apply_module_changes(
+            store.loads.apply_module_changes(
                 boot, [_inc(f"m{i}", i) for i in range(1, 8000)], [], [], Timestamp.now()
             )
         assert "map size limit" in str(ei.value) and str(tmp_path / "st") in str(ei.value)
         assert [i.name for i in store.incarnations(boot)] == ["first"]  # all or nothing
-        store.apply_module_changes(boot, [_inc("second", 1)], [], [], Timestamp.now())
+        store.loads.apply_module_changes(boot, [_inc("second", 1)], [], [], Timestamp.now())
         assert [(i.seq, i.name) for i in store.incarnations(boot)] == [(0, "first"), (1, "second")]

@@ -177,7 +177,7 @@ def test_module_maps_under_the_cap_warn_in_one_summary_line(tmp_path: Path) -> N
         restricted=False, restricted_reason=None, kptr_restrict=0, first_seen=Timestamp.now(),
     )  # fmt: skip
     with Store(state) as store:
-        store.record_boot(b)
+        store.boots.record_boot(b)
     n = 16_000
     path = F.write(tmp_path / "mods.data", data=F.kernel_map() + module_maps(n) + ROUND)
     r = export(state, str(path))

@@ -44,8 +44,8 @@ def make_store(d: Path, boots: int = 20) -> None:
     """A real kreld store of a few hundred KiB (few commits: each one is an fsync)."""
     with Store(d) as store:
         for i in range(boots):
-            store.record_boot(boot(i))
-        store.put_table("x:pad", os.urandom(256 << 10))
+            store.boots.record_boot(boot(i))
+        store.symbols.put_table("x:pad", os.urandom(256 << 10))
 
 
 def run_refused(

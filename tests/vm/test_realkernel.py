@@ -855,10 +855,10 @@ def test_kallsyms_stored_once_for_both_boots(first: Boot, second: Boot, state: P
     with Store(state, readonly=True) as store:
 
         def table_keys(txn: Any) -> list[str]:
-            cur = txn.cursor(db=store.dbs[b"symtabs"])
+            cur = txn.cursor(db=store.env.dbs[b"symtabs"])
             return [k.decode() for k in cur.iternext(values=False)]
 
-        keys = store.read(table_keys)
+        keys = store.env.read(table_keys)
         assert [k for k in keys if not k.startswith("m:")] == [key], keys
         for f in (a, b):
             rec = store.boot_symbols(f.boot_id)
