@@ -5,4 +5,6 @@ module loads and unloads, and keeps every boot and module incarnation in an
 LMDB store; ``kreldctl`` inspects that store and resolves addresses.
 """
 
+__all__ = ["__version__"]
+
 __version__ = "0.1.0"

@@ -58,3 +58,36 @@ def test_the_measure_counts_nested_functions_and_methods(tmp_path: Path) -> None
     src = f"class C:\n    def m(self) -> None:\n    {body.replace(chr(10), chr(10) + '    ')}\n"
     (tmp_path / "m.py").write_text(src)
     assert oversized(tmp_path / "m.py") == {"m.py::C.m": "function"}
+
+
+def test_every_module_under_kreld_says_what_it_exports() -> None:
+    """``__all__`` in every file, a folder's ``__init__`` included (an empty one says
+    that the folder's modules are imported by name), and every name in it defined."""
+    missing, undefined = [], []
+    for path in sorted(KRELD.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        exported: list[str] | None = None
+        defined: set[str] = set()
+        for node in tree.body:
+            targets = (
+                [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else node.targets
+                if isinstance(node, ast.Assign)
+                else []
+            )
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    defined.add(t.id)
+                    if t.id == "__all__" and node.value is not None:
+                        exported = list(ast.literal_eval(node.value))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(node.name)
+            if isinstance(node, ast.ImportFrom | ast.Import):
+                defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+        if exported is None:
+            missing.append(_name(path))
+        else:
+            undefined += [f"{_name(path)}:{n}" for n in exported if n not in defined]
+    assert not missing, f"no __all__: {missing}"
+    assert not undefined, f"in __all__ but not defined at the top: {undefined}"

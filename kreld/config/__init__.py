@@ -3,3 +3,5 @@ both programs share (``options``).
 
 May import: ``core``.
 """
+
+__all__: list[str] = []  # a folder: import its modules by name

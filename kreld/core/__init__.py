@@ -5,3 +5,5 @@ conversion (``uuids``), logging (``log``) and the heap's tuning (``heap``).
 
 Imports nothing of kreld outside this folder.
 """
+
+__all__: list[str] = []  # a folder: import its modules by name

@@ -5,3 +5,5 @@
 
 May import everything below ``server`` and ``server`` itself.
 """
+
+__all__: list[str] = []  # a folder: import its modules by name

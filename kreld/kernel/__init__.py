@@ -7,3 +7,5 @@ put together from them (``snapshot``).
 They never write, and never know of the store or the server.
 May import: ``core``, ``config``.
 """
+
+__all__: list[str] = []  # a folder: import its modules by name

@@ -6,3 +6,5 @@ reader (``reader``), finding the boot and loads a recording was made on
 
 May import everything below ``server`` and ``server`` itself.
 """
+
+__all__: list[str] = []  # a folder: import its modules by name

@@ -6,3 +6,5 @@ table (``methods``), the asyncio varlink server with its limits
 May import: ``core``, ``config``, ``kernel``, ``store``, ``varlink``,
 ``symbols``, ``tracker``.
 """
+
+__all__: list[str] = []  # a folder: import its modules by name

@@ -5,3 +5,5 @@ time (``queries``), a recorded boot rendered back as a kallsyms file
 
 May import: ``core``, ``config``, ``kernel``, ``store``, ``varlink``.
 """
+
+__all__: list[str] = []  # a folder: import its modules by name

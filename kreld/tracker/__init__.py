@@ -5,3 +5,5 @@ looks, applies the plan to the store and tells subscribers (``tracker``).
 
 May import: ``core``, ``config``, ``kernel``, ``store``.
 """
+
+__all__: list[str] = []  # a folder: import its modules by name

@@ -6,3 +6,5 @@ parameters turned into a typed request checked against it (``requests``).
 No sockets here: the server and the client both use it.
 May import: ``core``.
 """
+
+__all__: list[str] = []  # a folder: import its modules by name
