@@ -14,8 +14,9 @@ from conftest import _bin, kreldctl
 from faketree import FakeTree
 from perffile import PerfFile
 
-from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.perf.inject import text_range
+from kreld.core.model import Clock, Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.perf.inject import Unloads, text_range
+from kreld.perf.match import SampleClock
 from kreld.perf.synth import AttrLayout, SampleType, kernel_mmap, ksymbol
 
 TEXT = 0xFFFFFFFF9D000000
@@ -134,3 +135,30 @@ def test_the_text_range_runs_over_the_code_sections_after_text_and_stops_at_data
     ts = Timestamp(1, 1, 1)
     inc = Incarnation("b", 1, state, ts, SeenBy.UEVENT, False)
     assert text_range(inc) == (base, base + 0x2000)
+
+
+def _load(seq: int, name: str, base: int, loaded: int, **kw: int) -> Incarnation:
+    state = ModuleState(name, None, {".text": base, ".data": base + 0x1000}, 0x2000, 0,
+                        "live", None, None, base, False, seq)  # fmt: skip
+    times = {k: Timestamp(v, v, v) for k, v in kw.items()}
+    return Incarnation("b", seq, state, Timestamp(loaded, loaded, loaded), SeenBy.UEVENT, False,
+                       **times)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_a_load_is_mapped_from_the_look_before_unless_an_earlier_occupant_was_seen_later() -> None:
+    """A load's map begins when the module was last seen absent (its code ran no
+    earlier), moved later to when an earlier occupant of the same range was seen
+    gone if that was later (a sample there may be the old module's), never after
+    the load itself; an occupant elsewhere, or seen gone before, changes nothing."""
+    clock = SampleClock(Clock.MONOTONIC, True, 0)
+    A, B = 0xFFFFFFFFC0100000, 0xFFFFFFFFC0200000
+    old = _load(1, "old", A, 100, unloaded_after=400, unloaded=700)
+    far = _load(2, "far", B, 100, unloaded_after=500, unloaded=800)
+    early = _load(3, "early", A + 0x1800, 100, unloaded_after=150, unloaded=200)
+    new = _load(4, "new", A, 1000, loaded_after=600)
+    blind = _load(5, "blind", B, 2000)  # found by the start-up scan: no look before
+    u = Unloads([old, far, early, new, blind], clock)
+    assert u.map_time(new, text_range(new)) == 700  # type: ignore[arg-type]
+    assert u.map_time(blind, text_range(blind)) == 2000  # type: ignore[arg-type]
+    moved = _load(6, "new", A, 1000, loaded_after=750)
+    assert Unloads([old, far, moved], clock).map_time(moved, (A, A + 0x1000)) == 750

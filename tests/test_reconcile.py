@@ -69,6 +69,7 @@ def test_a_present_module_not_open_is_opened_by_the_source_whose_add_hint_came_f
     (opened,) = changes.opened
     assert opened.inc.state == a and opened.inc.seq == -1
     assert opened.inc.seen_by is INO and opened.inc.loaded == NOW
+    assert opened.inc.loaded_after == PREV  # absent at the look before: loaded in between
     assert opened.hinted == {INO, UE}  # both sources' hints stand for this one load
     assert not changes.transients and not changes.closed and changes.writes
 
@@ -110,6 +111,7 @@ def test_a_reload_closes_the_old_incarnation_and_opens_the_new_one_paired_with_i
     assert [c.inc.seq for c in changes.closed] == [0]
     (opened,) = changes.opened
     assert opened.inc.state.sections[".text"] == BASE + 0x10000 and opened.hinted == {UE}
+    assert opened.inc.loaded_after == PREV
     assert not changes.transients and not changes.paired
 
 
@@ -212,3 +214,11 @@ def test_a_look_that_finds_everything_as_it_was_changes_nothing() -> None:
     t = Tracked(stored(state("a", 7), seq=0), frozenset({UE}))
     changes = look({"a": t}, {"a": 7}, {"a": state("a", 7)}, [Hint(UE, "change", "a")])
     assert changes == Changes()
+
+
+def test_a_look_with_no_look_before_it_bounds_no_load_from_below() -> None:
+    """The start-up look is also the first: what it finds may have loaded at boot."""
+    states = {"a": state("a", 7)}
+    changes = plan({}, {"a": 7}, states, [], recent={}, now=NOW, previous=NOW)
+    (opened,) = changes.opened
+    assert opened.inc.loaded == NOW and opened.inc.loaded_after is None

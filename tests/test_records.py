@@ -60,6 +60,7 @@ def test_every_field_survives() -> None:
         unloaded=Timestamp(40_121_514_158, 40_121_514_200, 1_796_214_903_491_333_905),
         unloaded_after=Timestamp(40_000_000_000, 40_000_000_042, 1_796_214_903_370_000_000),
         unload_seen_by=SeenBy.POLL,
+        loaded_after=Timestamp(32_000_000_000, 32_000_000_100, 1_796_214_895_370_000_000),
     )
     assert roundtrip(gone) == gone
 
@@ -108,7 +109,7 @@ def test_damaged_records_raise_value_or_index_errors() -> None:
     raw, key, names = records.encode(inc)
     layouts = {key: names}
     bad = [raw[:n] for n in range(1, len(raw))]
-    bad += [raw + b"\0", raw[:1] + b"\xff\xff\x07" + raw[4:], raw[:-1] + b"\x09"]
+    bad += [raw + b"\0", raw[:1] + b"\xff\xff\x0f" + raw[4:], raw[:-1] + b"\x09"]
     for b in bad:
         with pytest.raises((ValueError, IndexError, KeyError)):
             records.decode(b, inc.boot_id, inc.seq, layouts.__getitem__)
@@ -130,7 +131,7 @@ SCHEMA_2_RECORD = {
 
 def test_a_schema_2_store_is_upgraded_and_its_records_still_read(tmp_path: Path) -> None:
     """A store written by the previous release (schema 2, JSON records): read-only
-    openers leave it as it is; a writer raises it to schema 3, after which old and
+    openers leave it as it is; a writer raises it to the current schema, after which old and
     new records are read side by side, and a damaged record is a named StoreCorrupt."""
     boot = "4e5fd6e0-ca47-4d0d-9917-575640bbb1aa"
     state = tmp_path / "st"
@@ -163,7 +164,7 @@ def test_a_schema_2_store_is_upgraded_and_its_records_still_read(tmp_path: Path)
     with Store(state) as st:
         (second,) = st.loads.apply_module_changes(boot, [incarnation()], [], [], None)
         assert st.incarnations(boot) == [first, second]
-    assert schema() == str(consts.STORE_SCHEMA_VERSION).encode() == b"3"
+    assert schema() == str(consts.STORE_SCHEMA_VERSION).encode() == b"4"
     env = lmdb.open(str(state), max_dbs=16)
     with env.begin(write=True, db=env.open_db(b"incarnations")) as txn:
         txn.put(inc_key(boot, 1), records.encode(second)[0][:-3])

@@ -66,7 +66,7 @@ PROJECT_URL: Final = ""
 
 # 2: compact incarnation records (kreld.store.records); schema 1 records still read.
 # 3: binary incarnation records; records of schemas 1 and 2 still read.
-STORE_SCHEMA_VERSION: Final = 3
+STORE_SCHEMA_VERSION: Final = 4
 STORE_MAGIC: Final = b"kreld-store"
 STORE_INITIAL_MAP_SIZE: Final = 16 << 20
 STORE_MAX_MAP_SIZE: Final = 1 << 40

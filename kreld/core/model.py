@@ -321,7 +321,12 @@ class Incarnation:
     """One load of a module, from when it was seen loaded to when it was seen gone.
 
     ``unloaded_after`` and ``unloaded`` bound the unload: the module was
-    present at the former and gone at the latter.  ``init_live`` says its
+    present at the former and gone at the latter.  ``loaded_after`` and
+    ``loaded`` bound the load the same way: the look before the one that found
+    it did not (absent on a load found by the start-up scan).  kreld sees a load
+    only once the module's directory is up, after its memory is allocated and
+    often after its init has run (the uevent comes then), so its code may run
+    a little before ``loaded``, never before ``loaded_after``.  ``init_live`` says its
     ``.init.*`` sections were live when first seen; ``init_done`` is the first
     time it was seen with ``initstate`` ``live`` (init text freed by then).
     """
@@ -336,6 +341,7 @@ class Incarnation:
     unloaded: Timestamp | None = None
     unloaded_after: Timestamp | None = None
     unload_seen_by: SeenBy | None = None
+    loaded_after: Timestamp | None = None
 
     @property
     def name(self) -> str:
@@ -370,6 +376,7 @@ class Incarnation:
             "unloaded": self.unloaded.to_json() if self.unloaded else None,
             "unloaded_after": self.unloaded_after.to_json() if self.unloaded_after else None,
             "unload_seen_by": self.unload_seen_by.value if self.unload_seen_by else None,
+            "loaded_after": self.loaded_after.to_json() if self.loaded_after else None,
         }
 
     @classmethod
@@ -407,4 +414,5 @@ class Incarnation:
             unloaded=ts("unloaded"),
             unloaded_after=ts("unloaded_after"),
             unload_seen_by=SeenBy(usb) if usb else None,
+            loaded_after=ts("loaded_after"),
         )

@@ -253,6 +253,7 @@ INCARNATION_SHAPE = Obj(
         "unloaded": Opt(_TIME),
         "unloaded_after": Opt(_TIME),
         "unload_seen_by": Opt(Str(32)),
+        "loaded_after": Opt(_TIME),
     },
 )
 MANIFEST_SHAPE = Obj(

@@ -28,6 +28,7 @@ and unregistered at its unload.
 from __future__ import annotations
 
 import os
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
@@ -47,6 +48,7 @@ __all__ = [
     "KSYM_KINDS",
     "Ksym",
     "ModuleMapPlan",
+    "Unloads",
     "inject",
     "ksymbol_records",
     "module_records",
@@ -109,7 +111,9 @@ class ModuleMapPlan:
 
 
 def plan_modules(m: BootMatch, span: tuple[int, int] | None, err: TextIO) -> list[ModuleMapPlan]:
-    """The loads to map: those recorded after the recording's start, at or before its end."""
+    """The loads to map: those recorded after the recording's start, at or before
+    its end, each mapped from the earliest moment its code may have run
+    (:func:`map_time`)."""
     clock: SampleClock = m.clock
     if span is None:
         return []
@@ -117,7 +121,8 @@ def plan_modules(m: BootMatch, span: tuple[int, int] | None, err: TextIO) -> lis
     start = clock.start if clock.start is not None else first
     start = min(start, first)
     seen = {c.inc.seq for c in m.modules if c.inc is not None}
-    plans = []
+    unloads = Unloads(m.incarnations, clock)
+    plans: list[ModuleMapPlan] = []
     for inc in m.incarnations:
         t = inc.loaded.on(clock.clock)
         if inc.seq in seen or not start < t <= last:
@@ -126,8 +131,39 @@ def plan_modules(m: BootMatch, span: tuple[int, int] | None, err: TextIO) -> lis
         if r is None:
             print(f"kreldctl: warning: {inc.name} (seq {inc.seq}): no .text address", file=err)
             continue
-        plans.append(ModuleMapPlan(inc, r[0], r[1], t))
+        plans.append(ModuleMapPlan(inc, r[0], r[1], max(start, unloads.map_time(inc, r))))
     return sorted(plans, key=lambda p: (p.time, p.inc.seq))
+
+
+class Unloads:
+    """The boot's unloads in time order, to find when a load's map may begin.
+
+    kreld finds a load when the module's directory is up, often after its init
+    ran and the uevent came, and later still on a busy host, while the recorded
+    task may already run the module's code (``modprobe``, then I/O at once).
+    The module was absent at ``loaded_after``, so its code ran no earlier; but
+    an earlier occupant of the same range seen gone only after that time may
+    have run there too, and the map then begins when it was seen gone: never a
+    sample named after the wrong module."""
+
+    def __init__(self, incarnations: Sequence[Incarnation], clock: SampleClock) -> None:
+        self.clock = clock.clock
+        gone = sorted(
+            (i.unloaded.on(self.clock), i.seq, i) for i in incarnations if i.unloaded is not None
+        )
+        self.times = [g[0] for g in gone]
+        self.gone = [g[2] for g in gone]
+
+    def map_time(self, inc: Incarnation, text: tuple[int, int]) -> int:
+        t = inc.loaded.on(self.clock)
+        lo = t if inc.loaded_after is None else min(inc.loaded_after.on(self.clock), t)
+        # Only unloads seen inside (lo, t] can move lo: a bisect, not a scan of the boot.
+        for k in range(bisect_right(self.times, lo), bisect_right(self.times, t)):
+            other = text_range(self.gone[k])
+            overlaps = other is not None and other[0] < text[1] and text[0] < other[1]
+            if overlaps and self.gone[k].seq != inc.seq:
+                lo = max(lo, self.times[k])
+        return lo
 
 
 def module_records(

@@ -251,7 +251,7 @@ class StoreEnv:
         if version > consts.STORE_SCHEMA_VERSION:
             raise StoreTooNew(str(self.path), version, consts.STORE_SCHEMA_VERSION)
         if version < consts.STORE_SCHEMA_VERSION and not self.readonly:
-            # 1 -> 2 -> 3: new incarnations are written in the newest record form
+            # 1 -> 2 -> 3 -> 4: new incarnations are written in the newest record form
             # (records.py); older ones stay readable as they are.  The version
             # is raised so that an older kreld refuses what it cannot read.
             with self.lmdb.begin(write=True, db=meta) as txn:

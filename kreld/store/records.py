@@ -76,7 +76,8 @@ F_UNLOADED_AFTER = 1 << 12
 F_UNLOAD_SEEN_BY = 1 << 13
 F_RESTRICTED = 1 << 14  # no payload
 F_INIT_LIVE = 1 << 15  # no payload
-_KNOWN_FLAGS = (1 << 16) - 1
+F_LOADED_AFTER = 1 << 16  # since schema 4
+_KNOWN_FLAGS = (1 << 17) - 1
 
 
 def layout_key(names: Sequence[str]) -> bytes:
@@ -219,6 +220,7 @@ def encode(inc: Incarnation) -> tuple[bytes, bytes, list[str]]:
     put(F_UNLOADED, inc.unloaded, lambda v: opt.since(v, t))
     put(F_UNLOADED_AFTER, inc.unloaded_after, lambda v: opt.since(v, t))
     put(F_UNLOAD_SEEN_BY, inc.unload_seen_by, opt.seen_by)
+    put(F_LOADED_AFTER, inc.loaded_after, lambda v: opt.since(v, t))
 
     w = _Writer()
     w.out.append(VERSION)
@@ -301,6 +303,7 @@ def decode(
     unloaded = opt(F_UNLOADED, lambda: r.since(loaded))
     unloaded_after = opt(F_UNLOADED_AFTER, lambda: r.since(loaded))
     unload_seen_by = opt(F_UNLOAD_SEEN_BY, r.seen_by)
+    loaded_after = opt(F_LOADED_AFTER, lambda: r.since(loaded))
     if r.pos != len(buf):
         raise ValueError(f"{len(buf) - r.pos} bytes after the record")
     return Incarnation(
@@ -314,6 +317,7 @@ def decode(
         unloaded=unloaded,
         unloaded_after=unloaded_after,
         unload_seen_by=unload_seen_by,
+        loaded_after=loaded_after,
     )
 
 

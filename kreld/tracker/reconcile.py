@@ -105,9 +105,14 @@ def same_load(old: ModuleState, new: ModuleState) -> bool:
 
 
 def new_incarnation(
-    state: ModuleState, when: Timestamp, by: SeenBy, gone: Timestamp | None = None
+    state: ModuleState,
+    when: Timestamp,
+    by: SeenBy,
+    gone: Timestamp | None = None,
+    after: Timestamp | None = None,
 ) -> Incarnation:
-    """A load first seen at *when* (and, for a transient, gone by then too)."""
+    """A load first seen at *when*, not seen at *after* (the look before; None when
+    unknown), and, for a transient, gone by *when* too."""
     return Incarnation(
         boot_id="",
         seq=-1,
@@ -119,6 +124,7 @@ def new_incarnation(
         unloaded=gone,
         unloaded_after=when if gone else None,
         unload_seen_by=by if gone else None,
+        loaded_after=after,
     )
 
 
@@ -219,11 +225,12 @@ def _diff(
         if new != t.inc:
             updated.append(new)
     closing = {t.inc.name for t in closed}
+    absent_at = previous if previous.monotonic < now.monotonic else None
     for name in sorted(present):
         state = states.get(name)
         if state is not None and (name not in tracked or name in closing):
             by = said.get((name, HintAction.ADD), source)
-            opened.append(new_incarnation(state, now, by))
+            opened.append(new_incarnation(state, now, by, after=absent_at))
     return _Diff(tuple(opened), tuple(updated), tuple(closed))
 
 
