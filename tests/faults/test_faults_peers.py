@@ -77,7 +77,10 @@ import json, socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.settimeout(20)
 s.connect(sys.argv[1])
-s.sendall(json.dumps({"method": "io.kreld.GetBoot", "parameters": {}}).encode() + b"\0")
+try:
+    s.sendall(json.dumps({"method": "io.kreld.GetBoot", "parameters": {}}).encode() + b"\0")
+except BrokenPipeError:
+    pass  # refused at accept: kreld wrote its error and closed before the call went out
 buf = b""
 while not buf.endswith(b"\0"):
     chunk = s.recv(65536)
