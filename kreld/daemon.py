@@ -32,11 +32,12 @@ from kreld.config.settings import RESTART_KEYS, Config
 from kreld.core import heap
 from kreld.core import log as klog
 from kreld.core.errors import ExitCode, KernelReadError, KreldError
-from kreld.core.model import BootSnapshot, Timestamp, hexaddr
+from kreld.core.model import AddressSource, BootSnapshot, Timestamp, hexaddr
 from kreld.core.record import fields, replace
 from kreld.kernel.info import Root, read_boot_id
 from kreld.kernel.kallsyms import KallsymsText
-from kreld.kernel.snapshot import take_snapshot
+from kreld.kernel.seethrough import KernelMemory
+from kreld.kernel.snapshot import kernel_memory_for, take_snapshot
 from kreld.server.access import policy_of
 from kreld.server.listener import Server, bind_socket, limits_of, raise_fd_limit
 from kreld.server.service import Service
@@ -142,7 +143,8 @@ class Daemon:
         self.tracker: ModuleTracker | None = None
         self.tracker_thread: threading.Thread | None = None
         self.boot: BootSnapshot | None = None
-        self.reading: tuple[bool, str | None] = (False, None)
+        self.reading: tuple[bool, str | None, AddressSource | None] = (False, None, None)
+        self.kmem: KernelMemory | None = None
         self.server: Server | None = None
         self.publisher: Publisher | None = None
         self.bound: tuple[str, int] | None = None
@@ -154,12 +156,12 @@ class Daemon:
         """Snapshot the kernel and record what is new (also the Snapshot method);
         *kallsyms*: a read of it already made."""
         with self._snapshot_lock:
-            snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs, kallsyms)
+            snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs, kallsyms, self.kmem)
             stored, added, changed = self.store.record_boot(snap)
             self.boot = stored
             # What kreld can read now; the boot's record keeps what it learnt
             # before (a restart after kptr_restrict went up still knows _text).
-            self.reading = (snap.restricted, snap.restricted_reason)
+            self.reading = (snap.restricted, snap.restricted_reason, snap.address_source)
         klog.journal_context["KRELD_BOOT_ID"] = stored.boot_id
         log_boot(self.log, stored, added, changed, notes)
         return stored, added, changed
@@ -175,10 +177,14 @@ class Daemon:
             ks: KallsymsText | None = KallsymsText.read(self.root)
         except KernelReadError:
             ks = None  # the snapshot reads it again and records why
+        if ks is not None and ks.zeroed():  # kptr_restrict=2: kernel memory, where readable
+            self.kmem, why = kernel_memory_for(self.root, ks.data)
+            self.log.info("kernel_memory", system_map=self.kmem and self.kmem.system_map, why=why)
         stored, _, _ = self.record_boot(ks.data if ks else None)
         tracker = ModuleTracker(
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
+        tracker.kmem = self.kmem
         self.tracker = tracker
         watch = WatchSource(
             tracker.notify,
@@ -256,16 +262,9 @@ class Daemon:
             "store_bytes": self.store.size_bytes(),
             "restricted": self.reading[0],
             "restricted_reason": self.reading[1],
+            "address_source": None if self.reading[2] is None else self.reading[2].value,
             "damaged_stores": damaged_stores(self.cfg.state_dir),
-            "sources": [health(s) for s in [*self.sources, self.symbols] if s is not None]
-            + [
-                {
-                    "name": "tracker",
-                    "healthy": self.healthy(),
-                    "events": tracker.reconciliations,
-                    "last_error": None,
-                }
-            ],
+            "sources": sources_health([*self.sources, self.symbols], tracker, self.healthy()),
             "publish": None if self.publisher is None else self.publisher.health(),
         } | ({} if self.server is None else self.server.counts())  # connections, once served
 
@@ -416,8 +415,18 @@ class Daemon:
                     os.unlink(path)
             except OSError:
                 pass
+        if self.kmem is not None:
+            self.kmem.close()
         self.store.close()
         self.lock.release()
+
+
+def sources_health(
+    sources: list[EventSource | SymbolCapture | None], tracker: ModuleTracker, healthy: bool
+) -> list[dict[str, Any]]:
+    """Status' ``sources``: each event source's and the symbol capture's, then the tracker's."""
+    mine = {"name": "tracker", "healthy": healthy, "events": tracker.reconciliations}
+    return [health(s) for s in sources if s is not None] + [mine | {"last_error": None}]
 
 
 def status_line(st: dict[str, Any]) -> str:

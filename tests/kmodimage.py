@@ -222,3 +222,18 @@ class ModuleImage:
 
     def save(self, path: Path, offset: int = 0x2A000000) -> Path:
         return self.img.save(path, {"OSRELEASE": "6.1.0-test", "KERNELOFFSET": f"{offset:x}"})
+
+    def unlink(self, mod: int) -> None:
+        """Take a module off the list, as free_module() does."""
+        self.mods.remove(mod)
+        self.relink()
+
+    def rewrite(self, path: Path, vmcoreinfo: dict[str, str]) -> None:
+        """Write the image over *path* in place (same inode, same size with the
+        same *vmcoreinfo*: a reader holding it open sees the new memory, never
+        an empty file)."""
+        tmp = path.with_name(path.name + ".new")
+        self.img.save(tmp, vmcoreinfo)
+        with open(path, "r+b") as f:
+            f.write(tmp.read_bytes())
+        tmp.unlink()

@@ -414,6 +414,8 @@ class SymbolCapture:
             if key is None:
                 continue
             lines = ks.module(s.name) if ks is not None else None
+            if lines and not any(v for v, _t, _n in lines):
+                lines = None  # kptr_restrict=2: names without addresses are no table
             if stale and not lines and not s.restricted:
                 missing.append(inc)
                 continue
