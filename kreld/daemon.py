@@ -206,6 +206,7 @@ class Daemon:
         self.symbols = SymbolCapture(
             self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs, tracker.busy
         )
+        self.symbols.kmem = self.kmem
         tracker.listeners.append(self.symbols.on_event)
         self.symbols.start(self.stop_threads, tracker.loaded(), ks)
         del ks

@@ -226,6 +226,11 @@ def test_the_daemon_follows_loads_and_unloads_with_sections_from_kernel_memory(
         assert m["address_source"] == "kcore" and m["restricted"] is False
         assert m["core_base"] == f"{m['sections']['.text']}"
     assert dummy["build_id"] == DUMMY_ID
+    # The kernel's lines: kallsyms' names in its order, addresses from the map, moved.
+    want = [f"{RUNTIME_TEXT + off:016x} {t} {n}" for off, t, n in KERNEL if n != "__start_notes"]
+    wait_until("kernel symbols", lambda: "kernel_symbols" in {e["event"] for e in d.events()})
+    export = kreldctl("export", "kallsyms", "--socket", str(sock)).stdout.splitlines()
+    assert export == want
     assert d.stop() == 0
     # What was stored says the same, read back without the daemon.
     state = str(tmp_path / "state")

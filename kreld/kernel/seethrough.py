@@ -30,6 +30,7 @@ from kreld.core.model import AddressSource, Anchors, ModuleState
 from kreld.core.record import replace
 from kreld.kernel.btf import Btf
 from kreld.kernel.info import Root
+from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.kaslr import parse_system_map
 from kreld.kernel.kcore import Kcore
 from kreld.kernel.kmodules import KernelModule, walk_modules
@@ -38,6 +39,7 @@ from kreld.kernel.modlayout import ModuleLayout, module_layout
 __all__ = [
     "KERNEL_BTF",
     "KernelMemory",
+    "kallsyms_from_map",
     "not_yet",
     "open_kernel_memory",
     "see_through",
@@ -47,6 +49,7 @@ __all__ = [
 KERNEL_BTF = PurePosixPath("sys/kernel/btf/vmlinux")
 MAP_SYMBOLS = (*consts.ANCHOR_SYMBOLS, "modules", "__start_notes", "__stop_notes")
 MAX_NOTES = 1 << 16  # the kernel's .notes section (some 500 bytes)
+MAX_SYSTEM_MAP = 64 << 20  # a System.map (6.1: 87,000 lines, 4 MB)
 MIN_ORDER = 0.99  # share of kallsyms' neighbouring names the map must order alike
 
 
@@ -177,6 +180,45 @@ def system_map_order(path: object, names: list[bytes]) -> float:
         return 0.0
     alike = sum(1 for a, b in pairwise(positions) if a < b)
     return alike / (len(positions) - 1)
+
+
+def kallsyms_from_map(ks: KallsymsText, kmem: KernelMemory) -> tuple[KallsymsText, int]:
+    """kallsyms' core lines (zeroed: names and types, in the kernel's order) with
+    their addresses from *kmem*'s System.map, and how many names it lacked.
+
+    The n-th line named N takes the n-th address the map gives N (both list
+    by address); moved by the KASLR offset, but for per-cpu variables, which
+    kallsyms prints absolute (type ``A``, CONFIG_KALLSYMS_ABSOLUTE_PERCPU) at
+    their offset in the per-cpu area, as the map has it.  A name the map lacks
+    is left out, never given an address.  Lines with an owner (``[bpf]``...)
+    are left out: they are not the kernel image's.
+    """
+    by_name: dict[bytes, list[int]] = {}
+    try:
+        with open(kmem.system_map, "rb") as f:
+            text = f.read(MAX_SYSTEM_MAP)
+    except OSError as e:
+        raise KernelReadError(kmem.system_map, e.strerror or str(e)) from e
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3:
+            try:
+                by_name.setdefault(fields[2], []).append(int(fields[0], 16))
+            except ValueError:
+                continue
+    taken: dict[bytes, int] = {}
+    out: list[bytes] = []
+    dropped = 0
+    for _zero, typ, name in ks.core():
+        i = taken.get(name, 0)
+        addrs = by_name.get(name)
+        if addrs is None or i >= len(addrs):
+            dropped += 1
+            continue
+        taken[name] = i + 1
+        value = addrs[i] if typ in (b"a", b"A") else addrs[i] + kmem.offset
+        out.append(b"%016x %s %s\n" % (value & (1 << 64) - 1, typ, name))
+    return KallsymsText.of(b"".join(out), ks.taken), dropped
 
 
 def see_through(state: ModuleState, found: KernelModule | None) -> ModuleState:
