@@ -180,7 +180,7 @@ class ModuleImage:
     ) -> int:
         """Put a module at the head of the list (as the kernel adds it); its address."""
         o = self.o
-        mod = MODAREA + 0x10000 * (len(self.mods) + 1)
+        mod = MODAREA + 0x1000 * (len(self.mods) + 1)
         self.img.u32(mod + o["state"], STATES[state])
         self.img.write(mod + o["name"], name.encode() + b"\0")
         if self.layout == "old":

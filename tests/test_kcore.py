@@ -194,3 +194,23 @@ def test_a_list_changing_during_walks_gives_one_whole_answer_or_a_retry(tmp_path
         stop.set()
         writer.join()
     assert set(seen) <= {"cba", "ca", "retry"}, seen
+
+
+def test_a_walk_for_some_modules_stops_where_they_are_found(tmp_path: Path) -> None:
+    """A new load is at the list's head: a walk for it reads no further, so a
+    tail the walk never reaches (here torn, and with a poisoned link) costs
+    nothing; a module not on the list makes the walk go to the end."""
+    m = ModuleImage("new")
+    old = m.add("old", {".text": MODAREA + 0x300000})
+    m.add("middle", {".text": MODAREA + 0x301000})
+    m.add("new", BRD)
+    m.img.u64(m.entry(old), 0xDEAD000000000100)  # LIST_POISON1 at the tail
+    lay = module_layout(Btf.parse(new_btf()))
+    with Kcore.open(m.save(tmp_path / "kcore")) as k:
+        assert [x.name for x in walk_modules(k, lay, MODULES_HEAD, {"new"})] == ["new"]
+        assert [x.name for x in walk_modules(k, lay, MODULES_HEAD, {"new", "middle"})] == [
+            "middle",
+            "new",
+        ]
+        with pytest.raises(AddressNotMapped):
+            walk_modules(k, lay, MODULES_HEAD, {"gone"})

@@ -21,7 +21,7 @@ a name without its NUL is :class:`KernelMemoryError`.  No answer is ever torn.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Set
 
 from kreld.core.errors import KernelMemoryError, ModuleListChanged, NoteError
 from kreld.core.record import record
@@ -60,55 +60,83 @@ class _Torn(Exception):
     """The list changed under this walk (internal: the walk is tried again)."""
 
 
-def walk_modules(kcore: Kcore, layout: ModuleLayout, head: int) -> list[KernelModule]:
+def walk_modules(
+    kcore: Kcore, layout: ModuleLayout, head: int, wanted: Set[str] | None = None
+) -> list[KernelModule]:
     """Every module on the list at *head* (the ``modules`` symbol's runtime
-    address), oldest first as ``/proc/modules`` lists them last."""
+    address), oldest first as ``/proc/modules`` lists them last; with *wanted*,
+    only those, and the list is walked only as far as they are (a new load is
+    at its head)."""
     for _ in range(TRIES):
         try:
-            mods = _walk(kcore, layout, head)
+            mods, seen = _walk(kcore, layout, head, wanted)
+            if _identity(kcore, layout, head, len(seen)) == seen:
+                return mods[::-1]
         except _Torn:
             continue
-        if _identity(kcore, layout, head) == [(m.address, m.state, m.name) for m in mods]:
-            return mods[::-1]
     raise ModuleListChanged(kcore.path, TRIES)
 
 
-def _entries(kcore: Kcore, layout: ModuleLayout, head: int) -> list[int]:
-    """The list's entries (addresses of ``mod->list``), each link checked."""
-    out: list[int] = []
+def _links(kcore: Kcore, head: int) -> Iterator[int]:
+    """The list's entries (addresses of ``mod->list``), newest first, each link
+    checked (:class:`_Torn` where ``next->prev`` is not where it came from)."""
     prev, entry = head, kcore.pointer(head, "modules.next", 16)
+    count = 0
     while entry != head:
-        if len(out) >= MAX_MODULES:
+        if count >= MAX_MODULES:
             raise KernelMemoryError(
                 kcore.path,
                 f"more than {MAX_MODULES} modules on the list: a cycle or a corrupt chain",
             )
         if kcore.u64(entry + 8) != prev:
             raise _Torn()
-        out.append(entry)
+        yield entry
+        count += 1
         prev, entry = entry, kcore.pointer(entry, f"the list link at {entry:#x}", 16)
     if kcore.u64(head + 8) != prev:
         raise _Torn()
-    return out
 
 
-def _identity(kcore: Kcore, layout: ModuleLayout, head: int) -> list[tuple[int, str, str]] | None:
-    """The list read again, cheaply: each entry's address, state and name."""
+def _ident(kcore: Kcore, layout: ModuleLayout, entry: int) -> tuple[int, str, str]:
+    """An entry's struct module: its address, state and name (one small read)."""
     start, length = layout.window()
+    mod = entry - layout.list_next
+    raw = kcore.read(mod + start, length)
+    return mod, _state(layout, raw, -start), _name(kcore, layout, raw, -start)
+
+
+def _walk(
+    kcore: Kcore, layout: ModuleLayout, head: int, wanted: Set[str] | None
+) -> tuple[list[KernelModule], list[tuple[int, str, str]]]:
+    """The modules read, and what identifies each entry walked past."""
+    left = None if wanted is None else set(wanted)
+    mods: list[KernelModule] = []
+    seen: list[tuple[int, str, str]] = []
+    for entry in _links(kcore, head):
+        seen.append(_ident(kcore, layout, entry))
+        mod, _, name = seen[-1]
+        if left is None or name in left:
+            mods.append(_module(kcore, layout, mod))
+        if left is not None:
+            left.discard(name)
+            if not left:
+                break
+    return mods, seen
+
+
+def _identity(
+    kcore: Kcore, layout: ModuleLayout, head: int, count: int
+) -> list[tuple[int, str, str]] | None:
+    """The first *count* entries read again, cheaply (``None``: torn meanwhile)."""
+    out: list[tuple[int, str, str]] = []
     try:
-        entries = _entries(kcore, layout, head)
+        for entry in _links(kcore, head):
+            if len(out) == count:
+                break
+            out.append(_ident(kcore, layout, entry))
     except _Torn:
         return None
-    out = []
-    for entry in entries:
-        mod = entry - layout.list_next
-        raw = kcore.read(mod + start, length)
-        out.append((mod, _state(layout, raw, -start), _name(kcore, layout, raw, -start)))
     return out
-
-
-def _walk(kcore: Kcore, layout: ModuleLayout, head: int) -> list[KernelModule]:
-    return [_module(kcore, layout, e - layout.list_next) for e in _entries(kcore, layout, head)]
 
 
 def _state(layout: ModuleLayout, raw: bytes, base: int) -> str:

@@ -20,7 +20,7 @@ Where it cannot (no CAP_SYS_RAWIO, lockdown, no BTF, no matching System.map)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from itertools import pairwise
 from pathlib import PurePosixPath
 
@@ -73,10 +73,11 @@ class KernelMemory:
             {k: v + self.offset for k, v in self.link.items() if k in consts.ANCHOR_SYMBOLS}
         )
 
-    def modules(self) -> dict[str, KernelModule]:
-        """The loaded modules by name (:class:`KernelReadError` when the list
-        cannot be read whole)."""
-        return {m.name: m for m in walk_modules(self.kcore, self.layout, self.modules_head())}
+    def modules(self, wanted: Set[str] | None = None) -> dict[str, KernelModule]:
+        """The loaded modules by name, all or those *wanted*
+        (:class:`KernelReadError` when the list cannot be read whole)."""
+        mods = walk_modules(self.kcore, self.layout, self.modules_head(), wanted)
+        return {m.name: m for m in mods}
 
     def modules_head(self) -> int:
         return self.link["modules"] + self.offset

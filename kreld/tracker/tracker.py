@@ -246,7 +246,9 @@ class ModuleTracker:
         if self.kmem is None or not any(s is not None and s.restricted for s in states.values()):
             return states
         try:
-            found = self.kmem.modules()
+            found = self.kmem.modules(
+                {n for n, s in states.items() if s is not None and s.restricted}
+            )
         except KernelReadError as e:
             self.log.warning("kernel_memory_walk_failed", error=str(e), kind=type(e).__name__)
             return {
