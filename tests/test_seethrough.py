@@ -240,3 +240,49 @@ def test_the_daemon_follows_loads_and_unloads_with_sections_from_kernel_memory(
         ("dummy", "kcore"),
         ("brd", "kcore"),
     ]
+
+
+def test_kernel_lines_take_the_maps_addresses_in_kallsyms_order_per_cpu_ones_unmoved(
+    tmp_path: Path,
+) -> None:
+    """kallsyms' names and types, its order; the n-th line of a name takes the
+    map's n-th address of it, moved (per-cpu ``A`` lines as the map has them);
+    a name the map lacks gets no line, and owned lines are left out."""
+    from kreld.kernel.kallsyms import KallsymsText
+    from kreld.kernel.seethrough import kallsyms_from_map
+
+    r = Restricted(tmp_path)
+    zeroed = (
+        "0000000000000000 A fixed_percpu_data\n"
+        "0000000000000000 A irq_stack_backing_store\n"
+        "0000000000000000 T _text\n"
+        "0000000000000000 t helper\n"
+        "0000000000000000 t helper\n"
+        "0000000000000000 t only_in_kallsyms\n"
+        "0000000000000000 t bpf_prog_1\t[bpf]\n"
+    )
+    mapped = (
+        "0000000000000000 D fixed_percpu_data\n"
+        "0000000000001000 D irq_stack_backing_store\n"
+        f"{LINK_TEXT:016x} T _text\n"
+        f"{LINK_TEXT + 0x10:016x} t helper\n"
+        f"{LINK_TEXT + 0x20:016x} t helper\n"
+    )
+    r.tree.write(f"boot/System.map-{RELEASE}", mapped)
+    kmem, why = open_kernel_memory(Root(r.root), RELEASE)
+    assert kmem is None and "lacks" in (why or "")  # no __start_notes: not this kernel's map
+    r.write_map()
+    kmem, why = open_kernel_memory(Root(r.root), RELEASE)
+    assert kmem is not None, why
+    kmem.system_map = str(tmp_path / "map")
+    Path(kmem.system_map).write_text(mapped)
+    ks, dropped = kallsyms_from_map(KallsymsText.of(zeroed.encode()), kmem)
+    assert ks.data.decode().splitlines() == [
+        "0000000000000000 A fixed_percpu_data",
+        "0000000000001000 A irq_stack_backing_store",
+        f"{RUNTIME_TEXT:016x} T _text",
+        f"{RUNTIME_TEXT + 0x10:016x} t helper",
+        f"{RUNTIME_TEXT + 0x20:016x} t helper",
+    ]
+    assert dropped == 1
+    kmem.close()
