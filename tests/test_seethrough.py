@@ -151,6 +151,11 @@ def _map_in_another_order(r: Restricted) -> None:
     path.write_text("".join(lines))
 
 
+def _locked_down(r: Restricted) -> None:
+    r.kcore.unlink()  # as the kernel refuses it: the reason says why
+    r.tree.write("sys/kernel/security/lockdown", "none integrity [confidentiality]\n")
+
+
 def _no_kerneloffset(r: Restricted) -> None:
     r.image.img.save(r.kcore, {"OSRELEASE": RELEASE})
 
@@ -159,6 +164,7 @@ def _no_kerneloffset(r: Restricted) -> None:
     ("damage", "reason"),
     [
         (_no_kcore, "cannot read kernel memory"),
+        (_locked_down, "lockdown=confidentiality"),
         (_no_btf, "no usable BTF"),
         (_another_builds_map, "does not hold the kernel's notes"),
         (_map_in_another_order, "kallsyms' neighbouring names"),

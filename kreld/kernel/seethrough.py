@@ -40,6 +40,7 @@ __all__ = [
     "KERNEL_BTF",
     "KernelMemory",
     "kallsyms_from_map",
+    "lockdown",
     "not_yet",
     "open_kernel_memory",
     "see_through",
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 KERNEL_BTF = PurePosixPath("sys/kernel/btf/vmlinux")
+LOCKDOWN = PurePosixPath("sys/kernel/security/lockdown")
 MAP_SYMBOLS = (*consts.ANCHOR_SYMBOLS, "modules", "__start_notes", "__stop_notes")
 MAX_NOTES = 1 << 16  # the kernel's .notes section (some 500 bytes)
 MAX_SYSTEM_MAP = 64 << 20  # a System.map (6.1: 87,000 lines, 4 MB)
@@ -97,7 +99,11 @@ def open_kernel_memory(
     try:
         kcore = Kcore.open(root / consts.KCORE)
     except KernelReadError as e:
-        return None, f"cannot read kernel memory: {e}"
+        mode = lockdown(root)
+        held = (
+            f" (the kernel is locked down: lockdown={mode})" if mode not in (None, "none") else ""
+        )
+        return None, f"cannot read kernel memory: {e}{held}"
     try:
         offset = kcore.kernel_offset()
         if offset is None:
@@ -112,6 +118,17 @@ def open_kernel_memory(
         kcore.close()
         return None, str(e)
     return KernelMemory(kcore, layout, offset, link, path), None
+
+
+def lockdown(root: Root) -> str | None:
+    """The kernel's lockdown mode (``none``, ``integrity``, ``confidentiality``:
+    the last refuses /proc/kcore), or ``None`` where securityfs does not say."""
+    try:
+        text = root.read_text(LOCKDOWN)
+    except KernelReadError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else None
 
 
 def _matching_map(
