@@ -40,11 +40,12 @@ from kreld.config.settings import RESTART_KEYS, Config
 from kreld.core import heap
 from kreld.core import log as klog
 from kreld.core.errors import ExitCode, KernelReadError, KreldError
-from kreld.core.model import BootSnapshot, Timestamp
+from kreld.core.model import AddressSource, BootSnapshot, Timestamp
 from kreld.core.record import fields, replace
 from kreld.kernel.info import Root, read_boot_id
 from kreld.kernel.kallsyms import KallsymsText
-from kreld.kernel.snapshot import log_boot, take_snapshot
+from kreld.kernel.seethrough import KernelMemory
+from kreld.kernel.snapshot import kernel_memory_for, log_boot, take_snapshot
 from kreld.server.access import policy_of
 from kreld.server.listener import Server, bind_socket, limits_of, raise_fd_limit
 from kreld.server.service import Service
@@ -169,7 +170,8 @@ class Daemon:
             self.lock.release()
             raise
         self.boot: BootSnapshot | None = None
-        self.reading: tuple[bool, str | None] = (False, None)
+        self.reading: tuple[bool, str | None, AddressSource | None] = (False, None, None)
+        self.kmem: KernelMemory | None = None
         self.tracking: Tracking | None = None
         self.server: Server | None = None
         self.bound: tuple[str, int] | None = None
@@ -181,12 +183,12 @@ class Daemon:
         """Snapshot the kernel and record what is new (also the Snapshot method);
         *kallsyms*: a read of it already made."""
         with self._snapshot_lock:
-            snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs, kallsyms)
+            snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs, kallsyms, self.kmem)
             stored, added, changed = self.store.boots.record_boot(snap)
             self.boot = stored
             # What kreld can read now; the boot's record keeps what it learnt
             # before (a restart after kptr_restrict went up still knows _text).
-            self.reading = (snap.restricted, snap.restricted_reason)
+            self.reading = (snap.restricted, snap.restricted_reason, snap.address_source)
         klog.journal_context["KRELD_BOOT_ID"] = stored.boot_id
         log_boot(self.log, stored, added, changed, notes)
         return stored, added, changed
@@ -202,10 +204,14 @@ class Daemon:
             ks: KallsymsText | None = KallsymsText.read(self.root)
         except KernelReadError:
             ks = None  # the snapshot reads it again and records why
+        if ks is not None and ks.zeroed():  # kptr_restrict=2: kernel memory, where readable
+            self.kmem, why = kernel_memory_for(self.root, ks.data)
+            self.log.info("kernel_memory", system_map=self.kmem and self.kmem.system_map, why=why)
         stored, _, _ = self.record_boot(ks.data if ks else None)
         tracker = ModuleTracker(
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
+        tracker.kmem = self.kmem
         watch, sources = event_sources(self.cfg, self.root, tracker, self.log)
         # Sources first, then the scan: see ModuleTracker.startup().
         for src in sources:
@@ -214,6 +220,7 @@ class Daemon:
         symbols = SymbolCapture(
             self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs, tracker.busy
         )
+        symbols.kmem = self.kmem
         tracker.listeners.append(symbols.on_event)
         symbols.start(self.stop_threads, tracker.loaded(), ks)
         del ks
@@ -280,6 +287,7 @@ class Daemon:
             "store_bytes": self.store.env.size_bytes(),
             "restricted": self.reading[0],
             "restricted_reason": self.reading[1],
+            "address_source": None if self.reading[2] is None else self.reading[2].value,
             "damaged_stores": damaged_stores(self.cfg.state_dir),
             "sources": [
                 *map(health, tracking.sources),
@@ -435,6 +443,8 @@ class Daemon:
                     os.unlink(path)
             except OSError:
                 pass
+        if self.kmem is not None:
+            self.kmem.close()
         self.store.close()
         self.lock.release()
 

@@ -66,6 +66,7 @@ PROJECT_URL: Final = ""
 
 # 2: compact incarnation records (kreld.store.records); schema 1 records still read.
 # 3: binary incarnation records; records of schemas 1 and 2 still read.
+# 4: an incarnation may carry loaded_after and where its sections came from.
 STORE_SCHEMA_VERSION: Final = 4
 STORE_MAGIC: Final = b"kreld-store"
 STORE_INITIAL_MAP_SIZE: Final = 16 << 20

@@ -11,18 +11,22 @@ from enum import IntEnum
 from typing import Any, ClassVar
 
 __all__ = [
+    "AddressNotMapped",
     "AddressesRestricted",
     "AmbiguousBoot",
+    "BtfError",
     "ConfigError",
     "ExitCode",
     "FleetError",
     "FleetObjectInvalid",
     "InterfaceNotFound",
     "InvalidArgument",
+    "KernelMemoryError",
     "KernelReadError",
     "KreldError",
     "MethodNotFound",
     "MethodNotImplemented",
+    "ModuleListChanged",
     "NoBootForRecording",
     "NoSuchBoot",
     "NoteError",
@@ -92,6 +96,48 @@ class KernelReadError(KreldError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class KernelMemoryError(KernelReadError):
+    """Kernel memory read through ``/proc/kcore`` made no sense: a corrupt
+    pointer chain, a record that does not hold together.  On the wire it stays
+    a ``KernelReadError`` (it is one); kreld records the boot as restricted
+    with this message rather than store an address it could not trust."""
+
+
+class AddressNotMapped(KernelMemoryError):
+    """A pointer read from kernel memory leads outside every ``PT_LOAD``
+    segment of ``/proc/kcore``: corrupt, stale, or not a kernel address."""
+
+    def __init__(self, path: str, address: int, length: int, what: str | None = None) -> None:
+        where = f"{what} points to " if what else ""
+        super().__init__(
+            path, f"{where}{length} bytes at {address:#x}, outside every PT_LOAD segment"
+        )
+        self.address = address
+        self.length = length
+        self.what = what
+
+
+class ModuleListChanged(KernelMemoryError):
+    """The kernel's module list changed under every try of a walk (loads or
+    unloads faster than it could be read twice alike): no answer rather than
+    a torn one."""
+
+    def __init__(self, path: str, tries: int) -> None:
+        super().__init__(path, f"the module list changed during each of {tries} walks")
+        self.tries = tries
+
+
+class BtfError(KernelReadError):
+    """BTF type information is malformed, or lacks a type or member kreld needs."""
+
+    def __init__(self, path: str, reason: str, offset: int | None = None) -> None:
+        where = path if offset is None else f"{path} (byte {offset})"
+        KreldError.__init__(self, f"{where}: {reason}")
+        self.path = path
+        self.reason = reason
+        self.offset = offset
 
 
 class NoSuchBoot(KreldError):

@@ -18,6 +18,7 @@ from kreld.core.record import record
 __all__ = [
     "JSON",
     "WIRE_ANCHORS",
+    "AddressSource",
     "Anchors",
     "BootSnapshot",
     "BootSymbols",
@@ -103,6 +104,19 @@ class OffsetSource(StrEnum):
     SYSTEM_MAP = "system.map"
 
 
+class AddressSource(StrEnum):
+    """Where a record's runtime addresses came from (``None`` on a record: none
+    were seen, the boot or load is restricted)."""
+
+    KALLSYMS = "kallsyms"  # a boot's anchors, as /proc/kallsyms shows them
+    SYSFS = "sysfs"  # a module's sections, as /sys/module/<m>/sections shows them
+    VMLINUX = "vmlinux"  # a matching vmlinux's anchors, moved by the KASLR offset
+    # Kernel memory through /proc/kcore (kptr_restrict=2): a boot's anchors from
+    # a System.map checked there and moved by VMCOREINFO's KERNELOFFSET, a
+    # module's sections from its struct module, laid out as BTF says.
+    KCORE = "kcore"
+
+
 @record
 class KaslrOffset:
     value: int
@@ -174,6 +188,7 @@ class BootSnapshot:
     kptr_restrict: int | None
     first_seen: Timestamp
     faults: tuple[str, ...] = ()
+    address_source: AddressSource | None = None
 
     def to_json(self) -> JSON:
         return {
@@ -190,6 +205,7 @@ class BootSnapshot:
             "kptr_restrict": self.kptr_restrict,
             "first_seen": self.first_seen.to_json(),
             "faults": list(self.faults),
+            "address_source": _source_json(self.address_source),
         }
 
     @classmethod
@@ -211,6 +227,7 @@ class BootSnapshot:
             kptr_restrict=d.get("kptr_restrict"),
             first_seen=Timestamp.from_json(d["first_seen"]),
             faults=tuple(d.get("faults", ())),
+            address_source=_source(d.get("address_source")),
         )
 
 
@@ -229,6 +246,14 @@ class BootSymbols:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> BootSymbols:
         return cls(str(d["kernel"]), tuple(str(x) for x in d.get("extras") or ()))
+
+
+def _source_json(source: AddressSource | None) -> str | None:
+    return None if source is None else source.value
+
+
+def _source(value: Any) -> AddressSource | None:
+    return None if value is None else AddressSource(value)
 
 
 def merge_boot(old: BootSnapshot, new: BootSnapshot) -> BootSnapshot:
@@ -260,6 +285,7 @@ def merge_boot(old: BootSnapshot, new: BootSnapshot) -> BootSnapshot:
         kptr_restrict=old.kptr_restrict if old.kptr_restrict is not None else new.kptr_restrict,
         first_seen=old.first_seen,
         faults=old.faults,
+        address_source=old.address_source if old.anchors.known() else new.address_source,
     )
 
 
@@ -314,6 +340,7 @@ class ModuleState:
     restricted: bool
     inode: int | None
     faults: tuple[str, ...] = ()
+    source: AddressSource | None = None  # where the sections came from
 
 
 @record
@@ -369,6 +396,7 @@ class Incarnation:
             "restricted": s.restricted,
             "inode": s.inode,
             "faults": list(s.faults),
+            "address_source": _source_json(s.source),
             "loaded": self.loaded.to_json(),
             "seen_by": self.seen_by.value,
             "init_live": self.init_live,
@@ -398,6 +426,7 @@ class Incarnation:
             restricted=bool(d.get("restricted", False)),
             inode=d.get("inode"),
             faults=tuple(d.get("faults", ())),
+            source=_source(d.get("address_source")),
         )
         loaded = ts("loaded")
         if loaded is None:

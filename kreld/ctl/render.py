@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from kreld.core.model import BootSnapshot, Clock, Incarnation, hexaddr
+from kreld.core.model import AddressSource, BootSnapshot, Clock, Incarnation, hexaddr
 
 __all__ = [
     "fmt_realtime",
@@ -41,6 +41,13 @@ def warn_restricted(snap: BootSnapshot, err: TextIO) -> None:
         )
 
 
+_SOURCES = {
+    AddressSource.KALLSYMS: "from /proc/kallsyms",
+    AddressSource.VMLINUX: "from a matching vmlinux, moved by the KASLR offset",
+    AddressSource.KCORE: "from kernel memory (/proc/kcore: System.map moved by VMCOREINFO)",
+}
+
+
 def render_boot(snap: BootSnapshot, out: TextIO) -> None:
     rows: list[tuple[str, str]] = [
         ("Boot", snap.boot_id),
@@ -57,6 +64,8 @@ def render_boot(snap: BootSnapshot, out: TextIO) -> None:
         rows.append(("  source", snap.kaslr.path))
     else:
         rows.append(("KASLR offset", "unknown (no vmcoreinfo, matching vmlinux or System.map)"))
+    if snap.address_source is not None:
+        rows.append(("Addresses", _SOURCES.get(snap.address_source, snap.address_source.value)))
     if snap.restricted:
         rows.append(("Restricted", snap.restricted_reason or "yes"))
     for fault in snap.faults:

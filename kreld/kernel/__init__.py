@@ -2,7 +2,9 @@
 sysctls and build-id (``info``), ``/proc/kallsyms`` (``kallsyms``), the sysfs
 module directories and ``/proc/modules`` (``modules``), the KASLR offset
 (``kaslr``), ELF files and notes (``elf``, ``notes``), and one boot's snapshot
-put together from them (``snapshot``).
+put together from them (``snapshot``).  Where ``kptr_restrict=2`` zeroes
+those, kernel memory: ``/proc/kcore`` (``kcore``), the types' layouts from BTF
+(``btf``, ``modlayout``) and the module list walked there (``kmodules``).
 
 They never write, and never know of the store or the server.
 May import: ``core``, ``config``.

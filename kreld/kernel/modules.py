@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from kreld.core import consts
 from kreld.core.errors import KernelReadError, NoteError
-from kreld.core.model import ModuleState
+from kreld.core.model import AddressSource, ModuleState
 from kreld.core.record import record
 from kreld.kernel.info import Root
 from kreld.kernel.notes import find_build_id
@@ -228,4 +228,5 @@ def _read_module_at(
         restricted=restricted,
         inode=inode,
         faults=tuple(faults),
+        source=AddressSource.SYSFS if sections and not restricted else None,
     )

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from kreld.core import consts
 from kreld.core.errors import KernelReadError
-from kreld.core.model import Anchors, BootSnapshot, Timestamp, hexaddr
+from kreld.core.model import AddressSource, Anchors, BootSnapshot, Timestamp, hexaddr
 from kreld.kernel.elf import elf_symbols
 from kreld.kernel.info import (
     Root,
@@ -20,23 +20,29 @@ from kreld.kernel.info import (
     read_version,
     restriction_reason,
 )
+from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.kaslr import find_offset, matching_vmlinux
+from kreld.kernel.seethrough import KernelMemory, open_kernel_memory
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
-__all__ = ["log_boot", "take_snapshot"]
+__all__ = ["kallsyms_names", "kernel_memory_for", "log_boot", "take_snapshot"]
 
 
 def take_snapshot(
-    root: Root, debuginfo_dirs: Iterable[str] = (), kallsyms: bytes | None = None
+    root: Root,
+    debuginfo_dirs: Iterable[str] = (),
+    kallsyms: bytes | None = None,
+    kmem: KernelMemory | None = None,
 ) -> tuple[BootSnapshot, list[str]]:
     """Snapshot the kernel; returns it and notes on what could not be learnt.
 
     Only the boot-id and the release are required: without them there is
     nothing to key a record by.  Everything else degrades to ``None`` with a
     fault or a note saying why.  *kallsyms* is a read of it already made (the
-    daemon's start reads it once, for this and the symbol capture).
+    daemon's start reads it once, for this and the symbol capture).  Where it
+    shows zeros, the anchors come from kernel memory: *kmem*, or one opened here.
     """
     seen = Timestamp.now()
     boot_id = read_boot_id(root)
@@ -53,26 +59,22 @@ def take_snapshot(
         build_id = None
         faults.append(str(e))
     kptr = read_int_sysctl(root, consts.KPTR_RESTRICT)
-    try:
-        anchors, zeroed = read_anchors(root, kallsyms)
-    except KernelReadError as e:
-        anchors, zeroed = Anchors(), False
-        faults.append(str(e))
-    reason = None
-    if zeroed:
-        reason = restriction_reason(
-            kptr, read_int_sysctl(root, consts.PERF_EVENT_PARANOID), has_cap_syslog()
-        )
+    anchors, zeroed, reason, kallsyms = _kallsyms_anchors(root, kallsyms, kptr, faults)
+    source = AddressSource.KALLSYMS if anchors.known() else None
     dirs = list(debuginfo_dirs)
     kaslr, notes = find_offset(root, anchors, build_id, release, dirs)
+    if zeroed and kallsyms is not None:
+        through = _through_memory(root, release, kallsyms, kmem, notes)
+        if through is not None:
+            anchors, source, zeroed, reason = through, AddressSource.KCORE, False, None
+        elif reason is not None:
+            reason = f"{reason}; kernel memory cannot be read either: {notes[-1]}"
     if not anchors.known() and kaslr is not None:
         # The kernel hid its pointers from us, but VMCOREINFO gave the slide:
         # a matching vmlinux's link-time anchors, moved by it, are the runtime ones.
-        vmlinux = matching_vmlinux(root, release, build_id, dirs)
-        if vmlinux is not None:
-            link = elf_symbols(vmlinux, set(consts.ANCHOR_SYMBOLS))
-            anchors = Anchors.from_symbols({k: v + kaslr.value for k, v in link.items()})
-            notes.append(f"anchors from {vmlinux} moved by the {kaslr.source.value} offset")
+        moved = _vmlinux_anchors(root, release, build_id, dirs, kaslr.value, notes)
+        if moved is not None:
+            anchors, source = moved, AddressSource.VMLINUX
     snap = BootSnapshot(
         boot_id=boot_id,
         release=release,
@@ -85,6 +87,7 @@ def take_snapshot(
         kptr_restrict=kptr,
         first_seen=seen,
         faults=tuple(faults),
+        address_source=source,
     )
     return snap, notes
 
@@ -114,3 +117,64 @@ def log_boot(
         log.warning("addresses_restricted", reason=snap.restricted_reason)
     for fault in snap.faults:
         log.warning("kernel_read_fault", fault=fault)
+
+
+def _kallsyms_anchors(
+    root: Root, kallsyms: bytes | None, kptr: int | None, faults: list[str]
+) -> tuple[Anchors, bool, str | None, bytes | None]:
+    """The anchors kallsyms shows, whether it shows zeros and why, and its text."""
+    try:
+        if kallsyms is None:
+            kallsyms = root.read_bytes(consts.KALLSYMS)
+        anchors, zeroed = read_anchors(root, kallsyms)
+    except KernelReadError as e:
+        faults.append(str(e))
+        return Anchors(), False, None, None
+    if not zeroed:
+        return anchors, False, None, kallsyms
+    paranoid = read_int_sysctl(root, consts.PERF_EVENT_PARANOID)
+    return anchors, True, restriction_reason(kptr, paranoid, has_cap_syslog()), kallsyms
+
+
+def _vmlinux_anchors(
+    root: Root, release: str, build_id: str | None, dirs: list[str], offset: int, notes: list[str]
+) -> Anchors | None:
+    vmlinux = matching_vmlinux(root, release, build_id, dirs)
+    if vmlinux is None:
+        return None
+    link = elf_symbols(vmlinux, set(consts.ANCHOR_SYMBOLS))
+    notes.append(f"anchors from {vmlinux} moved by the KASLR offset")
+    return Anchors.from_symbols({k: v + offset for k, v in link.items()})
+
+
+def _through_memory(
+    root: Root, release: str, kallsyms: bytes, kmem: KernelMemory | None, notes: list[str]
+) -> Anchors | None:
+    """The anchors from kernel memory: *kmem*'s, or that of one opened now (and
+    closed); ``None`` with the reason as the last of *notes*."""
+    mem, why = (kmem, None) if kmem is not None else kernel_memory_for(root, kallsyms, release)
+    if mem is None:
+        notes.append(why or "kernel memory unreadable")
+        return None
+    notes.append(f"anchors from {mem.system_map} moved by VMCOREINFO's KERNELOFFSET")
+    anchors = mem.anchors()
+    if mem is not kmem:
+        mem.close()
+    return anchors
+
+
+def kernel_memory_for(
+    root: Root, kallsyms: bytes, release: str | None = None
+) -> tuple[KernelMemory | None, str | None]:
+    """Kernel memory opened, its System.map checked against *kallsyms*' names,
+    or why it cannot be."""
+    try:
+        release = release or read_release(root)
+    except KernelReadError as e:
+        return None, str(e)
+    return open_kernel_memory(root, release, kallsyms_names(kallsyms))
+
+
+def kallsyms_names(kallsyms: bytes) -> list[bytes]:
+    """The kernel's own names, in kallsyms' order (its addresses may be zeros)."""
+    return [name for _v, _t, name in KallsymsText.of(kallsyms, 0).core()]

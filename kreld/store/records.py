@@ -27,7 +27,7 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.core.model import AddressSource, Incarnation, ModuleState, SeenBy, Timestamp
 
 __all__ = [
     "F_BUILD_ID_RAW",
@@ -40,8 +40,10 @@ __all__ = [
     "F_INIT_DONE",
     "F_INIT_LIVE",
     "F_INODE",
+    "F_KCORE",
     "F_RESTRICTED",
     "F_SRCVERSION",
+    "F_SYSFS",
     "F_TAINT",
     "F_UNLOADED",
     "F_UNLOADED_AFTER",
@@ -77,7 +79,11 @@ F_UNLOAD_SEEN_BY = 1 << 13
 F_RESTRICTED = 1 << 14  # no payload
 F_INIT_LIVE = 1 << 15  # no payload
 F_LOADED_AFTER = 1 << 16  # since schema 4
-_KNOWN_FLAGS = (1 << 17) - 1
+# No payload: where the sections came from (issue 22); neither in older records.
+F_KCORE = 1 << 17  # kernel memory
+F_SYSFS = 1 << 18  # sys/module/<m>/sections
+_KNOWN_FLAGS = (1 << 19) - 1
+_SOURCE_FLAGS = ((AddressSource.KCORE, F_KCORE), (AddressSource.SYSFS, F_SYSFS))
 
 
 def layout_key(names: Sequence[str]) -> bytes:
@@ -198,6 +204,7 @@ def encode(inc: Incarnation) -> tuple[bytes, bytes, list[str]]:
     # The optional fields, written in F_* order; each one present sets its bit.
     opt = _Writer()
     flags = (F_RESTRICTED if s.restricted else 0) | (F_INIT_LIVE if inc.init_live else 0)
+    flags |= sum(bit for source, bit in _SOURCE_FLAGS if s.source == source)
 
     def put(bit: int, value: Any, write: Callable[[Any], None]) -> None:
         nonlocal flags
@@ -269,6 +276,7 @@ def _read_state(
         restricted=bool(flags & F_RESTRICTED),
         inode=inode,
         faults=faults,
+        source=next((source for source, bit in _SOURCE_FLAGS if flags & bit), None),
     )
 
 

@@ -47,6 +47,7 @@ from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText, Line
 from kreld.kernel.kaslr import matching_vmlinux
 from kreld.kernel.modules import list_modules
+from kreld.kernel.seethrough import KernelMemory, kallsyms_from_map
 from kreld.store import Store
 
 if TYPE_CHECKING:
@@ -200,6 +201,7 @@ class SymbolCapture:
         self.files = ModuleFiles(root, boot.release, self.dirs)
         self._pending: queue.SimpleQueue[Incarnation | None] = queue.SimpleQueue()
         self.captured = 0
+        self.kmem: KernelMemory | None = None  # kptr_restrict=2: the daemon's, if readable
         self.healthy = True
         self.last_error: str | None = None
         self.name = "symbols"
@@ -364,6 +366,11 @@ class SymbolCapture:
         text = self.boot.anchors.text
         if self.store.boot_symbols(self.boot.boot_id) is not None:
             return
+        if ks is not None and ks.zeroed() and self.kmem is not None and text is not None:
+            # kptr_restrict=2: kallsyms' own lines, their addresses from the System.map
+            # that kernel memory proved this kernel's (kreld/kernel/seethrough.py).
+            ks, dropped = kallsyms_from_map(ks, self.kmem)
+            self.log.info("kernel_symbols_from_map", path=self.kmem.system_map, dropped=dropped)
         if ks is not None and ks.zeroed():
             # Pointers hidden since the boot was recorded (a restart after
             # kptr_restrict went up): zeros are no table.
@@ -416,6 +423,8 @@ class SymbolCapture:
             if key is None:
                 continue
             lines = ks.module(s.name) if ks is not None else None
+            if lines and not any(v for v, _t, _n in lines):
+                lines = None  # kptr_restrict=2: names without addresses are no table
             if stale and not lines and not s.restricted:
                 missing.append(inc)
                 continue

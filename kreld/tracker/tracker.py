@@ -18,10 +18,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from kreld.core import consts
-from kreld.core.model import HintAction, Incarnation, ModuleEvent, SeenBy, Timestamp
+from kreld.core.errors import KernelReadError
+from kreld.core.model import HintAction, Incarnation, ModuleEvent, ModuleState, SeenBy, Timestamp
 from kreld.core.record import replace
 from kreld.kernel.info import Root
 from kreld.kernel.modules import ProcModule, list_modules, read_module, read_proc_modules
+from kreld.kernel.seethrough import KernelMemory, not_yet, see_through
 from kreld.store import Store
 from kreld.tracker.reconcile import (
     Changes,
@@ -55,8 +57,10 @@ class ModuleTracker:
         *,
         recheck_interval: float = consts.DEFAULT_POLL_INTERVAL,
         heartbeat_interval: float = consts.HEARTBEAT_INTERVAL,
+        kmem: KernelMemory | None = None,
     ) -> None:
         self.store = store
+        self.kmem = kmem
         self.root = root
         self.boot_id = boot_id
         self.log = log
@@ -110,10 +114,8 @@ class ModuleTracker:
         # seq, so an exported kallsyms lists modules as the kernel does.
         newest_first = [n for n in proc if n in present]
         order = newest_first[::-1] + sorted(set(present) - set(newest_first))
-        for name in order:
-            if name in self._open:
-                continue
-            state = read_module(self.root, name, proc)
+        states = self._read([n for n in order if n not in self._open], proc)
+        for state in states.values():
             if state is not None:
                 opened.append(new_incarnation(state, now, SeenBy.STARTUP))
         stored = self.store.loads.apply_module_changes(self.boot_id, opened, [], closed, now)
@@ -148,8 +150,10 @@ class ModuleTracker:
         last = self.store.loads.last_watched(self.boot_id)
         closed: list[Incarnation] = []
         continued = 0
-        for inc in self.store.loads.open_incarnations(self.boot_id):
-            state = read_module(self.root, inc.name, proc) if inc.name in present else None
+        incs = self.store.loads.open_incarnations(self.boot_id)
+        states = self._read([i.name for i in incs if i.name in present], proc)
+        for inc in incs:
+            state = states.get(inc.name)
             if state is not None and same_load(inc.state, state):
                 self._open[inc.name] = Tracked(inc, _STARTUP)
                 continued += 1
@@ -221,7 +225,7 @@ class ModuleTracker:
         names = to_read(self._open, present, hints)
         # /proc/modules only when a module is read (not for an unload).
         proc = read_proc_modules(self.root) if names else {}
-        states = {n: read_module(self.root, n, proc) for n in names}
+        states = self._read(names, proc)
         changes = plan(
             self._open,
             present,
@@ -232,6 +236,26 @@ class ModuleTracker:
             previous=self._last_scan or now,
         )
         self._apply(changes, now)
+
+    def _read(
+        self, names: list[str], proc: Mapping[str, ProcModule]
+    ) -> dict[str, ModuleState | None]:
+        """Read *names* in sysfs; where it shows zeros, with their sections from
+        kernel memory (one walk of the module list for them all)."""
+        states = {n: read_module(self.root, n, proc) for n in names}
+        if self.kmem is None or not any(s is not None and s.restricted for s in states.values()):
+            return states
+        try:
+            found = self.kmem.modules(
+                {n for n, s in states.items() if s is not None and s.restricted}
+            )
+        except KernelReadError as e:
+            self.log.warning("kernel_memory_walk_failed", error=str(e), kind=type(e).__name__)
+            return {
+                n: not_yet(s, str(e)) if s is not None and s.restricted else s
+                for n, s in states.items()
+            }
+        return {n: None if s is None else see_through(s, found.get(n)) for n, s in states.items()}
 
     def _apply(self, changes: Changes, now: Timestamp) -> None:
         """Commit *changes*, then bring memory in step, then log and tell listeners.

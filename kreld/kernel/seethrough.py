@@ -1,0 +1,282 @@
+"""Seeing through ``kernel.kptr_restrict=2``: addresses from kernel memory.
+
+Where kallsyms and ``/sys/module/*/sections`` show zeros even to root, kreld
+reads what it needs where the kernel does not zero it:
+
+* the KASLR offset: ``KERNELOFFSET=`` in VMCOREINFO (``/proc/kcore``);
+* the kernel's anchors: a ``System.map`` (link-time addresses) moved by it,
+  once that map is proven to be this kernel's: the kernel's own notes
+  (``/sys/kernel/notes``, its build-id) lie in kernel memory at the map's
+  ``__start_notes`` moved by the offset; VMCOREINFO's ``SYMBOL(_stext)`` is
+  the map's ``_stext`` moved by it; and the names kallsyms still lists, in the
+  kernel's order, come in the map's order;
+* every module's sections: its ``struct module`` walked in kernel memory
+  (:mod:`kreld.kernel.kmodules`) from the map's ``modules``, laid out as BTF
+  says, cross-checked with ``/sys/module`` (name, build-id note, core size).
+
+Where it cannot (no CAP_SYS_RAWIO, lockdown, no BTF, no matching System.map)
+:func:`open_kernel_memory` says which, and nothing is guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Set
+from itertools import pairwise
+from pathlib import PurePosixPath
+
+from kreld.core import consts
+from kreld.core.errors import BtfError, KernelReadError
+from kreld.core.model import AddressSource, Anchors, ModuleState
+from kreld.core.record import replace
+from kreld.kernel.btf import Btf
+from kreld.kernel.info import Root
+from kreld.kernel.kallsyms import KallsymsText
+from kreld.kernel.kaslr import parse_system_map
+from kreld.kernel.kcore import Kcore
+from kreld.kernel.kmodules import KernelModule, walk_modules
+from kreld.kernel.modlayout import ModuleLayout, module_layout
+
+__all__ = [
+    "KERNEL_BTF",
+    "KernelMemory",
+    "kallsyms_from_map",
+    "lockdown",
+    "not_yet",
+    "open_kernel_memory",
+    "see_through",
+    "system_map_order",
+]
+
+KERNEL_BTF = PurePosixPath("sys/kernel/btf/vmlinux")
+LOCKDOWN = PurePosixPath("sys/kernel/security/lockdown")
+MAP_SYMBOLS = (*consts.ANCHOR_SYMBOLS, "modules", "__start_notes", "__stop_notes")
+MAX_NOTES = 1 << 16  # the kernel's .notes section (some 500 bytes)
+MAX_SYSTEM_MAP = 64 << 20  # a System.map (6.1: 87,000 lines, 4 MB)
+MIN_ORDER = 0.99  # share of kallsyms' neighbouring names the map must order alike
+
+
+class KernelMemory:
+    """An open ``/proc/kcore`` with what reading it needs: the offset, the
+    checked System.map's symbols, and ``struct module``'s layout."""
+
+    __slots__ = ("kcore", "layout", "link", "offset", "system_map")
+
+    def __init__(
+        self, kcore: Kcore, layout: ModuleLayout, offset: int, link: dict[str, int], system_map: str
+    ) -> None:
+        self.kcore = kcore
+        self.layout = layout
+        self.offset = offset
+        self.link = link
+        self.system_map = system_map
+
+    def anchors(self) -> Anchors:
+        return Anchors.from_symbols(
+            {k: v + self.offset for k, v in self.link.items() if k in consts.ANCHOR_SYMBOLS}
+        )
+
+    def modules(self, wanted: Set[str] | None = None) -> dict[str, KernelModule]:
+        """The loaded modules by name, all or those *wanted*
+        (:class:`KernelReadError` when the list cannot be read whole)."""
+        mods = walk_modules(self.kcore, self.layout, self.modules_head(), wanted)
+        return {m.name: m for m in mods}
+
+    def modules_head(self) -> int:
+        return self.link["modules"] + self.offset
+
+    def close(self) -> None:
+        self.kcore.close()
+
+
+def open_kernel_memory(
+    root: Root, release: str, kallsyms: Iterable[bytes] | None = None
+) -> tuple[KernelMemory | None, str | None]:
+    """Kernel memory ready to read, or ``None`` and why not.
+
+    *kallsyms*: the core names kallsyms lists (zeroed or not), in its order,
+    against which a System.map's order is checked.
+    """
+    try:
+        kcore = Kcore.open(root / consts.KCORE)
+    except KernelReadError as e:
+        mode = lockdown(root)
+        held = (
+            f" (the kernel is locked down: lockdown={mode})" if mode not in (None, "none") else ""
+        )
+        return None, f"cannot read kernel memory: {e}{held}"
+    try:
+        offset = kcore.kernel_offset()
+        if offset is None:
+            raise KernelReadError(kcore.path, "VMCOREINFO has no KERNELOFFSET")
+        try:
+            layout = module_layout(Btf.load(root / KERNEL_BTF))
+        except BtfError as e:
+            raise KernelReadError(str(root / KERNEL_BTF), f"no usable BTF: {e}") from e
+        notes = root.read_bytes(consts.KERNEL_NOTES)
+        link, path = _matching_map(root, release, kcore, offset, notes, kallsyms)
+    except KernelReadError as e:
+        kcore.close()
+        return None, str(e)
+    return KernelMemory(kcore, layout, offset, link, path), None
+
+
+def lockdown(root: Root) -> str | None:
+    """The kernel's lockdown mode (``none``, ``integrity``, ``confidentiality``:
+    the last refuses /proc/kcore), or ``None`` where securityfs does not say."""
+    try:
+        text = root.read_text(LOCKDOWN)
+    except KernelReadError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else None
+
+
+def _matching_map(
+    root: Root,
+    release: str,
+    kcore: Kcore,
+    offset: int,
+    notes: bytes,
+    kallsyms: Iterable[bytes] | None,
+) -> tuple[dict[str, int], str]:
+    names = list(kallsyms) if kallsyms is not None else None
+    why: list[str] = []
+    for template in consts.SYSTEM_MAP_CANDIDATES:
+        path = root / template.format(release=release)
+        if not path.is_file():
+            continue
+        link = parse_system_map(path, MAP_SYMBOLS)
+        problem = _check_map(link, kcore, offset, notes)
+        if problem is None and names is not None:
+            order = system_map_order(path, names)
+            if order < MIN_ORDER:
+                problem = f"orders only {order:.1%} of kallsyms' neighbouring names alike"
+        if problem is None:
+            return link, str(path)
+        why.append(f"{path}: {problem}")
+    tried = "; ".join(why) or "none found"
+    raise KernelReadError(f"System.map-{release}", f"no System.map of this kernel ({tried})")
+
+
+def _check_map(link: Mapping[str, int], kcore: Kcore, offset: int, notes: bytes) -> str | None:
+    """Why the map is not this kernel's, or ``None`` if its notes and _stext are."""
+    missing = [n for n in MAP_SYMBOLS if n not in link]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    size = link["__stop_notes"] - link["__start_notes"]
+    if not notes or size != len(notes) or size > MAX_NOTES:
+        return f"its notes ({size} bytes) are not /sys/kernel/notes' ({len(notes)} bytes)"
+    try:
+        if kcore.read(link["__start_notes"] + offset, size) != notes:
+            return "kernel memory at its __start_notes does not hold the kernel's notes"
+    except KernelReadError as e:
+        return f"its __start_notes: {e}"
+    stext = kcore.symbol("_stext")
+    if stext is not None and stext != link["_stext"] + offset:
+        return f"its _stext moved by the offset is not VMCOREINFO's {stext:#x}"
+    return None
+
+
+def system_map_order(path: object, names: list[bytes]) -> float:
+    """The share of neighbouring *names* (kallsyms' core names, in its order)
+    that the System.map at *path* lists in the same order; names the map
+    lists twice or not at all are left out.  Linear in both."""
+    index: dict[bytes, int] = {}
+    twice: set[bytes] = set()
+    try:
+        with open(str(path), "rb") as f:
+            for i, line in enumerate(f):
+                fields = line.split()
+                if len(fields) >= 3:
+                    if fields[2] in index:
+                        twice.add(fields[2])
+                    index[fields[2]] = i
+    except OSError:
+        return 0.0
+    positions = [index[n] for n in names if n in index and n not in twice]
+    if len(positions) < 2 or len(positions) < len(names) // 2:
+        return 0.0
+    alike = sum(1 for a, b in pairwise(positions) if a < b)
+    return alike / (len(positions) - 1)
+
+
+def kallsyms_from_map(ks: KallsymsText, kmem: KernelMemory) -> tuple[KallsymsText, int]:
+    """kallsyms' core lines (zeroed: names and types, in the kernel's order) with
+    their addresses from *kmem*'s System.map, and how many names it lacked.
+
+    The n-th line named N takes the n-th address the map gives N (both list
+    by address); moved by the KASLR offset, but for per-cpu variables, which
+    kallsyms prints absolute (type ``A``, CONFIG_KALLSYMS_ABSOLUTE_PERCPU) at
+    their offset in the per-cpu area, as the map has it.  A name the map lacks
+    is left out, never given an address.  Lines with an owner (``[bpf]``...)
+    are left out: they are not the kernel image's.
+    """
+    by_name: dict[bytes, list[int]] = {}
+    try:
+        with open(kmem.system_map, "rb") as f:
+            text = f.read(MAX_SYSTEM_MAP)
+    except OSError as e:
+        raise KernelReadError(kmem.system_map, e.strerror or str(e)) from e
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3:
+            try:
+                by_name.setdefault(fields[2], []).append(int(fields[0], 16))
+            except ValueError:
+                continue
+    taken: dict[bytes, int] = {}
+    out: list[bytes] = []
+    dropped = 0
+    for _zero, typ, name in ks.core():
+        i = taken.get(name, 0)
+        addrs = by_name.get(name)
+        if addrs is None or i >= len(addrs):
+            dropped += 1
+            continue
+        taken[name] = i + 1
+        value = addrs[i] if typ in (b"a", b"A") else addrs[i] + kmem.offset
+        out.append(b"%016x %s %s\n" % (value & (1 << 64) - 1, typ, name))
+    return KallsymsText.of(b"".join(out), ks.taken), dropped
+
+
+def see_through(state: ModuleState, found: KernelModule | None) -> ModuleState:
+    """A restricted sysfs read of a module, with its sections from kernel memory
+    where that memory is the same load (its name, build-id note and core size).
+
+    Otherwise the read as it was, the reason among its faults: still restricted
+    where the kernel's memory shows another load or none, and with no sections
+    but not restricted (incomplete: the tracker reads it again, as it does a
+    sysfs directory still being filled) where its section attributes are not
+    set up yet.
+    """
+    if not state.restricted:
+        return state
+    problem = None
+    if found is None:
+        problem = "not on the kernel's module list"
+    elif state.build_id and found.build_id != state.build_id:
+        problem = f"build-id in kernel memory {found.build_id} is not sysfs' {state.build_id}"
+    elif state.coresize is not None and found.coresize != state.coresize:
+        problem = f"core size in kernel memory {found.coresize} is not sysfs' {state.coresize}"
+    elif not found.sections:
+        return not_yet(state, "no section attributes in kernel memory yet")
+    if problem is not None or found is None:
+        return replace(state, faults=(*state.faults, f"kernel memory: {problem}"))
+    return replace(
+        state,
+        sections=dict(found.sections),
+        core_base=found.core_base,
+        coresize=state.coresize if state.coresize is not None else found.coresize,
+        initsize=state.initsize if state.initsize is not None else found.initsize,
+        restricted=False,
+        source=AddressSource.KCORE,
+        faults=(*state.faults, *found.faults),
+    )
+
+
+def not_yet(state: ModuleState, why: str) -> ModuleState:
+    """A restricted read that kernel memory may yet see through (a walk that
+    failed, sections not set up): no address, to be read again."""
+    return replace(
+        state, sections={}, restricted=False, faults=(*state.faults, f"kernel memory: {why}")
+    )

@@ -1,0 +1,294 @@
+"""kptr_restrict=2 seen through (issue 22): a fake root whose kallsyms and
+/sys/module/*/sections show zeros, with a kcore-shaped proc/kcore holding the
+kernel's notes and module list, BTF in sys/kernel/btf/vmlinux and a System.map
+in boot/.  kreldctl and kreld run as real subprocesses against it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import kreldctl, start, wait_until
+from faketree import FakeTree
+from kmodimage import KTEXT, MODAREA, MODULES_HEAD, ModuleImage, new_btf, old_btf
+
+from kreld.core.model import AddressSource, Anchors
+from kreld.kernel.info import Root
+from kreld.kernel.kmodules import KernelModule
+from kreld.kernel.modules import read_module
+from kreld.kernel.seethrough import open_kernel_memory, see_through
+
+RELEASE = "6.1.0-fake"
+OFFSET = 0x2A000000
+RUNTIME_TEXT = KTEXT  # the kcore image's kernel segment starts at _text
+LINK_TEXT = KTEXT - OFFSET
+NOTES_AT = KTEXT + 0x40000  # __start_notes, runtime
+# (offset from _text, type, name) in kallsyms' (address) order, as kallsyms lists them
+KERNEL = [
+    (0, "T", "_text"),
+    (0, "T", "_stext"),
+    (0x1000, "T", "start_kernel"),
+    (0x2000, "t", "do_one_initcall"),
+    (0x40000, "R", "__start_notes"),
+    (0x1000000, "T", "_etext"),
+    (0x3000000, "T", "_sinittext"),
+    (0x3100000, "T", "_einittext"),
+]
+DUMMY = {
+    ".text": MODAREA + 0x100000,
+    ".data": MODAREA + 0x102000,
+    ".init.text": MODAREA + 0x180000,
+    ".note.gnu.build-id": MODAREA + 0x101000,
+}
+DUMMY_ID = "4bd0a1f1c9c4f23a4399a7b977c69cd5bde729a0"
+BRD = {
+    ".text": MODAREA + 0x200000,
+    ".data": MODAREA + 0x203000,
+    ".exit.text": MODAREA + 0x200800,
+    ".note.gnu.build-id": MODAREA + 0x202000,
+}
+
+
+class Restricted:
+    """A root at kptr_restrict=2 whose kernel memory is readable."""
+
+    def __init__(self, tmp_path: Path, layout: str = "old") -> None:
+        self.tree = FakeTree(tmp_path / "root", release=RELEASE, kptr_restrict=2)
+        self.tree.set_text(RUNTIME_TEXT, zero=True)
+        self.root = self.tree.root
+        self.image = ModuleImage(layout)
+        self.notes = (self.root / "sys/kernel/notes").read_bytes()
+        self.image.img.write(NOTES_AT, self.notes)
+        self.tree.write("sys/kernel/btf/vmlinux", old_btf() if layout == "old" else new_btf())
+        self.write_map()
+        self.kcore = self.root / "proc/kcore"
+        self.save()
+
+    def write_map(self, notes_size: int | None = None) -> None:
+        syms = [(LINK_TEXT + off, t, n) for off, t, n in KERNEL]
+        size = len(self.notes) if notes_size is None else notes_size
+        syms += [
+            (NOTES_AT - OFFSET + size, "R", "__stop_notes"),
+            (MODULES_HEAD - OFFSET, "d", "modules"),
+        ]
+        lines = [f"{a:016x} {t} {n}\n" for a, t, n in sorted(syms, key=lambda s: s[0])]
+        self.tree.write(f"boot/System.map-{RELEASE}", "".join(lines))
+
+    info = {"OSRELEASE": RELEASE, "KERNELOFFSET": f"{OFFSET:x}", "SYMBOL(_stext)": f"{KTEXT:x}"}
+
+    def save(self) -> None:
+        self.image.img.save(self.kcore, self.info)
+
+    def load(self, name: str, sections: dict[str, int], core: int, build_id: str) -> int:
+        """The kernel's order: on the module list first, then in sysfs (zeros)."""
+        mod = self.image.add(name, sections, core=(sections[".text"], core), build_id=build_id)
+        self.image.rewrite(self.kcore, self.info)
+        self.tree.add_module(
+            name, sections[".text"], sections=sections, zero=True, build_id=build_id, coresize=core
+        )
+        return mod
+
+
+def snapshot(r: Restricted, tmp_path: Path) -> dict[str, Any]:
+    state = str(tmp_path / "state")
+    kreldctl("snapshot", "--root", str(r.root), "--state-dir", state)
+    shown = kreldctl("show", "--json", "--root", str(r.root), "--state-dir", state)
+    boot: dict[str, Any] = json.loads(shown.stdout)
+    return boot
+
+
+@pytest.mark.parametrize("layout", ["old", "new"])
+def test_a_restricted_boot_takes_its_anchors_from_kernel_memory(
+    tmp_path: Path, layout: str
+) -> None:
+    r = Restricted(tmp_path, layout)
+    boot = snapshot(r, tmp_path)
+    assert boot["restricted"] is False and boot["restricted_reason"] is None
+    assert boot["address_source"] == "kcore"
+    assert (
+        boot["anchors"]
+        == Anchors(
+            RUNTIME_TEXT,
+            RUNTIME_TEXT,
+            RUNTIME_TEXT + 0x1000000,
+            RUNTIME_TEXT + 0x3000000,
+            RUNTIME_TEXT + 0x3100000,
+        ).to_json()
+    )
+    assert (boot["kaslr_offset"], boot["kaslr_source"]) == (f"{OFFSET:#x}", "vmcoreinfo")
+    text = kreldctl("show", "--root", str(r.root), "--state-dir", str(tmp_path / "state")).stdout
+    assert "from kernel memory" in text
+
+
+def _no_kcore(r: Restricted) -> None:
+    r.kcore.unlink()
+
+
+def _no_btf(r: Restricted) -> None:
+    (r.root / "sys/kernel/btf/vmlinux").unlink()
+
+
+def _another_builds_map(r: Restricted) -> None:
+    r.image.img.write(
+        NOTES_AT, b"\x01" * len(r.notes)
+    )  # memory at its __start_notes is not our notes
+    r.save()
+
+
+def _map_in_another_order(r: Restricted) -> None:
+    """Anchors and notes where they belong, the other names in reverse order."""
+    r.write_map()
+    path = r.root / f"boot/System.map-{RELEASE}"
+    lines = path.read_text().splitlines(keepends=True)
+    names = ["start_kernel", "do_one_initcall", "_etext", "_sinittext", "_einittext"]
+    at = [i for i, line in enumerate(lines) if line.split()[2] in names]
+    fields = [lines[i].split() for i in at]
+    for i, f, name in zip(at, fields, reversed([f[2] for f in fields]), strict=True):
+        lines[i] = f"{f[0]} {f[1]} {name}\n"
+    path.write_text("".join(lines))
+
+
+def _locked_down(r: Restricted) -> None:
+    r.kcore.unlink()  # as the kernel refuses it: the reason says why
+    r.tree.write("sys/kernel/security/lockdown", "none integrity [confidentiality]\n")
+
+
+def _no_kerneloffset(r: Restricted) -> None:
+    r.image.img.save(r.kcore, {"OSRELEASE": RELEASE})
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (_no_kcore, "cannot read kernel memory"),
+        (_locked_down, "lockdown=confidentiality"),
+        (_no_btf, "no usable BTF"),
+        (_another_builds_map, "does not hold the kernel's notes"),
+        (_map_in_another_order, "kallsyms' neighbouring names"),
+        (_no_kerneloffset, "no KERNELOFFSET"),
+    ],
+)
+def test_where_kernel_memory_cannot_be_read_the_boot_stays_restricted_with_the_reason(
+    tmp_path: Path, damage: Callable[[Restricted], None], reason: str
+) -> None:
+    r = Restricted(tmp_path)
+    damage(r)
+    boot = snapshot(r, tmp_path)
+    assert boot["restricted"] is True and boot["address_source"] is None
+    assert "kernel.kptr_restrict=2" in boot["restricted_reason"]
+    assert reason in boot["restricted_reason"], boot["restricted_reason"]
+    assert all(v is None for v in boot["anchors"].values()), "no zero, no guessed address"
+
+
+def test_a_module_read_in_memory_must_be_the_load_sysfs_shows(tmp_path: Path) -> None:
+    r = Restricted(tmp_path)
+    r.load("dummy", DUMMY, 0x3000, DUMMY_ID)
+    kmem, why = open_kernel_memory(Root(r.root), RELEASE)
+    assert kmem is not None, why
+    found = kmem.modules()["dummy"]
+    state = read_module(Root(r.root), "dummy")
+    assert state is not None and state.restricted and not state.sections
+    seen = see_through(state, found)
+    assert dict(seen.sections) == DUMMY and seen.source == AddressSource.KCORE
+    assert not seen.restricted and seen.core_base == DUMMY[".text"]
+    other = KernelModule("dummy", found.address, "live", DUMMY, 0x3000, 0, None, "00" * 20)
+    refused = see_through(state, other)
+    assert refused.restricted and not refused.sections and "build-id" in refused.faults[-1]
+    bigger = KernelModule("dummy", found.address, "live", DUMMY, 0x9000, 0, None, DUMMY_ID)
+    assert see_through(state, bigger).restricted
+    assert see_through(state, None).restricted
+    kmem.close()
+
+
+def modules(r: Restricted, sock: Path) -> list[dict[str, Any]]:
+    out = kreldctl("modules", "--all", "--json", "--socket", str(sock), "--root", str(r.root))
+    mods: list[dict[str, Any]] = json.loads(out.stdout)
+    return mods
+
+
+@pytest.mark.parametrize("layout", ["old", "new"])
+def test_the_daemon_follows_loads_and_unloads_with_sections_from_kernel_memory(
+    tmp_path: Path, layout: str, daemon_factory: Any, sockdir: Path
+) -> None:
+    r = Restricted(tmp_path, layout)
+    r.load("dummy", DUMMY, 0x3000, DUMMY_ID)
+    sock = sockdir / "kreld.sock"
+    d = start(daemon_factory, r.tree, tmp_path / "state", sock)
+    status = json.loads(kreldctl("status", "--json", "--socket", str(sock)).stdout)
+    assert status["restricted"] is False and status["address_source"] == "kcore"
+    r.load("brd", BRD, 0x5000, "710ab937b3c59fe0e41cfdec42b39d352ff0bd8b")
+    wait_until("brd recorded", lambda: any(m["name"] == "brd" for m in modules(r, sock)))
+    r.image.unlink(r.image.mods[-1])  # dummy: off the list, then out of sysfs
+    r.image.rewrite(r.kcore, r.info)
+    r.tree.remove_module("dummy")
+    wait_until("dummy unloaded", lambda: modules(r, sock)[0]["unloaded"] is not None)
+    dummy, brd = modules(r, sock)
+    assert {k: int(v, 16) for k, v in dummy["sections"].items()} == DUMMY
+    assert {k: int(v, 16) for k, v in brd["sections"].items()} == BRD
+    for m in (dummy, brd):
+        assert m["address_source"] == "kcore" and m["restricted"] is False
+        assert m["core_base"] == f"{m['sections']['.text']}"
+    assert dummy["build_id"] == DUMMY_ID
+    # The kernel's lines: kallsyms' names in its order, addresses from the map, moved.
+    want = [f"{RUNTIME_TEXT + off:016x} {t} {n}" for off, t, n in KERNEL if n != "__start_notes"]
+    wait_until("kernel symbols", lambda: "kernel_symbols" in {e["event"] for e in d.events()})
+    export = kreldctl("export", "kallsyms", "--socket", str(sock)).stdout.splitlines()
+    assert export == want
+    assert d.stop() == 0
+    # What was stored says the same, read back without the daemon.
+    state = str(tmp_path / "state")
+    got = kreldctl("modules", "--all", "--json", "--state-dir", state, "--root", str(r.root))
+    stored = json.loads(got.stdout)
+    assert [(m["name"], m["address_source"]) for m in stored] == [
+        ("dummy", "kcore"),
+        ("brd", "kcore"),
+    ]
+
+
+def test_kernel_lines_take_the_maps_addresses_in_kallsyms_order_per_cpu_ones_unmoved(
+    tmp_path: Path,
+) -> None:
+    """kallsyms' names and types, its order; the n-th line of a name takes the
+    map's n-th address of it, moved (per-cpu ``A`` lines as the map has them);
+    a name the map lacks gets no line, and owned lines are left out."""
+    from kreld.kernel.kallsyms import KallsymsText
+    from kreld.kernel.seethrough import kallsyms_from_map
+
+    r = Restricted(tmp_path)
+    zeroed = (
+        "0000000000000000 A fixed_percpu_data\n"
+        "0000000000000000 A irq_stack_backing_store\n"
+        "0000000000000000 T _text\n"
+        "0000000000000000 t helper\n"
+        "0000000000000000 t helper\n"
+        "0000000000000000 t only_in_kallsyms\n"
+        "0000000000000000 t bpf_prog_1\t[bpf]\n"
+    )
+    mapped = (
+        "0000000000000000 D fixed_percpu_data\n"
+        "0000000000001000 D irq_stack_backing_store\n"
+        f"{LINK_TEXT:016x} T _text\n"
+        f"{LINK_TEXT + 0x10:016x} t helper\n"
+        f"{LINK_TEXT + 0x20:016x} t helper\n"
+    )
+    r.tree.write(f"boot/System.map-{RELEASE}", mapped)
+    kmem, why = open_kernel_memory(Root(r.root), RELEASE)
+    assert kmem is None and "lacks" in (why or "")  # no __start_notes: not this kernel's map
+    r.write_map()
+    kmem, why = open_kernel_memory(Root(r.root), RELEASE)
+    assert kmem is not None, why
+    kmem.system_map = str(tmp_path / "map")
+    Path(kmem.system_map).write_text(mapped)
+    ks, dropped = kallsyms_from_map(KallsymsText.of(zeroed.encode()), kmem)
+    assert ks.data.decode().splitlines() == [
+        "0000000000000000 A fixed_percpu_data",
+        "0000000000001000 A irq_stack_backing_store",
+        f"{RUNTIME_TEXT:016x} T _text",
+        f"{RUNTIME_TEXT + 0x10:016x} t helper",
+        f"{RUNTIME_TEXT + 0x20:016x} t helper",
+    ]
+    assert dropped == 1
+    kmem.close()

@@ -1,0 +1,121 @@
+#!/bin/sh
+# Runs inside the VM that tests/vm/test_seethrough_vm.py boots (issue 22):
+# kreld at kernel.kptr_restrict=2, where kallsyms and /sys/module/*/sections
+# show zeros to root too, then the truth read at kptr_restrict=0.
+#
+#   1. the real System.map over /boot's placeholder; kptr_restrict=2, then kreld
+#      starts (--root /, state $STATE);
+#   2. modprobe dummy; once kreld has it, kptr_restrict=0 just long enough to
+#      copy its sections (kreld is idle), back to 2; modprobe brd; rmmod dummy;
+#   3. kptr_restrict=0: /proc/kallsyms and kreldctl export kallsyms at the same
+#      moment, brd's sections; kreld stopped;
+#   4. kptr_restrict=2 again: kreld without CAP_SYS_RAWIO (setpriv), state
+#      $STATE-norawio, while veth loads; stopped.
+#
+# Environment: OUT (facts), STATE, SYSMAP (the real System.map), KRELD_VENV, KRELD_REPO.
+set -u
+V=$KRELD_VENV/bin
+CONFIG=$KRELD_REPO/etc/kreld/kreld.toml
+SOCK=/run/kreld/kreld.sock
+KPID=
+mkdir -p "$OUT"
+
+fail() {
+    echo "guest_restricted.sh: $*" >&2
+    [ -n "$KPID" ] && kill -TERM "$KPID" 2>/dev/null && wait "$KPID"
+    exit 1
+}
+
+# wait_log LOG COUNT EVENT [MODULE]
+wait_log() {
+    i=0
+    while [ $i -lt 900 ]; do
+        if [ -n "${4:-}" ]; then
+            c=$(grep -F "\"event\": \"$3\"" "$1" | grep -cF "\"module\": \"$4\"")
+        else
+            c=$(grep -cF "\"event\": \"$3\"" "$1")
+        fi
+        [ "$c" -ge "$2" ] && return 0
+        kill -0 "$KPID" 2>/dev/null || fail "kreld exited while waiting for $3 ${4:-}"
+        sleep 0.1
+        i=$((i + 1))
+    done
+    fail "no $2 x $3 ${4:-} in $1 in 90 s"
+}
+
+# start LOG STATE [PREFIX...]: kreld in the background, until ready
+start() {
+    log=$1
+    state=$2
+    shift 2
+    "$@" "$V/kreld" --config "$CONFIG" --root / --state-dir "$state" --socket "$SOCK" \
+        --log-format json --log-level debug >>"$log" 2>&1 &
+    KPID=$!
+    wait_log "$log" 1 ready
+}
+
+stop() {
+    kill -TERM "$KPID"
+    wait "$KPID"
+    echo $? >"$1"
+    KPID=
+}
+
+sections() { # sections NAME FILE: "name address" lines, as the kernel shows them now
+    for f in /sys/module/$1/sections/.[!.]* /sys/module/$1/sections/*; do
+        [ -f "$f" ] && echo "${f##*/} $(cat "$f")"
+    done >"$2"
+}
+
+udevadm settle --timeout=60 2>/dev/null || true
+release=$(uname -r)
+[ -s "${SYSMAP:-}" ] || fail "no real System.map given (scripts/setup-vm)"
+mount --bind "$SYSMAP" "/boot/System.map-$release" || fail "cannot mount the System.map"
+cat /proc/sys/kernel/random/boot_id >"$OUT/boot_id"
+
+# -- 1, 2: kreld at kptr_restrict=2 ----------------------------------------------------------
+sysctl -q -w kernel.kptr_restrict=2 || fail "kptr_restrict=2"
+head -n 1 /proc/kallsyms >"$OUT/kallsyms.head-at-2"
+LOG=$OUT/kreld.log
+start "$LOG" "$STATE"
+modprobe dummy || fail "modprobe dummy"
+wait_log "$LOG" 1 module_loaded dummy
+sleep 0.3
+sysctl -q -w kernel.kptr_restrict=0
+sections dummy "$OUT/dummy.sections"
+sysctl -q -w kernel.kptr_restrict=2
+cat /sys/module/dummy/sections/.text >"$OUT/dummy.text-at-2"
+modprobe brd rd_nr=1 rd_size=1024 || fail "modprobe brd"
+wait_log "$LOG" 1 module_loaded brd
+rmmod dummy || fail "rmmod dummy"
+wait_log "$LOG" 1 module_unloaded dummy
+wait_log "$LOG" 1 kernel_symbols
+# brd's table (from its .ko: kallsyms shows it no address), after the start's modules
+i=0
+until grep -F '"module": "brd"' "$LOG" | grep -qE '"event": "module_symbols(_unavailable)?"'; do
+    i=$((i + 1))
+    [ $i -gt 1200 ] && fail "no symbol table for brd in 120 s"
+    sleep 0.1
+done
+
+# -- 3: the truth, at kptr_restrict=0, while kreld still runs ----------------------------------
+sysctl -q -w kernel.kptr_restrict=0
+cat /proc/kallsyms >"$OUT/kallsyms"
+"$V/kreldctl" --config "$CONFIG" --socket "$SOCK" export kallsyms -o "$OUT/export" \
+    2>"$OUT/export.err" || fail "export kallsyms: $(cat "$OUT/export.err")"
+cat /proc/kallsyms >"$OUT/kallsyms.after"
+sections brd "$OUT/brd.sections"
+cat /proc/modules >"$OUT/modules"
+"$V/kreldctl" --config "$CONFIG" --socket "$SOCK" status --json >"$OUT/status.json"
+stop "$OUT/kreld.rc"
+
+# -- 4: without CAP_SYS_RAWIO -------------------------------------------------------------------
+sysctl -q -w kernel.kptr_restrict=2
+LOG2=$OUT/kreld-norawio.log
+start "$LOG2" "$STATE-norawio" setpriv --inh-caps=-sys_rawio --bounding-set=-sys_rawio --
+grep CapEff "/proc/$KPID/status" >"$OUT/norawio.capeff"
+modprobe veth || fail "modprobe veth"
+wait_log "$LOG2" 1 module_loaded veth
+stop "$OUT/kreld-norawio.rc"
+sysctl -q -w kernel.kptr_restrict=0
+echo done >"$OUT/done"

@@ -1,0 +1,165 @@
+"""kptr_restrict=2 seen through on a real kernel (issue 22).
+
+One boot of Debian's cloud kernel (tests/vm/guest_restricted.sh): kreld starts
+at kernel.kptr_restrict=2, where /proc/kallsyms and /sys/module/*/sections show
+zeros to root too; dummy and brd load while it runs, dummy unloads; then
+kptr_restrict goes back to 0 and the guest copies what the kernel shows.  Here,
+on the host, kreld's store is held to that truth.  In the same boot kreld runs
+again without CAP_SYS_RAWIO, and must record the boot restricted, with the
+reason and no address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import harness
+import pytest
+from test_realkernel import addr, anchors_of, ctl
+
+GUEST_SCRIPT = Path(__file__).resolve().parent / "guest_restricted.sh"
+BOOT_TIMEOUT = 420.0
+
+pytestmark = pytest.mark.realkernel
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _selected(request: pytest.FixtureRequest) -> None:
+    if "realkernel" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("boots a VM (minutes): select with -m realkernel")
+    why = harness.missing()
+    if why:
+        pytest.skip(f"{why}: run scripts/setup-vm")
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The guest's facts; KRELD_VM_DIR=DIR keeps them (under DIR/restricted)."""
+    keep = os.environ.get("KRELD_VM_DIR")
+    rw = Path(keep).resolve() / "restricted" if keep else tmp_path_factory.mktemp("vm-restricted")
+    shutil.rmtree(rw, ignore_errors=True)
+    rw.mkdir(parents=True)
+    kernel = harness.find_kernel()
+    sysmap = harness.real_system_map(harness.kernel_release(kernel)) if kernel else None
+    if sysmap is None:
+        pytest.skip("no real System.map: run scripts/setup-vm")
+    facts = rw / "facts"
+    run = harness.run_in_guest(
+        f"sh {GUEST_SCRIPT}",
+        rw,
+        timeout=BOOT_TIMEOUT,
+        env={"OUT": str(facts), "STATE": str(rw / "state"), "SYSMAP": str(sysmap)},
+        name="restricted",
+    )
+    log = facts / "kreld.log"
+    tail = log.read_text()[-4000:] if log.exists() else "(no kreld.log)"
+    assert run.status == 0, (
+        f"guest_restricted.sh exited {run.status} after {run.elapsed:.1f}s\n"
+        f"stdout:\n{run.stdout}\nstderr:\n{run.stderr}\nkreld.log tail:\n{tail}"
+    )
+    assert (facts / "kreld.rc").read_text().strip() == "0", tail
+    yield facts
+    if not keep:
+        shutil.rmtree(rw, ignore_errors=True)
+
+
+def boot_id(out: Path) -> str:
+    return (out / "boot_id").read_text().strip()
+
+
+def kallsyms(path: Path) -> list[tuple[int, str, str]]:
+    lines = []
+    for line in path.read_text().splitlines():
+        f = line.split(None, 2)
+        lines.append((int(f[0], 16), f[1], f[2]))
+    return lines
+
+
+def sections(path: Path) -> dict[str, int]:
+    return {n: int(a, 16) for n, a in (line.split() for line in path.read_text().splitlines())}
+
+
+def store(out: Path, *args: str) -> Any:
+    return ctl(out.parent / "state", *args, as_boot=boot_id(out))
+
+
+def test_the_guest_really_hid_every_pointer(out: Path) -> None:
+    """The premise: at kptr_restrict=2 kallsyms and sysfs showed zeros to root."""
+    assert (out / "kallsyms.head-at-2").read_text().startswith("0000000000000000 ")
+    assert int((out / "dummy.text-at-2").read_text(), 16) == 0
+
+
+def test_the_boot_record_has_the_kernels_text_from_kernel_memory(out: Path) -> None:
+    boot = store(out, "show", boot_id(out))
+    truth = {n: a for a, _t, n in kallsyms(out / "kallsyms") if n in ("_text", "_stext", "_etext")}
+    assert boot["restricted"] is False and boot["address_source"] == "kcore"
+    got = anchors_of(boot)
+    assert all(got[n] == a for n, a in truth.items()), (got, truth)
+    assert boot["kaslr_source"] == "vmcoreinfo"
+    assert addr(boot["kaslr_offset"]) == truth["_text"] - 0xFFFFFFFF81000000
+    status = json.loads((out / "status.json").read_text())
+    assert status["address_source"] == "kcore" and status["restricted"] is False
+
+
+def test_every_section_of_every_module_is_the_kernels_init_ones_included(out: Path) -> None:
+    mods = store(out, "modules", "--boot", boot_id(out), "--all")
+    by_name = {m["name"]: m for m in mods}
+    for name in ("dummy", "brd"):
+        m = by_name[name]
+        truth = sections(out / f"{name}.sections")
+        assert any(s.startswith(".init") for s in truth)
+        got = {k: int(v, 16) for k, v in m["sections"].items()}
+        assert got == truth, name
+        assert m["address_source"] == "kcore" and m["restricted"] is False
+    assert by_name["dummy"]["unloaded"] is not None and by_name["brd"]["unloaded"] is None
+    # The modules loaded at the start, too: each core base is the one /proc/modules shows.
+    proc = {
+        f[0]: int(f[5], 16)
+        for f in (line.split() for line in (out / "modules").read_text().splitlines())
+    }
+    live = [m for m in mods if m["unloaded"] is None]
+    assert {m["name"]: addr(m["core_base"]) for m in live} == proc
+    assert all(m["address_source"] == "kcore" for m in live)
+
+
+def test_exported_kernel_lines_equal_the_kernels_own(out: Path) -> None:
+    """export kallsyms (kernel lines from System.map moved by KERNELOFFSET, in
+    kallsyms' own order and names) equals /proc/kallsyms at kptr_restrict=0."""
+    truth = [x for x in kallsyms(out / "kallsyms") if "\t[" not in x[2]]
+    got = [x for x in kallsyms(out / "export") if "\t[" not in x[2]]
+    assert got == truth
+
+
+def test_exported_module_lines_are_the_kernels_where_given(out: Path) -> None:
+    """Module tables come from each .ko (kallsyms names no address at 2), at the
+    section bases read in kernel memory: every module line the export gives is
+    one /proc/kallsyms shows at 0, brd's included."""
+    truth = {(n, a) for a, _t, n in kallsyms(out / "kallsyms") if "\t[" in n}
+    got = {(n, a) for a, _t, n in kallsyms(out / "export") if "\t[" in n}
+    assert any(n.endswith("\t[brd]") for n, _a in got), "no brd line exported"
+    assert got <= truth, sorted(got - truth)[:10]
+    print(f"module lines: {len(got)} exported, {len(truth)} in /proc/kallsyms")
+
+
+def test_without_cap_sys_rawio_the_boot_is_restricted_with_the_reason_and_no_address(
+    out: Path,
+) -> None:
+    capeff = int((out / "norawio.capeff").read_text().split()[1], 16)
+    assert not capeff >> 17 & 1, "kreld still had CAP_SYS_RAWIO"
+    state = out.parent / "state-norawio"
+    boot = ctl(state, "show", boot_id(out), as_boot=boot_id(out))
+    assert boot["restricted"] is True and boot["address_source"] is None
+    assert "kernel.kptr_restrict=2" in boot["restricted_reason"]
+    assert "CAP_SYS_RAWIO" in boot["restricted_reason"]
+    mods = ctl(state, "modules", "--boot", boot_id(out), "--all", as_boot=boot_id(out))
+    text = json.dumps([boot, mods])
+    assert not re.search(r'"0x[0-9a-f]{8,}"', text.replace(boot["kaslr_offset"] or "-", "")), text[
+        :2000
+    ]
+    assert any(m["name"] == "veth" and m["restricted"] for m in mods)
