@@ -18,7 +18,6 @@ __all__ = [
     "check_config",
     "event_sources",
     "main",
-    "status_line",
 ]
 
 import argparse
@@ -42,6 +41,7 @@ from kreld.core import log as klog
 from kreld.core.errors import ExitCode, KernelReadError, KreldError
 from kreld.core.model import AddressSource, BootSnapshot, Timestamp
 from kreld.core.record import fields, replace
+from kreld.ctl.render import status_line
 from kreld.kernel.info import Root, read_boot_id
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.seethrough import KernelMemory
@@ -447,16 +447,6 @@ class Daemon:
             self.kmem.close()
         self.store.close()
         self.lock.release()
-
-
-def status_line(st: dict[str, Any]) -> str:
-    """The line systemctl status shows, from a Status answer."""
-    return (
-        f"boot {st['boot_id'][:8]}: {st['loaded_modules']} modules loaded, "
-        f"{st['incarnations']} incarnations in {st['boots']} boots"
-        + (", addresses restricted" if st["restricted"] else "")
-        + (", a damaged store was set aside" if st["damaged_stores"] else "")
-    )
 
 
 def _watchdog_usec() -> int:

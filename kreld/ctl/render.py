@@ -14,6 +14,7 @@ __all__ = [
     "render_resolved",
     "render_status",
     "render_table",
+    "status_line",
     "symbol_of",
     "warn_restricted",
 ]
@@ -155,3 +156,13 @@ def render_status(st: dict[str, Any], out: TextIO) -> None:
                 print(f"{k:<{width}}  {item}", file=out)
         else:
             print(f"{k:<{width}}  {v}", file=out)
+
+
+def status_line(st: dict[str, Any]) -> str:
+    """The line systemctl status shows, from a Status answer."""
+    return (
+        f"boot {st['boot_id'][:8]}: {st['loaded_modules']} modules loaded, "
+        f"{st['incarnations']} incarnations in {st['boots']} boots"
+        + (", addresses restricted" if st["restricted"] else "")
+        + (", a damaged store was set aside" if st["damaged_stores"] else "")
+    )
