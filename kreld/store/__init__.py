@@ -35,6 +35,10 @@ databases (:class:`Table`), each kept by one part of this package:
     boot-id (16 bytes) + seq (8 bytes BE) -> the values (``<q`` each) one
     load printed for its table's absolute entries, where they differ from
     the load the table came from.
+``kcode`` (:mod:`.kcode`)
+    boot-id (16 bytes) + a letter + seq: BPF programs, trampolines, ftrace
+    and kprobe pages, one record per appearance, which are open, the loss
+    windows and the last watch time (issue 21), with their retention.
 ``published`` (:mod:`kreld.pubstate`)
     what has been published to the fleet bucket, per target; made by the
     first publishing round.
@@ -46,9 +50,12 @@ doubled and the write retried (:mod:`.env`).  :mod:`.gc` applies retention.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from kreld.store.boots import BootTables
 from kreld.store.env import Table, boot_key, inc_key
 from kreld.store.gc import Retention
+from kreld.store.kcode import KernelCodeTables
 from kreld.store.symtabs import KernelTable, SymbolTableStore, TableViews
 
 __all__ = ["KernelTable", "Store", "Table", "TableViews", "boot_key", "inc_key"]
@@ -57,6 +64,10 @@ __all__ = ["KernelTable", "Store", "Table", "TableViews", "boot_key", "inc_key"]
 class Store(BootTables, SymbolTableStore, Retention):
     """A kreld store opened for writing (the daemon) or reading (kreldctl):
     the table families of this package over one LMDB environment."""
+
+    @cached_property
+    def kernel_code(self) -> KernelCodeTables:
+        return KernelCodeTables(self)
 
     def __enter__(self) -> Store:
         return self
