@@ -24,6 +24,7 @@ from kreld.ctl.args import addresses_in, build_parser, parse_time
 from kreld.ctl.render import (
     fmt_realtime,
     render_boot,
+    render_code,
     render_modules,
     render_resolved,
     render_status,
@@ -267,6 +268,15 @@ class Ctl:
             self.emit_json(mods)
             return 0
         render_modules(mods, Clock(params["clock"]), self.out)
+        return 0
+
+    def code(self) -> int:
+        params = self._at()
+        reply = self.call("GetKernelCode", all=self.args.all or None, **params)
+        if self.args.json:
+            self.emit_json(reply)
+            return 0
+        render_code(reply, Clock(params["clock"]), self.out)
         return 0
 
     def resolve(self) -> int:

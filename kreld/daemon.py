@@ -42,6 +42,7 @@ from kreld.server.listener import Server, bind_socket, limits_of, raise_fd_limit
 from kreld.server.service import Service
 from kreld.store.lock import WriterLock, damaged_stores, open_writable
 from kreld.symbols.capture import SymbolCapture
+from kreld.tracker.kcode import KernelCodeFollower
 from kreld.tracker.sources import EventSource, UeventSource, WatchSource, health
 from kreld.tracker.tracker import ModuleTracker
 
@@ -137,7 +138,8 @@ class Daemon:
         except BaseException:
             self.lock.release()
             raise
-        self.sources: list[EventSource] = []
+        self.kcode = KernelCodeFollower(self.root, log)  # rings open before kallsyms is read
+        self.sources: list[EventSource] = [self.kcode]
         self.symbols: SymbolCapture | None = None
         self.tracker: ModuleTracker | None = None
         self.tracker_thread: threading.Thread | None = None
@@ -176,6 +178,7 @@ class Daemon:
         except KernelReadError:
             ks = None  # the snapshot reads it again and records why
         stored, _, _ = self.record_boot(ks.data if ks else None)
+        self.kcode.begin(self.store, stored.boot_id, ks)
         tracker = ModuleTracker(
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
@@ -267,6 +270,7 @@ class Daemon:
                 }
             ],
             "publish": None if self.publisher is None else self.publisher.health(),
+            "kernel_code": self.kcode.status(),
         } | ({} if self.server is None else self.server.counts())  # connections, once served
 
     def started_tracker(self) -> ModuleTracker:
@@ -306,6 +310,7 @@ class Daemon:
         )
         await self.server.start(self.listening_socket())
         tracker.listeners.append(self.server.publish)
+        self.kcode.listeners.append(self.server.publish)
         sd.notify(f"READY=1\nSTATUS={status_line(self.status())}")
         self.log.info(
             "ready", state_dir=self.cfg.state_dir, root=self.cfg.root, socket=self.cfg.socket

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kreld.core.kcode import CodeKind, CodeSeen, LossReason
+from kreld.core.kcode import CodeEvent, CodeKind, CodeSeen, LossReason
 from kreld.core.model import Clock, Timestamp
 from kreld.kernel.sideband import BpfEvent, Ksymbol, Lost, merge_by_time
 from kreld.store import Store
-from kreld.tracker.kcodeplan import ZERO, CodeEvent, CodeLine, CodeState, code_lines
+from kreld.tracker.kcodeplan import ZERO, CodeLine, CodeState, code_lines
 
 BOOT = "0d3c5f0e-9a61-4a8e-8f4e-0c1a2b3c4d5e"
 A = 0xFFFFFFFFC0010000

@@ -27,6 +27,7 @@ __all__ = [
     "OWNER_FTRACE",
     "OWNER_KPROBES",
     "AddressSource",
+    "CodeEvent",
     "CodeKind",
     "CodeSeen",
     "KernelCode",
@@ -53,6 +54,14 @@ class CodeKind(StrEnum):
     OTHER = "other"  # a name kreld does not know: recorded as the kernel gave it
 
 
+class CodeEvent(StrEnum):
+    """What Subscribe tells of a piece of kernel code (its ``code`` member)."""
+
+    LOAD = "code_load"
+    UPDATE = "code_update"
+    UNLOAD = "code_unload"
+
+
 class CodeSeen(StrEnum):
     """How kreld saw a piece of code come or go."""
 
@@ -70,6 +79,7 @@ class AddressSource(StrEnum):
 class LossReason(StrEnum):
     LOST_RECORDS = "lost_records"  # a ring overflowed (PERF_RECORD_LOST, or its count)
     NOT_RUNNING = "not_running"  # kreld was stopped: from its last record to its start
+    NOT_FOLLOWED = "not_followed"  # no rings (unavailable): between two looks at kallsyms
     RETENTION = "retention"  # older records were dropped to bound the store
 
 

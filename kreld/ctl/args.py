@@ -75,6 +75,9 @@ def add_queries(cmd: Callable[[str, str], argparse.ArgumentParser]) -> None:
     sp = cmd("modules", "list module incarnations loaded at a time")
     at_options(sp)
     sp.add_argument("--all", action="store_true", help="the boot's whole module history")
+    sp = cmd("code", "list BPF programs, trampolines, ftrace and kprobe pages live at a time")
+    at_options(sp)
+    sp.add_argument("--all", action="store_true", help="the boot's whole history of them")
     sp = cmd(
         "symbolize", "symbolize addresses read from stdin (one per line, or perf script output)"
     )

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from enum import StrEnum
 
 from kreld.core.kcode import (
     AddressSource,
+    CodeEvent,
     CodeKind,
     CodeSeen,
     KernelCode,
@@ -43,7 +43,6 @@ from kreld.kernel.sideband import BpfEvent, BpfEventType, Ksymbol, Lost, SideRec
 __all__ = [
     "PAGE",
     "ZERO",
-    "CodeEvent",
     "CodeLine",
     "CodeState",
     "Stamp",
@@ -60,14 +59,6 @@ _CODE_LINE = re.compile(
 _RECENT_CAP = 65536
 
 Stamp = Callable[[int], Timestamp]  # a record's CLOCK_MONOTONIC ns on the three clocks
-
-
-class CodeEvent(StrEnum):
-    """What Subscribe tells of a piece of kernel code."""
-
-    LOAD = "code_load"
-    UPDATE = "code_update"
-    UNLOAD = "code_unload"
 
 
 @record
