@@ -71,7 +71,9 @@ class KernelCodeFollower:
 
     name = "kernel_code"
 
-    def __init__(self, root: Root, log: FilteringBoundLogger) -> None:
+    def __init__(
+        self, root: Root, log: FilteringBoundLogger, pages: int = consts.KCODE_RING_PAGES
+    ) -> None:
         self.root, self.log = root, log
         self.rings: SidebandRings | None = None
         # On the real root only, like uevents: a fake tree's kernel is not this one.
@@ -80,7 +82,7 @@ class KernelCodeFollower:
         self.opened = time.monotonic_ns()
         if follow:
             try:
-                self.rings = SidebandRings(root)
+                self.rings = SidebandRings(root, pages)
             except KernelReadError as e:
                 self.reason = e.reason
                 log.warning("kernel_code_unfollowed", reason=e.reason)
