@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bpfprog import load_socket_filter  # noqa: E402
+from bpfprog import load_socket_filter
 
 SO_ATTACH_BPF = 50
 
