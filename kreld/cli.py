@@ -22,6 +22,7 @@ from kreld.core.errors import ExitCode, InvalidArgument, KreldError
 from kreld.core.model import BootSnapshot, Clock, Incarnation, parse_addr
 from kreld.ctl.args import addresses_in, build_parser, parse_time
 from kreld.ctl.render import (
+    event_line,
     fmt_realtime,
     render_boot,
     render_code,
@@ -417,15 +418,8 @@ class Ctl:
         for msg in backend.stream("Subscribe"):
             if self.args.json:
                 self.out.write(json.dumps(msg) + "\n")
-            elif msg.get("event") == "snapshot":
-                print(f"{len(msg.get('modules') or [])} modules loaded; watching", file=self.out)
             else:
-                m = msg.get("module") or {}
-                text = (m.get("sections") or {}).get(".text", "-")
-                print(
-                    f"{msg.get('event'):<7} {m.get('name')} seq {m.get('seq')} .text {text}",
-                    file=self.out,
-                )
+                print(event_line(msg), file=self.out)
             self.out.flush()
         return 0
 

@@ -19,6 +19,7 @@ import pytest
 from bpfprog import load_socket_filter
 from conftest import ctl_json, kreldctl, wait_until
 
+from kreld.client import Client
 from kreld.core import consts
 from kreld.core.errors import KernelReadError
 from kreld.core.kcode import CodeSeen, LossReason
@@ -116,9 +117,9 @@ def test_an_overflowing_ring_is_a_loss_window_and_nothing_is_recorded_wrong(
 def test_a_daemon_on_this_kernel_names_a_bpf_program_at_its_time_and_not_after(
     daemon_factory: Any, tmp_path: Path, sockdir: Path
 ) -> None:
-    """Status says the source is open on every CPU; kreldctl code lists the program
-    with its id and both times; resolve --at names it while it was loaded, and
-    not once it was gone."""
+    """Status says the source is open on every CPU; Subscribe tells the program's
+    load and unload; kreldctl code lists it with its id and both times; resolve
+    --at names it while it was loaded, and not once it was gone."""
     need_rings().close()
     sock = str(sockdir / "kreld.sock")
     d = daemon_factory("--root", "/", "--state-dir", str(tmp_path / "st"), "--socket", sock)
@@ -126,9 +127,19 @@ def test_a_daemon_on_this_kernel_names_a_bpf_program_at_its_time_and_not_after(
     common = ("--socket", sock)
     status = ctl_json("status", *common)["kernel_code"]
     assert status["state"] == "open" and status["cpus"] == len(online_cpus(ROOT)), status
+    sub = Client(sock, timeout=20)
+    events = sub.stream("Subscribe")
+    assert next(events)["event"] == "snapshot"
     fd = need_program("kreldlive")
     time.sleep(0.2)
     os.close(fd)
+    told = []
+    while len(told) < 2:  # Subscribe tells the load (with its id) and the unload
+        ev = next(events)
+        if ev.get("code", {}).get("name", "").endswith("_kreldlive"):
+            told.append((ev["event"], ev["code"]["prog_id"] is not None))
+    sub.close()
+    assert told == [("code_load", True), ("code_unload", True)]
 
     def gone() -> dict[str, Any] | None:
         reply = ctl_json("code", "--all", *common)

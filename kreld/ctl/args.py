@@ -63,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--keep-boots", type=int, metavar="N", help="keep the N newest boots")
     sp.add_argument("--keep-days", type=float, metavar="D", help="keep boots first seen in D days")
     cmd("status", "the daemon's health, or the store's counts when no daemon runs")
-    cmd("watch", "print module loads and unloads as kreld records them (needs the daemon)")
+    cmd(
+        "watch",
+        "print module and kernel code loads and unloads as kreld records them (needs the daemon)",
+    )
     sp = cmd("resolve", "say which image and section holds each address")
     sp.add_argument("addresses", nargs="+", metavar="ADDR", help="hex address (0x optional)")
     at_options(sp)

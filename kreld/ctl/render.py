@@ -9,6 +9,7 @@ from kreld.core.kcode import KernelCode, LossWindow
 from kreld.core.model import BootSnapshot, Clock, Incarnation, hexaddr
 
 __all__ = [
+    "event_line",
     "fmt_realtime",
     "render_boot",
     "render_code",
@@ -134,6 +135,17 @@ def render_code(reply: dict[str, Any], clock: Clock, out: TextIO) -> None:
         print(
             f"loss window {w.start.on(clock)}..{w.end.on(clock)}: {w.reason.value}{lost}", file=out
         )
+
+
+def event_line(msg: dict[str, Any]) -> str:
+    """A Subscribe reply as ``kreldctl watch`` prints it."""
+    if msg.get("event") == "snapshot":
+        return f"{len(msg.get('modules') or [])} modules loaded; watching"
+    if (c := msg.get("code")) is not None:  # a BPF program, trampoline, ...
+        return f"{msg['event']:<11} {c['name']} seq {c['seq']} at {c['address']}"
+    m = msg.get("module") or {}
+    text = (m.get("sections") or {}).get(".text", "-")
+    return f"{msg.get('event'):<7} {m.get('name')} seq {m.get('seq')} .text {text}"
 
 
 def render_resolved(results: list[dict[str, Any]], out: TextIO) -> None:

@@ -29,16 +29,13 @@ from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
-import lmdb
-
 from kreld.core import consts
 from kreld.core.kcode import KernelCode, LossReason, LossWindow
 from kreld.core.model import Timestamp
-from kreld.store.env import SEQ, StoreEnv, boot_key, decoded, dumps
+from kreld.store.env import SEQ, StoreEnv, Table, boot_key, decoded, dumps
 
-__all__ = ["KCODE", "KernelCodeTables"]
+__all__ = ["KernelCodeTables"]
 
-KCODE = b"kcode"
 _ZERO = Timestamp(0, 0, 0)
 
 
@@ -47,13 +44,9 @@ class KernelCodeTables:
 
     def __init__(self, env: StoreEnv) -> None:
         self.env = env
-        self.db: Any = None
-        if KCODE.decode() in env.lost:
-            return
-        try:
-            self.db = env.env.open_db(KCODE, create=not env.readonly)
-        except lmdb.NotFoundError:
-            self.db = None  # a read-only open of a store from before this table
+        # None: a read-only open of a store from before this table (nothing
+        # recorded); a damaged table is StoreCorrupt when read (env.dbs).
+        self.db: Any = env.dbs[Table.KCODE]
 
     # -- writing ------------------------------------------------------------------
 
