@@ -8,8 +8,11 @@ from pathlib import Path
 
 from kreld.core.kcode import CodeEvent, CodeKind, CodeSeen, LossReason
 from kreld.core.model import Clock, Timestamp
+from kreld.kernel.info import Root
+from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.sideband import BpfEvent, Ksymbol, Lost, merge_by_time
 from kreld.store import Store
+from kreld.tracker.kcode import KernelCodeFollower
 from kreld.tracker.kcodeplan import ZERO, CodeLine, CodeState, code_lines
 
 BOOT = "0d3c5f0e-9a61-4a8e-8f4e-0c1a2b3c4d5e"
@@ -171,3 +174,53 @@ def test_retention_keeps_the_open_and_newest_closed_and_turns_the_rest_into_a_wi
         assert first.reason is LossReason.RETENTION and first.covers(Clock.MONOTONIC, 195)
         assert kc.prune(BOOT, keep_closed=10, keep_losses=4) == 0
         assert kc.drop_boots(set()) > 0 and kc.codes(BOOT) == []
+
+
+class _NullLog:
+    def __getattr__(self, _name: str) -> object:
+        return lambda *a, **k: None
+
+
+def _follower(tmp_path: Path) -> KernelCodeFollower:
+    """A follower on a fake root: no rings (it says why), looks at the given kallsyms."""
+    root = tmp_path / "root"
+    (root / "proc/sys/net/core").mkdir(parents=True, exist_ok=True)
+    (root / "proc/sys/net/core/bpf_jit_kallsyms").write_text("1\n")
+    (root / "proc/sys/net/core/bpf_jit_harden").write_text("0\n")
+    return KernelCodeFollower(Root(root), _NullLog())  # type: ignore[arg-type]
+
+
+def test_a_restart_records_the_time_kreld_was_down_as_a_window_and_closes_what_went(
+    tmp_path: Path,
+) -> None:
+    live = b"ffffffff81000000 T _text\nffffffffc0010000 t " + NAME.encode() + b"\t[bpf]\n"
+    with Store(tmp_path / "s") as store:
+        first = _follower(tmp_path)
+        assert first.status()["state"] == "unavailable" and first.status()["reason"]
+        first.begin(store, BOOT, KallsymsText.of(live))
+        (found,) = store.kernel_code.open_codes(BOOT)
+        assert found.name == NAME and found.loaded_after == ZERO
+        watch = store.kernel_code.watch(BOOT)
+        assert watch is not None
+        again = _follower(tmp_path)
+        again.begin(store, BOOT, KallsymsText.of(b"ffffffff81000000 T _text\n"))
+        (down,) = store.kernel_code.losses(BOOT)
+        assert down.reason is LossReason.NOT_RUNNING and down.start == watch
+        (gone,) = store.kernel_code.codes(BOOT)
+        assert gone.unloaded == down.end and gone.unloaded_after == watch
+
+
+def test_a_look_at_a_restricted_kallsyms_closes_nothing(tmp_path: Path) -> None:
+    """kptr_restrict: every address reads 0; what kallsyms seems to lack is no unload."""
+    live = b"ffffffff81000000 T _text\nffffffffc0010000 t " + NAME.encode() + b"\t[bpf]\n"
+    zeroed = b"0000000000000000 T _text\n0000000000000000 t " + NAME.encode() + b"\t[bpf]\n"
+    with Store(tmp_path / "s") as store:
+        _follower(tmp_path).begin(store, BOOT, KallsymsText.of(live))
+        tail = KallsymsText(zeroed[zeroed.index(b"\n") + 1 :], 0, 0)  # as read_tail keeps it
+        f = _follower(tmp_path)
+        f.begin(store, BOOT, KallsymsText.of(zeroed))  # the start-up look
+        f.tables = store.kernel_code
+        (tmp_path / "root/proc/kallsyms").write_bytes(tail.data)
+        f.look(None)  # a later look reads the tail only
+        (still,) = store.kernel_code.open_codes(BOOT)
+        assert still.name == NAME

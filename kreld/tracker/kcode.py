@@ -16,7 +16,9 @@ between two looks as a loss window of reason ``not_followed``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import select
 import threading
 import time
@@ -47,6 +49,8 @@ _POLL_MS = 1000
 _CPU_CHECK = 10.0  # s between looks for CPUs come online
 _UNFOLLOWED_LOOK = 60.0  # s between looks at kallsyms without rings
 _PRUNE_EVERY = 10_000  # records written between two retention passes
+# The first line with an owner: its address all zeros is a restricted kallsyms.
+_FIRST_OWNED = re.compile(rb"^([0-9a-fA-F]+) \S [^\t\n]+\t\[", re.MULTILINE)
 _JIT_KALLSYMS = "proc/sys/net/core/bpf_jit_kallsyms"
 _JIT_HARDEN = "proc/sys/net/core/bpf_jit_harden"
 
@@ -98,6 +102,7 @@ class KernelCodeFollower:
         self._lost_seen: dict[int, int] = {}
         self._thread: threading.Thread | None = None
         self._last_look = 0.0
+        self._last_write = time.monotonic()
         self._since_prune = 0
 
     @property
@@ -127,7 +132,10 @@ class KernelCodeFollower:
         self.prune()
 
     def _reconcile(self, ks: KallsymsText, look: Timestamp, since: Timestamp) -> Changes:
-        if self.state is None:
+        """The look's changes; none where kallsyms shows zeros (kptr_restrict):
+        an absent address then says nothing of what is loaded."""
+        first = _FIRST_OWNED.search(ks.data, ks.tail)
+        if self.state is None or (first is not None and not first[1].strip(b"0")):
             return Changes()
         lines = code_lines(ks.data, ks.tail)
         return self.state.reconcile(lines, look, since, programs_listed(self.root))
@@ -144,8 +152,16 @@ class KernelCodeFollower:
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.rings is not None:
+            with contextlib.suppress(KreldError):  # logged by the write's failure already
+                self._beat()  # followed up to now: a restart's window starts here
             self.rings.close()
             self.rings = None
+
+    def _beat(self) -> None:
+        """Say that every record up to now has been read (the watch time)."""
+        if self.tables is not None and self.state is not None:
+            self.tables.apply(self.state.boot_id, [], [], Timestamp.now())
+        self._last_write = time.monotonic()
 
     def run(self, stop: threading.Event) -> None:
         last_cpu_check = time.monotonic()
@@ -163,6 +179,8 @@ class KernelCodeFollower:
                 if time.monotonic() - last_cpu_check >= _CPU_CHECK:
                     last_cpu_check = time.monotonic()
                     self.rings.add_online()
+                if time.monotonic() - self._last_write >= consts.HEARTBEAT_INTERVAL:
+                    self._beat()
             except KreldError as e:
                 self._failed(e)
                 stop.wait(1.0)
@@ -235,6 +253,7 @@ class KernelCodeFollower:
             return
         self.tables.apply(self.state.boot_id, todo.written.values(), todo.losses, Timestamp.now())
         self._pending.clear()
+        self._last_write = time.monotonic()
         self.records += len(todo.written)
         self.windows += len(todo.losses)
         self.healthy, self.last_error = True, None
