@@ -367,9 +367,11 @@ class Ctl:
         return 0
 
     def inject(self) -> int:
-        from kreld.perf.inject import inject
+        from kreld.perf.inject import code_ksyms, inject
 
-        res = inject(self.perf_store(), self.args.input, self.args.output, self.err)
+        store = self.perf_store()
+        code = code_ksyms(store, self.err)
+        res = inject(store, self.args.input, self.args.output, self.err, code)
         if self.args.json and self.args.output != "-":
             self.emit_json(res)
         return 0

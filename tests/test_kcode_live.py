@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from bpfprog import load_socket_filter
@@ -173,13 +173,20 @@ WORKLOAD = Path(__file__).resolve().parent / "kcode_workload"
 _FRAME = re.compile(r"^\s+([0-9a-f]{16}) (\S+) \((\S+)\)$", re.M)
 
 
-def test_symbolize_for_names_every_unknown_frame_of_a_program_another_process_loaded(
-    daemon_factory: Any, tmp_path: Path, sockdir: Path
-) -> None:
-    """A per-task ``perf record -k monotonic`` of a task that runs a BPF filter
-    another process loads and unloads mid-recording gets no KSYMBOL record:
-    ``perf script`` leaves the filter's frames ``[unknown]``; ``kreldctl
-    symbolize --for`` names every one of them after the program."""
+class Recording(NamedTuple):
+    perf: str
+    data: Path
+    state: str
+    env: dict[str, str]
+    script: str  # perf script of the recording
+    unknown: list[str]  # the addresses of its [unknown] frames in kernel code
+
+
+@pytest.fixture
+def filter_recording(daemon_factory: Any, tmp_path: Path, sockdir: Path) -> Recording:
+    """kreld on the real root while a per-task ``perf record -k monotonic`` records a
+    task that runs a BPF filter another process loads and unloads mid-recording
+    (tests/kcode_workload/): such a recording gets no KSYMBOL record."""
     perf = shutil.which("perf")
     if perf is None:
         pytest.skip("perf is not installed (Debian package linux-perf)")
@@ -215,15 +222,50 @@ def test_symbolize_for_names_every_unknown_frame_of_a_program_another_process_lo
         m[1] for m in _FRAME.finditer(script) if m[2] == "[unknown]" and lo <= int(m[1], 16) < hi
     ]
     assert unknown, "no sample landed in the filter: nothing to name"
+    return Recording(perf, data, state, env, script, unknown)
+
+
+def test_symbolize_for_names_every_unknown_frame_of_a_program_another_process_loaded(
+    filter_recording: Recording,
+) -> None:
+    """``perf script`` leaves the filter's frames ``[unknown]``; ``kreldctl
+    symbolize --for`` names every one of them after the program."""
+    r = filter_recording
     out = subprocess.run(
-        [str(Path(sys.executable).parent / "kreldctl"), "symbolize", "--for", str(data),
-         "--state-dir", state],
-        input=script, capture_output=True, text=True, check=True, timeout=120,
+        [str(Path(sys.executable).parent / "kreldctl"), "symbolize", "--for", str(r.data),
+         "--state-dir", r.state],
+        input=r.script, capture_output=True, text=True, check=True, timeout=120,
     ).stdout  # fmt: skip
-    frames = {m[1]: (m[2], m[3]) for m in _FRAME.finditer(out) if m[1] in set(unknown)}
+    frames = {m[1]: (m[2], m[3]) for m in _FRAME.finditer(out) if m[1] in set(r.unknown)}
     assert all(
         sym.startswith("bpf_prog_") and sym.split("+")[0].endswith("_kreldsym") and dso == "[bpf]"
         for sym, dso in frames.values()
     ), frames
     named = [m[1] for m in _FRAME.finditer(out) if "_kreldsym+0x" in m[2]]
-    assert len(named) == len(unknown)
+    assert len(named) == len(r.unknown)
+
+
+def test_inject_adds_the_programs_ksymbols_and_perf_script_of_out_names_every_frame(
+    filter_recording: Recording, tmp_path: Path
+) -> None:
+    """``kreldctl inject`` (issue 23's BPF half) writes a KSYMBOL register and
+    unregister for the filter: ``perf script`` of OUT, with no warning, names
+    every frame it left ``[unknown]`` in IN, and only those changed."""
+    r = filter_recording
+    out = tmp_path / "out.data"
+    subprocess.run(
+        [str(Path(sys.executable).parent / "kreldctl"), "inject", "-i", str(r.data),
+         "-o", str(out), "--state-dir", r.state],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    cp = subprocess.run(
+        [r.perf, "script", "-i", str(out)], capture_output=True, text=True, env=r.env, check=True
+    )
+    assert cp.stderr.strip() == "", cp.stderr
+    before = [(m[1], m[2]) for m in _FRAME.finditer(r.script)]
+    after = [(m[1], m[2]) for m in _FRAME.finditer(cp.stdout)]
+    assert [a for a, _ in before] == [a for a, _ in after]  # the same frames, in order
+    wanted = set(r.unknown)
+    changed = [(a, s0, s1) for (a, s0), (_, s1) in zip(before, after, strict=True) if s0 != s1]
+    assert {a for a, _, _ in changed} == wanted
+    assert all(s1.split("+")[0].endswith("_kreldsym") for _, _, s1 in changed), changed[:3]
