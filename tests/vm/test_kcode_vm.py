@@ -110,7 +110,7 @@ def test_symbolize_for_names_every_unknown_bpf_frame_of_the_per_task_recording(
     named = [(m[1], m[2], m[3]) for m in _FRAME.finditer(cp.stdout) if m[1] in wanted]
     left = [a for a, sym, _ in named if sym == "[unknown]"]
     assert not left, f"{len(left)} of {len(unknown)} frames left unnamed: {sorted(set(left))[:5]}"
-    kinds = {sym.split("+")[0].rsplit("_", 1)[0] for _, sym, _ in named}
+    kinds = {sym.split("+")[0] for _, sym, _ in named}
     assert any(sym.startswith("bpf_prog_") and "_vfs_read+" in sym for _, sym, _ in named), kinds
     print(f"[realkernel] {len(unknown)} [unknown] frames named: {sorted(kinds)}", file=sys.stderr)
 
@@ -132,7 +132,7 @@ def test_resolve_at_names_the_kprobe_program_then_what_came_next_at_its_address(
     (r,) = json.loads(
         ctl(g, "resolve", addr, "--boot", g.boot_id, "--at", str(mid), "--json").stdout
     )
-    assert r.get("symbol") == p.name, r
+    assert r.get("symbol") == p.name and r.get("code_seq") == p.seq, r
     later = [
         c
         for c in recorded
@@ -144,8 +144,10 @@ def test_resolve_at_names_the_kprobe_program_then_what_came_next_at_its_address(
     cp = ctl(g, "resolve", addr, "--boot", g.boot_id, "--at", str(after), "--json", check=False)
     (r,) = json.loads(cp.stdout)
     if later:
-        assert r.get("symbol") == later[0].name, (r, later[0])
-        print(f"[realkernel] {addr}: {p.name}, then {later[0].name}", file=sys.stderr)
+        assert r.get("symbol") == later[0].name and r.get("code_seq") == later[0].seq, r
+        q = later[0]
+        print(f"[realkernel] {addr}: {p.name} (seq {p.seq}, id {p.prog_id}), then {q.name} "
+              f"(seq {q.seq}, id {q.prog_id})", file=sys.stderr)  # fmt: skip
     else:
         assert r.get("symbol") != p.name, r
 
@@ -181,3 +183,32 @@ def test_a_burst_with_kreld_stopped_shows_its_loss_and_records_nothing_wrong(
         f"{status['lost']} records lost, {status['loss_windows']} loss windows",
         file=sys.stderr,
     )
+
+
+def test_inject_of_the_per_task_recording_names_every_bpf_frame_in_perf_script(
+    guest: Guest, tmp_path: Path
+) -> None:
+    """kreldctl inject on the host (issue 23's BPF half): ``perf script`` of OUT,
+    with the guest's kernel symbols from ``export kallsyms --for`` and no other
+    symbol files, leaves no frame in kernel code ``[unknown]`` and names the
+    kprobe and kfunc programs."""
+    g = guest
+    perf = shutil.which("perf")
+    if perf is None:
+        pytest.skip("perf is not installed on the host")
+    out, ks, empty = tmp_path / "out.data", tmp_path / "kallsyms", tmp_path / "empty"
+    empty.mkdir()
+    ctl(g, "inject", "-i", str(g.out / "perf-task.data"), "-o", str(out))
+    ctl(g, "export", "kallsyms", "--for", str(out), "-o", str(ks))
+    env = {**os.environ, "HOME": str(tmp_path)}
+    cp = subprocess.run(
+        [perf, "script", "-i", str(out), f"--kallsyms={ks}", f"--symfs={empty}"],
+        capture_output=True, text=True, env=env, timeout=300, check=True,
+    )  # fmt: skip
+    lo, hi = consts.KCODE_AREA
+    frames = [(m[1], m[2]) for m in _FRAME.finditer(cp.stdout) if lo <= int(m[1], 16) < hi]
+    before = (g.out / "perf-task.script").read_text()
+    unknown = {m[1] for m in _FRAME.finditer(before) if m[2] == "[unknown]"}
+    left = [a for a, sym in frames if sym == "[unknown]" and a in unknown]
+    assert frames and not left, f"{len(left)} of {len(frames)} frames left [unknown]"
+    assert any("_vfs_read+" in sym for _, sym in frames), frames[:5]
