@@ -128,8 +128,11 @@ class KernelCodeFollower:
         if ks is not None and not ks.zeroed():
             ch = _joined(ch, self._reconcile(ks, look, watch or ZERO))
         self._last_look = time.monotonic()
-        self._write(ch)
-        self.prune()
+        try:
+            self._write(ch)
+            self.prune()
+        except KreldError as e:  # a full disk: held, written by a later step
+            self._failed(e)
 
     def _reconcile(self, ks: KallsymsText, look: Timestamp, since: Timestamp) -> Changes:
         """The look's changes; none where kallsyms shows zeros (kptr_restrict):
