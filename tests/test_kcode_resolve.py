@@ -4,6 +4,8 @@ uncertain and names nothing, and the bulk path answers as the one-by-one path.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kreld.core.kcode import (
     AddressSource,
     CodeKind,
@@ -58,6 +60,7 @@ def code(seq: int, name: str, loaded: int, unloaded: int | None, **kw: object) -
     return KernelCode(**(base | kw))  # type: ignore[arg-type]
 
 
+BOOT_ID = boot().boot_id
 FIRST = code(0, "bpf_prog_1111111111111111_first", 100, 200)
 SECOND = code(1, "bpf_prog_2222222222222222_second", 300, None)
 HIST = CodeHistory((FIRST, SECOND), (LossWindow(ts(400), ts(500), LossReason.LOST_RECORDS, 3),))
@@ -137,3 +140,36 @@ def test_exported_kallsyms_lines_are_in_the_kernels_order_at_the_time() -> None:
         "[__builtin__kprobes]",
     ]
     assert f"{A:016x} t {FIRST.name}" in lines[2]
+
+
+def test_candidates_by_bisection_are_the_pieces_possible_at_each_time() -> None:
+    """The index a 50,000-record boot is asked through gives what a scan gives."""
+    import random
+
+    rng = random.Random(3)
+    codes = []
+    for i in range(400):
+        lo = rng.randrange(10_000)
+        hi = None if rng.random() < 0.1 else lo + rng.randrange(1, 500)
+        after = ts(lo - 50) if rng.random() < 0.2 else None
+        codes.append(code(i, f"bpf_prog_{i:016x}_p", lo, hi, loaded_after=after))
+    hist = CodeHistory(codes, ())
+    for t in [*range(0, 11_000, 97), None]:
+        want = [c for c in codes if c.possible_at(Clock.MONOTONIC, t)]
+        assert hist.candidates(Clock.MONOTONIC, t) == want, t
+
+
+def test_a_history_read_again_reads_only_the_open_and_the_new_records(tmp_path: Path) -> None:
+    from kreld.store import Store
+    from kreld.symbols.kcodequery import code_history
+
+    with Store(tmp_path / "s") as store:
+        kc = store.kernel_code
+        kc.apply(BOOT_ID, [FIRST, code(1, SECOND.name, 300, None)], [], None)
+        known = code_history(store, BOOT_ID)
+        closed = code(1, SECOND.name, 300, 400)
+        late = code(2, "bpf_prog_5555555555555555_late", 450, None)
+        kc.apply(BOOT_ID, [closed, late], [LossWindow(ts(1), ts(2), LossReason.LOST_RECORDS)], None)
+        again = code_history(store, BOOT_ID, known)
+        assert again.codes == (FIRST, closed, late) and len(again.losses) == 1
+        assert code_history(store, BOOT_ID).codes == again.codes

@@ -64,6 +64,7 @@ class Service:
         self._generation = 0  # of recorded events, for the caches
         self._history: dict[str, list[Incarnation]] = {}
         self._code: dict[str, CodeHistory] = {}
+        self._code_stale: set[str] = set()
         self._kernel_tables: dict[str, str] = {}
         self._boots: tuple[int, bytes] | None = None
 
@@ -77,7 +78,7 @@ class Service:
             self._generation += 1
             self._maps.clear()
             self._history.clear()
-            self._code.clear()
+            self._code_stale = set(self._code)  # read again, only what can have changed
 
     def _boot(self, boot_id: str | None) -> tuple[BootSnapshot, bool]:
         """The boot asked for, and whether it is the one running here.
@@ -107,25 +108,22 @@ class Service:
         from kreld.symbols.kcodequery import code_history
 
         hist = self._code.get(boot_id)
-        if hist is None:
+        if hist is None or boot_id in self._code_stale:
             generation = self._generation
-            hist = code_history(self.store, boot_id)
+            hist = code_history(self.store, boot_id, hist)
             with self._cache_lock:
                 if generation == self._generation:
                     if len(self._code) > 8:
                         self._code.clear()
                     self._code[boot_id] = hist
+                    self._code_stale.discard(boot_id)
         return hist
 
     def get_kernel_code(self, req: requests.GetKernelCode) -> Reply:
         boot, is_current = self._boot(req.boot_id)
         hist = self._code_history(boot.boot_id)
         t = None if req.at is None else self._at(req.clock, req.at, is_current)
-        codes = [
-            c
-            for c in hist.codes
-            if req.all or (c.possible_at(req.clock, t) if t is not None else c.unloaded is None)
-        ]
+        codes = hist.codes if req.all else hist.candidates(req.clock, t)
         return {"code": [c.to_json() for c in codes], "losses": [w.to_json() for w in hist.losses]}
 
     def get_boot(self, req: requests.GetBoot) -> Reply:
@@ -208,9 +206,7 @@ class Service:
         incs = self._incarnations(boot.boot_id)
         live = tuple((i.seq, init_live_at(i, clock, t)) for i in loaded_at(incs, clock, t))
         code = self._code_history(boot.boot_id)
-        code_live = tuple(
-            (c.seq, c.certain_at(clock, t)) for c in code.codes if c.possible_at(clock, t)
-        )
+        code_live = tuple((c.seq, c.certain_at(clock, t)) for c in code.candidates(clock, t))
         lost = in_loss(code.losses, clock, t)
         key = (boot.boot_id, boot.anchors, kernel_key, live, code_live, lost)
         with self._cache_lock:  # Resolve runs on the loop and on the worker thread

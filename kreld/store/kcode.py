@@ -90,12 +90,13 @@ class KernelCodeTables:
 
     # -- reading --------------------------------------------------------------------
 
-    def _scan(self, txn: Any, prefix: bytes) -> list[tuple[bytes, bytes]]:
+    def _scan(self, txn: Any, prefix: bytes, start: bytes = b"") -> list[tuple[bytes, bytes]]:
+        """The rows under *prefix*, from *prefix* + *start* on."""
         if self.db is None:
             return []
         cur = txn.cursor(db=self.db)
         out = []
-        if cur.set_range(prefix):
+        if cur.set_range(prefix + start):
             for k, v in cur:
                 if k[: len(prefix)] != prefix:
                     break
@@ -106,10 +107,21 @@ class KernelCodeTables:
         path = self.env.path
         return decoded(path, "kernel code record", lambda: KernelCode.from_json(json.loads(raw)))
 
-    def codes(self, boot_id: str) -> list[KernelCode]:
-        """Every record of *boot_id*, in seq order."""
-        rows = self.env.read(lambda txn: self._scan(txn, boot_key(boot_id) + b"c"))
-        return [self._decode(v) for _, v in rows]
+    def codes(
+        self, boot_id: str, seqs: Iterable[int] = (), since: int | None = None
+    ) -> list[KernelCode]:
+        """The records of *boot_id* in seq order: every one, or with *since*
+        those of *seqs* and those from seq *since* on."""
+        prefix = boot_key(boot_id) + b"c"
+
+        def fn(txn: Any) -> list[bytes]:
+            if since is None:
+                return [v for _, v in self._scan(txn, prefix)]
+            picked = [txn.get(prefix + SEQ.pack(q), db=self.db) for q in sorted(set(seqs))]
+            out = [bytes(v) for v in picked if v is not None]
+            return out + [v for _, v in self._scan(txn, prefix, SEQ.pack(since))]
+
+        return [self._decode(v) for v in self.env.read(fn)]
 
     def open_codes(self, boot_id: str) -> list[KernelCode]:
         b = boot_key(boot_id)

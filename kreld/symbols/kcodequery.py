@@ -39,19 +39,57 @@ __all__ = [
 _PAGE = 4096
 
 
-@record
 class CodeHistory:
-    codes: tuple[KernelCode, ...] = ()
-    losses: tuple[LossWindow, ...] = ()
+    """The kernel code of one boot and its loss windows, with the pieces that
+    may have been there at a time found by bisection (:meth:`candidates`): a
+    boot keeps up to 50,000 closed records, most of them gone long before
+    the time asked."""
+
+    __slots__ = ("_by_end", "codes", "losses")
+
+    def __init__(self, codes: Sequence[KernelCode] = (), losses: Sequence[LossWindow] = ()) -> None:
+        self.codes = tuple(codes)
+        self.losses = tuple(losses)
+        self._by_end: dict[Clock, tuple[list[int], list[KernelCode]]] = {}
+
+    def candidates(self, clock: Clock, t: int | None) -> list[KernelCode]:
+        """The pieces that may have been there at *t* (None: now), in seq order."""
+        if t is None:
+            return [c for c in self.codes if c.unloaded is None]
+        index = self._by_end.get(clock)
+        if index is None:
+            ordered = sorted(self.codes, key=lambda c: _end(c, clock))
+            index = self._by_end[clock] = ([_end(c, clock) for c in ordered], ordered)
+        ends, ordered = index
+        live = ordered[bisect.bisect_right(ends, t) :]
+        return sorted((c for c in live if c.possible_at(clock, t)), key=lambda c: c.seq)
+
+    def updated(self, codes: Sequence[KernelCode], losses: Sequence[LossWindow]) -> CodeHistory:
+        """This history with *codes* put in (a later record of a seq wins) and
+        the boot's loss windows now *losses*."""
+        by_seq = {c.seq: c for c in self.codes}
+        by_seq.update((c.seq, c) for c in codes)
+        return CodeHistory([by_seq[k] for k in sorted(by_seq)], losses)
 
 
-def code_history(store: Any, boot_id: str) -> CodeHistory:
+def _end(c: KernelCode, clock: Clock) -> int:
+    return 1 << 64 if c.unloaded is None else c.unloaded.on(clock)
+
+
+def code_history(store: Any, boot_id: str, known: CodeHistory | None = None) -> CodeHistory:
     """The kernel code of *boot_id* in *store* (none where the store keeps none:
-    a fleet bucket, a store from before issue 21)."""
+    a fleet bucket, a store from before issue 21).  With *known*, an earlier
+    read: only the records it held open and those written since are read
+    again (a closed record changes no more, but for an unload a look at kallsyms
+    bounded and its own record made exact: *known* keeps the bound, never wrong)."""
     tables = getattr(store, "kernel_code", None)
     if tables is None:
         return CodeHistory()
-    return CodeHistory(tuple(tables.codes(boot_id)), tuple(tables.losses(boot_id)))
+    if known is None:
+        return CodeHistory(tables.codes(boot_id), tables.losses(boot_id))
+    reread = {c.seq for c in known.codes if c.unloaded is None}
+    since = max((c.seq for c in known.codes), default=-1) + 1
+    return known.updated(tables.codes(boot_id, reread, since), tables.losses(boot_id))
 
 
 def in_loss(losses: Sequence[LossWindow], clock: Clock, t: int | None) -> bool:
@@ -74,7 +112,8 @@ def code_spans(
 ) -> list[CodeSpan]:
     """The spans of kernel code at *t*; *taken*: the (base, limit) of the
     other regions (kernel, modules), sorted, which the gaps of a loss window avoid."""
-    certain = sorted((c for c in hist.codes if c.certain_at(clock, t)), key=lambda c: c.addr)
+    maybe = hist.candidates(clock, t)
+    certain = sorted((c for c in maybe if c.certain_at(clock, t)), key=lambda c: c.addr)
     starts = [c.addr for c in certain]
     out: list[CodeSpan] = []
     for i, c in enumerate(certain):
@@ -82,8 +121,8 @@ def code_spans(
         limit = c.addr + c.length if c.length else min(nxt, c.addr + _PAGE)
         out.append(CodeSpan(c.addr, limit, c, False))
     named = [(s.base, s.limit) for s in out]
-    for c in hist.codes:
-        if c.certain_at(clock, t) or not c.possible_at(clock, t):
+    for c in maybe:
+        if c.certain_at(clock, t):
             continue
         span = (c.addr, c.addr + (c.length or _PAGE))
         if not _overlaps(named, starts, span):
@@ -173,7 +212,7 @@ def kallsyms_lines(
     if not hist.codes:
         return list(extras)
     kept = [x for x in extras if not _code_owner(x)]
-    live = [c for c in hist.codes if c.certain_at(clock, t)]
+    live = [c for c in hist.candidates(clock, t) if c.certain_at(clock, t)]
     rank = {OWNER_FTRACE: 0, OWNER_BPF: 1}
     live.sort(key=lambda c: (rank.get(c.owner, 2), c.owner, c.loaded.monotonic, c.seq))
     return kept + [f"{c.addr:016x} t {c.name}\t[{c.owner}]" for c in live]
