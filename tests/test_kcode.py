@@ -224,3 +224,19 @@ def test_a_look_at_a_restricted_kallsyms_closes_nothing(tmp_path: Path) -> None:
         f.look(None)  # a later look reads the tail only
         (still,) = store.kernel_code.open_codes(BOOT)
         assert still.name == NAME
+
+
+def test_a_look_whose_first_module_line_is_at_zero_still_closes_what_went(
+    tmp_path: Path,
+) -> None:
+    """A module's absolute or per-cpu symbol printed at 0 is no restriction."""
+    live = b"ffffffff81000000 T _text\nffffffffc0010000 t " + NAME.encode() + b"\t[bpf]\n"
+    with Store(tmp_path / "s") as store:
+        _follower(tmp_path).begin(store, BOOT, KallsymsText.of(live))
+        f = _follower(tmp_path)
+        f.begin(store, BOOT, KallsymsText.of(live))
+        (tmp_path / "root/proc/kallsyms").write_bytes(
+            b"0000000000000000 A __crc_x\t[somemod]\nffffffffc0200000 t f\t[somemod]\n"
+        )
+        f.look(None)
+        assert store.kernel_code.open_codes(BOOT) == []

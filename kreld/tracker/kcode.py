@@ -51,8 +51,10 @@ _POLL_MS = 1000
 _CPU_CHECK = 10.0  # s between looks for CPUs come online
 _UNFOLLOWED_LOOK = 60.0  # s between looks at kallsyms without rings
 _PRUNE_EVERY = 10_000  # records written between two retention passes
-# The first line with an owner: its address all zeros is a restricted kallsyms.
-_FIRST_OWNED = re.compile(rb"^([0-9a-fA-F]+) \S [^\t\n]+\t\[", re.MULTILINE)
+# A line with an owner; the first _OWNED_PROBE of them all at zero: a restricted
+# kallsyms (a module's per-cpu or absolute symbols may be 0 where nothing is).
+_OWNED = re.compile(rb"^([0-9a-fA-F]+) \S [^\t\n]+\t\[", re.MULTILINE)
+_OWNED_PROBE = 64
 _JIT_KALLSYMS = "proc/sys/net/core/bpf_jit_kallsyms"
 _JIT_HARDEN = "proc/sys/net/core/bpf_jit_harden"
 
@@ -105,6 +107,7 @@ class KernelCodeFollower:
         self._thread: threading.Thread | None = None
         self._last_look = 0.0
         self._last_write = time.monotonic()
+        self._loss_start: Timestamp | None = None
         self._since_prune = 0
 
     @property
@@ -139,8 +142,7 @@ class KernelCodeFollower:
     def _reconcile(self, ks: KallsymsText, look: Timestamp, since: Timestamp) -> Changes:
         """The look's changes; none where kallsyms shows zeros (kptr_restrict):
         an absent address then says nothing of what is loaded."""
-        first = _FIRST_OWNED.search(ks.data, ks.tail)
-        if self.state is None or (first is not None and not first[1].strip(b"0")):
+        if self.state is None or _zeroed_tail(ks):
             return Changes()
         lines = code_lines(ks.data, ks.tail)
         return self.state.reconcile(lines, look, since, programs_listed(self.root))
@@ -227,7 +229,18 @@ class KernelCodeFollower:
                     r.cpu, n - self._lost_seen.get(r.cpu, 0), now, stamp, self.opened, ch
                 )
                 self._lost_seen[r.cpu] = n
+        self._note_losses(ch)
         self._write(ch)
+
+    def _note_losses(self, ch: Changes) -> None:
+        """Keep the earliest start of the losses not yet looked at: what the next
+        look finds gone went after it, not after the look's own time."""
+        for w in ch.losses:
+            if self._loss_start is None or w.start.monotonic < self._loss_start.monotonic:
+                self._loss_start = w.start
+            self.log.warning(
+                "kernel_code_records_lost", lost=w.lost, since_monotonic=w.start.monotonic
+            )
 
     def look(self, reason: LossReason | None) -> None:
         """Look at kallsyms again: after a loss (*reason* None), or without rings."""
@@ -241,11 +254,20 @@ class KernelCodeFollower:
             ch.losses.append(LossWindow(start, look, reason))
         self._last_look = time.monotonic()
         self._write(ch)
+        self._loss_start = None
+        events = [e.value for e, _ in ch.events]
+        self.log.info(
+            "kernel_code_look",
+            opened=events.count("code_load"),
+            closed=events.count("code_unload"),
+            since_monotonic=start.monotonic,
+        )
 
     def _window_start(self) -> Timestamp:
-        for pending in self._pending:
-            if pending.losses:
-                return pending.losses[0].start
+        """Since when the look must assume anything came or went: the first loss
+        not yet looked at, or else the last time every record was read."""
+        if self._loss_start is not None:
+            return self._loss_start
         watch = self.tables.watch(self.state.boot_id) if self.tables and self.state else None
         return watch or ZERO
 
@@ -297,6 +319,18 @@ class KernelCodeFollower:
             "live": 0 if st is None else len(st.live),
             "records": self.records,
         }
+
+
+def _zeroed_tail(ks: KallsymsText) -> bool:
+    """Whether the lines with an owner show zero addresses (kptr_restrict)."""
+    seen = 0
+    for m in _OWNED.finditer(ks.data, ks.tail):
+        if m[1].strip(b"0"):
+            return False
+        seen += 1
+        if seen >= _OWNED_PROBE:
+            break
+    return seen > 0
 
 
 def _name_thread(name: str) -> None:

@@ -168,8 +168,10 @@ def test_a_burst_with_kreld_stopped_shows_its_loss_and_records_nothing_wrong(
         assert status["loss_windows"] >= 1
     else:  # the rings held it all: every program recorded exactly
         assert len({c.name for c in ours}) == len(burst["names"])
+    gone = burst["end"] + 2_000_000_000  # every program closed, and 2 s for its free
     for c in ours:
         assert c.unloaded is not None, c  # the burst is over: nothing left open
+        assert not c.certain_at(Clock.MONOTONIC, gone), c
         for t in (c.loaded.monotonic, c.unloaded.monotonic - 1):
             if c.certain_at(Clock.MONOTONIC, t):
                 assert burst["start"] <= t <= burst["end"], c
