@@ -22,8 +22,10 @@ from kreld.core.errors import ExitCode, InvalidArgument, KreldError
 from kreld.core.model import BootSnapshot, Clock, Incarnation, parse_addr
 from kreld.ctl.args import addresses_in, build_parser, parse_time
 from kreld.ctl.render import (
+    event_line,
     fmt_realtime,
     render_boot,
+    render_code,
     render_modules,
     render_resolved,
     render_status,
@@ -269,6 +271,15 @@ class Ctl:
         render_modules(mods, Clock(params["clock"]), self.out)
         return 0
 
+    def code(self) -> int:
+        params = self._at()
+        reply = self.call("GetKernelCode", all=self.args.all or None, **params)
+        if self.args.json:
+            self.emit_json(reply)
+            return 0
+        render_code(reply, Clock(params["clock"]), self.out)
+        return 0
+
     def resolve(self) -> int:
         try:
             addrs = [hex(parse_addr(a)) for a in self.args.addresses]
@@ -356,9 +367,11 @@ class Ctl:
         return 0
 
     def inject(self) -> int:
-        from kreld.perf.inject import inject
+        from kreld.perf.inject import code_ksyms, inject
 
-        res = inject(self.perf_store(), self.args.input, self.args.output, self.err)
+        store = self.perf_store()
+        code = code_ksyms(store, self.err)
+        res = inject(store, self.args.input, self.args.output, self.err, code)
         if self.args.json and self.args.output != "-":
             self.emit_json(res)
         return 0
@@ -407,15 +420,8 @@ class Ctl:
         for msg in backend.stream("Subscribe"):
             if self.args.json:
                 self.out.write(json.dumps(msg) + "\n")
-            elif msg.get("event") == "snapshot":
-                print(f"{len(msg.get('modules') or [])} modules loaded; watching", file=self.out)
             else:
-                m = msg.get("module") or {}
-                text = (m.get("sections") or {}).get(".text", "-")
-                print(
-                    f"{msg.get('event'):<7} {m.get('name')} seq {m.get('seq')} .text {text}",
-                    file=self.out,
-                )
+                print(event_line(msg), file=self.out)
             self.out.flush()
         return 0
 

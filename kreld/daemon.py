@@ -51,6 +51,7 @@ from kreld.server.listener import Server, bind_socket, limits_of, raise_fd_limit
 from kreld.server.service import Service
 from kreld.store.lock import WriterLock, damaged_stores, open_writable
 from kreld.symbols.capture import SymbolCapture
+from kreld.tracker.kcode import KernelCodeFollower
 from kreld.tracker.sources import EventSource, UeventSource, WatchSource, health
 from kreld.tracker.tracker import ModuleTracker
 
@@ -169,6 +170,7 @@ class Daemon:
         except BaseException:
             self.lock.release()
             raise
+        self.kcode = KernelCodeFollower(self.root, log)  # rings open before kallsyms is read
         self.boot: BootSnapshot | None = None
         self.reading: tuple[bool, str | None, AddressSource | None] = (False, None, None)
         self.kmem: KernelMemory | None = None
@@ -208,11 +210,13 @@ class Daemon:
             self.kmem, why = kernel_memory_for(self.root, ks.data)
             self.log.info("kernel_memory", system_map=self.kmem and self.kmem.system_map, why=why)
         stored, _, _ = self.record_boot(ks.data if ks else None)
+        self.kcode.begin(self.store, stored.boot_id, ks)
         tracker = ModuleTracker(
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
         tracker.kmem = self.kmem
         watch, sources = event_sources(self.cfg, self.root, tracker, self.log)
+        sources.insert(0, self.kcode)  # opened first of all, started with the others
         # Sources first, then the scan: see ModuleTracker.startup().
         for src in sources:
             src.start(self.stop_threads)
@@ -300,6 +304,7 @@ class Daemon:
                 },
             ],
             "publish": None if tracking.publisher is None else tracking.publisher.health(),
+            "kernel_code": self.kcode.status(),
         } | ({} if self.server is None else self.server.counts())  # connections, once served
 
     def started_tracking(self) -> Tracking:
@@ -338,6 +343,7 @@ class Daemon:
         )
         await self.server.start(self.listening_socket())
         tracker.listeners.append(self.server.publish)
+        self.kcode.listeners.append(self.server.publish)
         sd.notify(f"READY=1\nSTATUS={status_line(self.status())}")
         self.log.info(
             "ready", state_dir=self.cfg.state_dir, root=self.cfg.root, socket=self.cfg.socket

@@ -143,7 +143,7 @@ def test_interface_description_declares_every_method_and_error(served: Any) -> N
     methods = set(re.findall(r"^method (\w+)\(", text, re.M))
     assert methods == {
         "GetBoot", "ListBoots", "Snapshot", "GetModules", "Resolve", "ExportKallsyms",
-        "Status", "Subscribe",
+        "Status", "Subscribe", "GetKernelCode",
     }  # fmt: skip
     errors = set(re.findall(r"^error (\w+) ", text, re.M))
     assert {"NoSuchBoot", "PermissionDenied", "AddressesRestricted", "MessageTooLarge"} <= errors

@@ -232,6 +232,7 @@ def test_varlink_cli_help_calls_every_method_and_shows_named_errors(served: Any)
         "Resolve": {"addresses": [f"{MODULE_BASE + 0x10:#x}", f"{tree.text + 0x20:#x}"]},
         "ExportKallsyms": {"boot_id": boot_id},
         "Status": {},
+        "GetKernelCode": {"all": True},
     }
     assert set(params) | {"Subscribe"} == methods(iface)  # Subscribe: the next test
     got = {}
@@ -249,6 +250,8 @@ def test_varlink_cli_help_calls_every_method_and_shows_named_errors(served: Any)
     assert (kernel["image"], kernel["offset"]) == ("kernel", "0x20")
     assert f"{tree.text:016x} T _text" in got["ExportKallsyms"]["kallsyms"]
     assert got["Status"]["boot_id"] == boot_id
+    assert got["Status"]["kernel_code"]["state"] == "unavailable"  # a fake root: not followed
+    assert isinstance(got["GetKernelCode"]["code"], list)
 
     info = cli_call(sock, "org.varlink.service.GetInfo", {})
     service = interface(SERVICE_DESCRIPTION)

@@ -5,7 +5,8 @@
 //  2. Resolve: one batch of addresses, at a time of the samples (-at, -clock),
 //     the compact reply spelled out per address;
 //  3. Subscribe (more: true): the modules loaded now, then each load, update
-//     and unload as kreld records it, until -events of them or -timeout.
+//     and unload as kreld records it (a module's in "module", a BPF program's
+//     or other kernel code's in "code"), until -events of them or -timeout.
 //
 // It prints one JSON object a line: {"boot": ...}, then {"resolved": [...]}
 // (each address as `kreldctl resolve --json` prints it), then every reply of
@@ -163,6 +164,7 @@ type event struct {
 	Event   string                 `json:"event"`
 	Modules *[]iokreld.Incarnation `json:"modules,omitempty"`
 	Module  *iokreld.Incarnation   `json:"module,omitempty"`
+	Code    *iokreld.KernelCode    `json:"code,omitempty"`
 }
 
 func emit(v interface{}) error {
@@ -198,7 +200,7 @@ func follow(ctx context.Context, c *varlink.Connection, o options) error {
 		return err
 	}
 	for seen := -1; o.events == 0 || seen < o.events; seen++ {
-		name, modules, module, flags, err := receive(ctx)
+		name, modules, module, code, flags, err := receive(ctx)
 		// The library sets ctx's deadline on the socket too: either may fire first.
 		if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) ||
 			errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -213,7 +215,7 @@ func follow(ctx context.Context, c *varlink.Connection, o options) error {
 		if err != nil {
 			return err
 		}
-		if err := emit(event{name, modules, module}); err != nil {
+		if err := emit(event{name, modules, module, code}); err != nil {
 			return err
 		}
 		if flags&varlink.Continues == 0 {

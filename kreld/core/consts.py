@@ -28,6 +28,11 @@ __all__ = [
     "HEARTBEAT_INTERVAL",
     "HOSTNAME",
     "KALLSYMS",
+    "KCODE_AREA",
+    "KCODE_KEEP_CLOSED",
+    "KCODE_KEEP_LOSSES",
+    "KCODE_RECONCILE_INTERVAL",
+    "KCODE_RING_PAGES",
     "KCORE",
     "KERNEL_NOTES",
     "KPTR_RESTRICT",
@@ -110,6 +115,24 @@ ANCHOR_SYMBOLS: Final = ("_text", "_stext", "_etext", "_sinittext", "_einittext"
 
 # Linux capability number of CAP_SYSLOG (include/uapi/linux/capability.h).
 CAP_SYSLOG: Final = 34
+
+# Kernel code beyond the image and modules (BPF programs, trampolines,
+# ftrace and kprobe pages; issue 21).  Where x86-64 allocates it: the module
+# area (MODULES_VADDR .. MODULES_END, arch/x86/include/asm/pgtable_64_types.h:
+# 0xffffffffa0000000 without KASLR, 0xffffffffc0000000 with it; BPF JIT images
+# come from the same allocator).  A time inside a loss window makes an address
+# here that no record names "uncertain", never nothing and never a wrong name.
+KCODE_AREA: Final = (0xFFFFFFFFA0000000, 0xFFFFFFFFFF000000)
+# Per boot, the newest closed records kept (open ones are always kept; the
+# dropped ones become a loss window of reason "retention"), and loss windows
+# (the oldest two merged into one past it).
+KCODE_KEEP_CLOSED: Final = 50_000
+KCODE_KEEP_LOSSES: Final = 1024
+# Seconds between two reconciliations against /proc/kallsyms after losses.
+KCODE_RECONCILE_INTERVAL: Final = 1.0
+# Data pages of each CPU's side-band ring (a power of two): 32 KiB holds
+# some 400 KSYMBOL and BPF_EVENT records.
+KCODE_RING_PAGES: Final = 8
 
 # Places where distributions put a vmlinux with symbols; {release} and
 # {xx}/{rest} (the build-id split after its first byte) are filled in.

@@ -63,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--keep-boots", type=int, metavar="N", help="keep the N newest boots")
     sp.add_argument("--keep-days", type=float, metavar="D", help="keep boots first seen in D days")
     cmd("status", "the daemon's health, or the store's counts when no daemon runs")
-    cmd("watch", "print module loads and unloads as kreld records them (needs the daemon)")
+    cmd(
+        "watch",
+        "print module and kernel code loads and unloads as kreld records them (needs the daemon)",
+    )
     sp = cmd("resolve", "say which image and section holds each address")
     sp.add_argument("addresses", nargs="+", metavar="ADDR", help="hex address (0x optional)")
     at_options(sp)
@@ -75,6 +78,9 @@ def add_queries(cmd: Callable[[str, str], argparse.ArgumentParser]) -> None:
     sp = cmd("modules", "list module incarnations loaded at a time")
     at_options(sp)
     sp.add_argument("--all", action="store_true", help="the boot's whole module history")
+    sp = cmd("code", "list BPF programs, trampolines, ftrace and kprobe pages live at a time")
+    at_options(sp)
+    sp.add_argument("--all", action="store_true", help="the boot's whole history of them")
     sp = cmd(
         "symbolize", "symbolize addresses read from stdin (one per line, or perf script output)"
     )

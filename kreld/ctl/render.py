@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from kreld.core.kcode import KernelCode, LossWindow
 from kreld.core.model import AddressSource, BootSnapshot, Clock, Incarnation, hexaddr
 
 __all__ = [
+    "event_line",
     "fmt_realtime",
     "render_boot",
+    "render_code",
     "render_modules",
     "render_resolved",
     "render_status",
@@ -118,6 +121,43 @@ def render_modules(mods: list[dict[str, Any]], clock: Clock, out: TextIO) -> Non
     )
 
 
+def render_code(reply: dict[str, Any], clock: Clock, out: TextIO) -> None:
+    """GetKernelCode's pieces, one row each, then its loss windows."""
+    rows = []
+    for c in map(KernelCode.from_json, reply["code"]):
+        rows.append(
+            (
+                c.name,
+                c.kind.value,
+                str(c.seq),
+                f"{c.addr:#x}",
+                "-" if c.length is None else str(c.length),
+                "-" if c.prog_id is None else str(c.prog_id),
+                f"{c.loaded.on(clock)}",
+                "-" if c.unloaded is None else f"{c.unloaded.on(clock)}",
+                c.seen_by.value,
+            )
+        )
+    heads = ("NAME", "KIND", "SEQ", "ADDRESS", "LENGTH", "PROG-ID", f"LOADED({clock.value})")
+    render_table((*heads, f"UNLOADED({clock.value})", "SEEN-BY"), rows, out)
+    for w in map(LossWindow.from_json, reply["losses"]):
+        lost = f", {w.lost} records lost" if w.lost else ""
+        print(
+            f"loss window {w.start.on(clock)}..{w.end.on(clock)}: {w.reason.value}{lost}", file=out
+        )
+
+
+def event_line(msg: dict[str, Any]) -> str:
+    """A Subscribe reply as ``kreldctl watch`` prints it."""
+    if msg.get("event") == "snapshot":
+        return f"{len(msg.get('modules') or [])} modules loaded; watching"
+    if (c := msg.get("code")) is not None:  # a BPF program, trampoline, ...
+        return f"{msg['event']:<11} {c['name']} seq {c['seq']} at {c['address']}"
+    m = msg.get("module") or {}
+    text = (m.get("sections") or {}).get(".text", "-")
+    return f"{msg.get('event'):<7} {m.get('name')} seq {m.get('seq')} .text {text}"
+
+
 def render_resolved(results: list[dict[str, Any]], out: TextIO) -> None:
     """Resolve's answers, one row per address asked."""
     rows = []
@@ -126,6 +166,8 @@ def render_resolved(results: list[dict[str, Any]], out: TextIO) -> None:
             rows.append((r["address"], "?", "", "", "", ""))
             continue
         image = r["image"] if r.get("seq") is None else f"{r['image']} (seq {r['seq']})"
+        if r.get("uncertain"):
+            image += " (uncertain)"
         rows.append((r["address"], image, r["section"], r["base"], "+" + r["offset"], symbol_of(r)))
     render_table(("ADDRESS", "IMAGE", "SECTION", "BASE", "OFFSET", "SYMBOL"), rows, out)
 
@@ -142,6 +184,13 @@ def render_status(st: dict[str, Any], out: TextIO) -> None:
             print(
                 f"{'publish':<{width}}  {v['url']}: {state}, last success {last}, "
                 f"backlog {v['backlog']}, {v['objects']} objects ({v['bytes']} bytes) uploaded",
+                file=out,
+            )
+        elif k == "kernel_code":
+            why = f": {v['reason']}" if v["reason"] else ""
+            print(
+                f"{k:<{width}}  {v['state']}{why}; {v['cpus']} CPUs, {v['live']} live, "
+                f"{v['records']} records, {v['lost']} lost in {v['loss_windows']} windows",
                 file=out,
             )
         elif k == "sources":

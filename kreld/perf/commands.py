@@ -22,6 +22,7 @@ from kreld.perf.match import BootMatch, SampleClock, match_boot
 from kreld.perf.reader import KERNEL_MAP_PREFIX, PerfHeader
 from kreld.store.bootsource import BootSource
 from kreld.symbols.export import module_key, render_kallsyms
+from kreld.symbols.kcodequery import CodeIndex, code_history, kallsyms_lines
 from kreld.symbols.queries import Region, init_live_at, is_init_section, module_regions
 
 __all__ = [
@@ -81,6 +82,7 @@ def export_for(store: BootSource, h: PerfHeader, err: TextIO) -> str:
     keys = {kernel_key} | {k for i in incs if (k := module_key(i)) is not None}
     absolutes = store.absolutes(boot.boot_id)
     clock = m.clock
+    extras = kallsyms_lines(code_history(store, boot.boot_id), rec.extras, clock.clock, clock.start)
     return store.with_tables(
         keys,
         lambda tables: render_kallsyms(
@@ -88,7 +90,7 @@ def export_for(store: BootSource, h: PerfHeader, err: TextIO) -> str:
             tables,
             kernel_key,
             incs,
-            rec.extras,
+            extras,
             clock.clock,
             clock.start,
             absolutes,
@@ -133,8 +135,15 @@ class Symbolizer:
     nearest the sample's time read as monotonic.
     """
 
-    def __init__(self, match: BootMatch, tables: SymbolTables, kernel_key: str | None) -> None:
+    def __init__(
+        self,
+        match: BootMatch,
+        tables: SymbolTables,
+        kernel_key: str | None,
+        code: CodeIndex | None = None,
+    ) -> None:
         self.clock: SampleClock = match.clock
+        self.code = code
         self.tables = tables
         self.seen = {c.inc.seq for c in match.modules if c.inc is not None}
         b = match.boot.anchors
@@ -197,7 +206,7 @@ class Symbolizer:
     def frame(self, address: int, t: int | None) -> Frame | None:
         r = self.region(address, t)
         if r is None:
-            return None
+            return self._code_frame(address, t)
         dso = KERNEL_MAP_PREFIX if r.inc is None else f"[{r.image}]"
         table = self.tables.get(r.table) if r.table else None
         sec = None if table is None else (0 if r.inc is None else table.section_index(r.section))
@@ -205,6 +214,14 @@ class Symbolizer:
         if hit is None:
             return Frame("[unknown]", dso)
         return Frame(f"{hit[0]}+{hit[1]:#x}", dso)
+
+    def _code_frame(self, address: int, t: int | None) -> Frame | None:
+        """A BPF program, trampoline, ftrace or kprobe page certainly at *address*
+        at the sample's time (kreld/symbols/kcodequery.py): never a guess."""
+        if self.code is None:
+            return None
+        c = self.code.at(address, self.clock.clock, t if self.clock.exact else None)
+        return None if c is None else Frame(f"{c.name}+{address - c.addr:#x}", f"[{c.owner}]")
 
 
 def symbolize_lines(lines: Iterable[Line], sym: Symbolizer, out: TextIO) -> tuple[int, int]:
@@ -260,8 +277,10 @@ def symbolize_for(
     keys: set[str] = {kernel_key} if kernel_key else set()
     keys |= {k for i in m.incarnations if (k := module_key(i)) is not None}
 
+    code = CodeIndex(code_history(store, m.boot.boot_id))
+
     def run(tables: SymbolTables) -> tuple[int, int]:
-        return symbolize_lines(lines, Symbolizer(m, tables, kernel_key), out)
+        return symbolize_lines(lines, Symbolizer(m, tables, kernel_key, code), out)
 
     named, seen = store.with_tables(keys, run)
     print(f"kreldctl: named {named} of {seen} unknown kernel frames", file=err)

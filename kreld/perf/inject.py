@@ -22,7 +22,12 @@ loaded while IN was recording:
 
 :func:`ksymbol_records` is the seam for BPF programs, trampolines and other
 out-of-line code: each becomes a ``PERF_RECORD_KSYMBOL`` registered at its load
-and unregistered at its unload.
+and unregistered at its unload.  :func:`code_ksyms` gives it what kreld recorded
+of the boot's kernel code (issue 21): every piece live at some time of the
+recording whose length is known, from the first to the last time it was
+certainly there, on the sample clock (only an exact sample clock places them;
+a program only kallsyms showed has no length and is left out: perf would have
+to guess its end).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from kreld.core.errors import InvalidArgument
+from kreld.core.kcode import OWNER_BPF
 from kreld.core.model import Incarnation, hexaddr
 from kreld.core.record import record
 from kreld.core.safeout import safe_output
@@ -42,6 +48,7 @@ from kreld.perf.reader import read_perf_header
 from kreld.perf.rewrite import Added, Recording, write_with
 from kreld.perf.synth import AttrLayout, KsymType, build_id_entry, kernel_mmap, ksymbol
 from kreld.store.bootsource import BootSource
+from kreld.symbols.kcodequery import code_history
 from kreld.symbols.queries import module_regions
 
 __all__ = [
@@ -49,6 +56,7 @@ __all__ = [
     "Ksym",
     "ModuleMapPlan",
     "Unloads",
+    "code_ksyms",
     "inject",
     "ksymbol_records",
     "module_records",
@@ -200,6 +208,30 @@ def ksymbol_records(symbols: Sequence[Ksym], layout: AttrLayout, endian: str = "
             rec = ksymbol(addr, length, ktype, name, trailer, unregister=True, endian=endian)
             out.append(Added(rec, unload_ns))
     return out
+
+
+def code_ksyms(store: BootSource, err: TextIO) -> Callable[[BootMatch], list[Ksym]]:
+    """The kernel code of the matched boot as :data:`Ksym` (see the module's docstring)."""
+
+    def ksyms(m: BootMatch) -> list[Ksym]:
+        clock = m.clock
+        if not clock.exact:
+            print("kreldctl: warning: BPF programs need an exact sample clock", file=err)
+            return []
+        out: list[Ksym] = []
+        for c in code_history(store, m.boot.boot_id).codes:
+            if c.length is None:
+                continue
+            load = c.loaded.on(clock.clock)
+            # Where the unload fell in a window, the piece is claimed only up to
+            # the last time it was certainly there.
+            end = c.unloaded_after or c.unloaded
+            unload = None if end is None else end.on(clock.clock)
+            kind = "bpf" if c.owner == OWNER_BPF else "ool"
+            out.append((c.addr, c.length, kind, c.name, load, unload))
+        return out
+
+    return ksyms
 
 
 def inject(

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from kreld.core import consts
 from kreld.core.errors import KreldError, SocketError
+from kreld.core.kcode import CodeEvent, KernelCode
 from kreld.core.model import Incarnation, ModuleEvent
 from kreld.core.record import record
 from kreld.server.access import Policy, check_socket_dir, group_id, peer_comm, peer_cred
@@ -200,16 +201,16 @@ class Server:
 
     # -- module events from the tracker thread ------------------------------------
 
-    def publish(self, kind: ModuleEvent, inc: Incarnation) -> None:
-        """Thread-safe: hand an event to the loop."""
+    def publish(self, kind: ModuleEvent | CodeEvent, inc: Incarnation | KernelCode) -> None:
+        """Thread-safe: hand an event (a module's, or kernel code's) to the loop."""
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._broadcast, kind, inc)
 
-    def _broadcast(self, kind: ModuleEvent, inc: Incarnation) -> None:
+    def _broadcast(self, kind: ModuleEvent | CodeEvent, inc: Incarnation | KernelCode) -> None:
         self.service.invalidate()
         if not self.subscribers:
             return
-        event = {"event": kind, "module": inc.to_json()}
+        event = {"event": kind, "code" if isinstance(inc, KernelCode) else "module": inc.to_json()}
         for c in list(self.subscribers):
             if c.queue is None:  # not a subscriber (cannot happen: set before it is added)
                 continue

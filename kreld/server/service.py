@@ -22,6 +22,7 @@ from kreld.varlink import requests
 if TYPE_CHECKING:
     # Imported by the methods that ask about addresses and times, when they do:
     # kreldctl show, boots and status need neither.
+    from kreld.symbols.kcodequery import CodeHistory
     from kreld.symbols.queries import AddressMap
 
 __all__ = ["MAP_CACHE", "Reply", "Service"]
@@ -62,6 +63,8 @@ class Service:
         self._cache_lock = threading.Lock()
         self._generation = 0  # of recorded events, for the caches
         self._history: dict[str, list[Incarnation]] = {}
+        self._code: dict[str, CodeHistory] = {}
+        self._code_stale: set[str] = set()
         self._kernel_tables: dict[str, str] = {}
         self._boots: tuple[int, bytes] | None = None
 
@@ -75,6 +78,7 @@ class Service:
             self._generation += 1
             self._maps.clear()
             self._history.clear()
+            self._code_stale = set(self._code)  # read again, only what can have changed
 
     def _boot(self, boot_id: str | None) -> tuple[BootSnapshot, bool]:
         """The boot asked for, and whether it is the one running here.
@@ -98,6 +102,29 @@ class Service:
                         self._history.clear()
                     self._history[boot_id] = incs
         return incs
+
+    def _code_history(self, boot_id: str) -> CodeHistory:
+        """The boot's kernel code (kreld/symbols/kcodequery.py), cached like its loads."""
+        from kreld.symbols.kcodequery import code_history
+
+        hist = self._code.get(boot_id)
+        if hist is None or boot_id in self._code_stale:
+            generation = self._generation
+            hist = code_history(self.store, boot_id, hist)
+            with self._cache_lock:
+                if generation == self._generation:
+                    if len(self._code) > 8:
+                        self._code.clear()
+                    self._code[boot_id] = hist
+                    self._code_stale.discard(boot_id)
+        return hist
+
+    def get_kernel_code(self, req: requests.GetKernelCode) -> Reply:
+        boot, is_current = self._boot(req.boot_id)
+        hist = self._code_history(boot.boot_id)
+        t = None if req.at is None else self._at(req.clock, req.at, is_current)
+        codes = hist.codes if req.all else hist.candidates(req.clock, t)
+        return {"code": [c.to_json() for c in codes], "losses": [w.to_json() for w in hist.losses]}
 
     def get_boot(self, req: requests.GetBoot) -> Reply:
         """GetBoot; the current boot's answer is encoded once."""
@@ -152,7 +179,10 @@ class Service:
         kernel_key = self._kernel_table(boot.boot_id)
         if is_current and req.at is None:
             if self._now_map is None or self._now_map.kernel_table != kernel_key:
-                self._now_map = AddressMap(boot, self._loaded(), Clock.MONOTONIC, None, kernel_key)
+                code = self._code_history(boot.boot_id)
+                self._now_map = AddressMap(
+                    boot, self._loaded(), Clock.MONOTONIC, None, kernel_key, code
+                )
             amap = self._now_map
         else:
             t = self._at(req.clock, req.at, is_current)
@@ -169,18 +199,22 @@ class Service:
         """The address map of *boot* at *t*, from the cache when the same
         incarnations (and init sections) were live then; the cache is dropped
         with every recorded event, so a record updated since is never stale."""
+        from kreld.symbols.kcodequery import in_loss
         from kreld.symbols.queries import AddressMap, init_live_at, loaded_at
 
         generation = self._generation
         incs = self._incarnations(boot.boot_id)
         live = tuple((i.seq, init_live_at(i, clock, t)) for i in loaded_at(incs, clock, t))
-        key = (boot.boot_id, boot.anchors, kernel_key, live)
+        code = self._code_history(boot.boot_id)
+        code_live = tuple((c.seq, c.certain_at(clock, t)) for c in code.candidates(clock, t))
+        lost = in_loss(code.losses, clock, t)
+        key = (boot.boot_id, boot.anchors, kernel_key, live, code_live, lost)
         with self._cache_lock:  # Resolve runs on the loop and on the worker thread
             amap = self._maps.get(key)
             if amap is not None:
                 self._maps.move_to_end(key)
                 return amap
-        amap = AddressMap(boot, incs, clock, t, kernel_key)
+        amap = AddressMap(boot, incs, clock, t, kernel_key, code)
         with self._cache_lock:
             if generation != self._generation:
                 return amap  # built from records an event has since changed
@@ -199,6 +233,7 @@ class Service:
 
     def export_kallsyms(self, req: requests.ExportKallsyms) -> Reply:
         from kreld.symbols.export import module_key, render_kallsyms
+        from kreld.symbols.kcodequery import kallsyms_lines
         from kreld.symbols.queries import loaded_at
 
         boot, is_current = self._boot(req.boot_id)
@@ -216,6 +251,7 @@ class Service:
         keys = {rec.kernel}
         keys |= {k for i in incs if (k := module_key(i)) is not None}
         absolutes = self.store.absolutes(boot.boot_id)
+        extras = kallsyms_lines(self._code_history(boot.boot_id), rec.extras, clock, t)
         text = self.store.with_tables(
             keys,
             lambda tables: render_kallsyms(
@@ -223,7 +259,7 @@ class Service:
                 tables,
                 rec.kernel,
                 incs,
-                rec.extras,
+                extras,
                 clock,
                 t,
                 absolutes,

@@ -35,6 +35,10 @@ databases (:class:`Table`), each kept by one part of this package:
     boot-id (16 bytes) + seq (8 bytes BE) -> the values (``<q`` each) one
     load printed for its table's absolute entries, where they differ from
     the load the table came from.
+``kcode`` (:mod:`.kcode`)
+    boot-id (16 bytes) + a letter + seq: BPF programs, trampolines, ftrace
+    and kprobe pages, one record per appearance, which are open, the loss
+    windows and the last watch time (issue 21), with their retention.
 ``published`` (:mod:`kreld.pubstate`)
     what has been published to the fleet bucket, per target; made by the
     first publishing round.
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from functools import cached_property
 from pathlib import Path
 
 from kreld.core import consts
@@ -57,6 +62,7 @@ from kreld.store.bootsource import T
 from kreld.store.env import StoreEnv, Table, boot_key, inc_key
 from kreld.store.gc import Retention
 from kreld.store.incarnations import IncarnationTables
+from kreld.store.kcode import KernelCodeTables
 from kreld.store.symtabs import KernelTable, SymbolTableStore, TableViews
 
 __all__ = ["KernelTable", "Store", "StoreEnv", "Table", "TableViews", "boot_key", "inc_key"]
@@ -66,7 +72,7 @@ class Store:
     """A kreld store opened for writing (the daemon) or reading (kreldctl): one
     LMDB environment (:attr:`env`) and the table families kept over it, each an
     object of its own: :attr:`boots`, :attr:`loads` (module incarnations),
-    :attr:`symbols` and :attr:`retention`.  The store itself answers the
+    :attr:`symbols`, :attr:`kernel_code` and :attr:`retention`.  The store itself answers the
     read-only :class:`~kreld.store.bootsource.BootSource` protocol, as a fleet
     bucket does, by asking the family that keeps the answer."""
 
@@ -93,6 +99,12 @@ class Store:
 
     def close(self) -> None:
         self.env.close()
+
+    @cached_property
+    def kernel_code(self) -> KernelCodeTables:
+        """Made when first used: a store kreldctl opens for modules alone never
+        looks at the kernel-code table (nor fails on it, if it is damaged)."""
+        return KernelCodeTables(self.env)
 
     def __enter__(self) -> Store:
         return self

@@ -12,6 +12,7 @@ from kreld.core.consts import FEW_ADDRESSES as FEW
 from kreld.core.model import BootSnapshot, Clock, Incarnation, hexaddr
 from kreld.core.record import record
 from kreld.core.symtab import KEY_SPAN, SymbolTable, SymbolTables, module_symbol_key
+from kreld.symbols.kcodequery import CodeHistory, code_spans
 from kreld.varlink.wire import JSON_PLAIN
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ __all__ = [
     "AddressMap",
     "Region",
     "Resolved",
+    "code_regions",
     "init_live_at",
     "is_init_section",
     "loaded_at",
@@ -104,6 +106,9 @@ class Region:
     inc: Incarnation | None
     table: str | None = None  # key of the symbol table that covers it
     rel_base: int = 0  # what the table's values are relative to (kernel: _text)
+    name: str | None = None  # kernel code: its one symbol, its own name
+    code_seq: int | None = None  # kernel code: its record's seq
+    uncertain: bool = False  # what was there then cannot be known: nothing named
 
 
 class AddressMap:
@@ -120,6 +125,7 @@ class AddressMap:
         clock: Clock,
         t: int | None,
         kernel_table: str | None = None,
+        code: CodeHistory | None = None,
     ) -> None:
         regions: list[Region] = []
         a = boot.anchors
@@ -132,6 +138,8 @@ class AddressMap:
             )
         for inc in loaded_at(incs, clock, t):
             regions.extend(module_regions(inc, init_live_at(inc, clock, t)))
+        if code is not None:
+            regions += code_regions(code, clock, t, regions)
         regions.sort(key=lambda r: (r.base, r.limit, r.section))
         by_base: dict[int, Region] = {r.base: r for r in regions}
         self.regions = list(by_base.values())
@@ -154,8 +162,12 @@ class AddressMap:
             build_id = self.kernel_build_id if r.inc is None else r.inc.state.build_id
             if r.inc is not None:
                 m["seq"] = r.inc.seq
-            if build_id:
+            if build_id and not r.image.startswith("["):  # not kernel code's "[bpf]"
                 m["build_id"] = build_id
+            if r.code_seq is not None:
+                m["code_seq"] = r.code_seq
+            if r.uncertain:
+                m["uncertain"] = True
             self._members[i] = m
         return m
 
@@ -206,6 +218,8 @@ class AddressMap:
 
     def _lookup(self, i: int, address: int, tables: SymbolTables | None) -> tuple[str, int] | None:
         r = self.regions[i]
+        if r.name is not None:
+            return r.name, address - r.base
         table = tables.get(r.table) if tables is not None and r.table is not None else None
         if table is None:
             return None
@@ -256,6 +270,12 @@ class AddressMap:
             table = tables.get(key) if tables is not None else None
             if table is not None:
                 self._name_bulk(table, regs, addrs, ric, inside, (local, offset, counts, parts))
+        for i in used.tolist():
+            name = self.regions[i].name
+            if name is not None:  # kernel code: one symbol, the region's own
+                at = np.flatnonzero(inside & (ric == i))
+                local[at], offset[at] = 0, (addrs[at] - np.uint64(self.regions[i].base))
+                counts[i], parts[i] = 1, [_json_array([name])[1:-1] + b","]
         # Names travel region by region: an address's symbol index is its
         # place among its region's names after those of the regions before.
         first = np.cumsum(counts) - counts
@@ -375,6 +395,26 @@ def _quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> 
         _quoted(names, start[lo:hi], stop[lo:hi])
         for lo, hi in zip([0, *cuts], [*cuts, len(entries)], strict=True)
         if lo < hi
+    ]
+
+
+def code_regions(
+    code: CodeHistory, clock: Clock, t: int | None, taken: Sequence[Region]
+) -> list[Region]:
+    """Kernel code at *t* as regions (kreld/symbols/kcodequery.py)."""
+    held = sorted((r.base, r.limit) for r in taken)
+    return [
+        Region(
+            s.base,
+            s.limit,
+            "[kernel code]" if s.code is None else f"[{s.code.owner}]",
+            "uncertain" if s.code is None else s.code.kind.value,
+            None,
+            name=None if s.uncertain or s.code is None else s.code.name,
+            code_seq=None if s.uncertain or s.code is None else s.code.seq,
+            uncertain=s.uncertain,
+        )
+        for s in code_spans(code, clock, t, held)
     ]
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "GetBoot",
     "GetInfo",
     "GetInterfaceDescription",
+    "GetKernelCode",
     "GetModules",
     "ListBoots",
     "R",
@@ -196,6 +197,15 @@ class GetModules(Request):
 
 
 @record
+class GetKernelCode(Request):
+    METHOD = "GetKernelCode"
+    boot_id: str | None = None
+    at: int | None = None
+    clock: Clock = field(default=Clock.MONOTONIC, metadata=_CLOCK)
+    all: bool = False
+
+
+@record
 class Resolve(Request):
     METHOD = "Resolve"
     addresses: Addresses = field(metadata=_ADDRESSES)
@@ -296,6 +306,7 @@ REQUESTS: tuple[type[Request], ...] = (
     ListBoots,
     Snapshot,
     GetModules,
+    GetKernelCode,
     Resolve,
     ExportKallsyms,
     Status,

@@ -1,0 +1,350 @@
+"""The follower of kernel code: reads the side-band rings of every CPU, plans
+with :mod:`kreld.tracker.kcodeplan`, writes to the store's ``kcode`` table and
+tells listeners (Subscribe).  An event source like those of
+:mod:`kreld.tracker.sources`: the daemon starts it, stops it and reports on it.
+
+Start order (the daemon's): the rings are opened (:class:`KernelCodeFollower`'s
+constructor) before kallsyms is read for the start-up look (:meth:`begin`), so
+nothing falls between the look and the first record; records drained after
+the look refine or extend what it found.  After any loss, kallsyms is looked
+at again, at most once a :data:`~kreld.core.consts.KCODE_RECONCILE_INTERVAL`.
+Where the rings cannot be opened (perf_event_paranoid, no CAP_PERFMON, a
+seccomp filter) the follower says why in Status, looks at kallsyms at the
+start and then every :data:`_UNFOLLOWED_LOOK` seconds, and records the time
+between two looks as a loss window of reason ``not_followed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kreld.core import consts
+from kreld.core.errors import KernelReadError, KreldError
+from kreld.core.kcode import CodeEvent, KernelCode, LossReason, LossWindow
+from kreld.core.model import Timestamp
+from kreld.kernel.info import Root
+from kreld.kernel.kallsyms import KallsymsText
+from kreld.kernel.perfring import SidebandRings
+from kreld.kernel.sideband import Lost, merge_by_time
+from kreld.store.kcode import KernelCodeTables
+from kreld.tracker.kcodeplan import ZERO, Changes, CodeState, Stamp, code_lines
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+    from kreld.store import Store
+
+__all__ = ["THREAD_NAME", "CodeListener", "KernelCodeFollower", "programs_listed", "stamper"]
+
+CodeListener = Callable[[CodeEvent, KernelCode], None]
+THREAD_NAME = "kreld-kcode"  # the follower thread's OS name
+_BATCH_DELAY = 0.05  # s: records that come together are written together
+_POLL_MS = 1000
+_CPU_CHECK = 10.0  # s between looks for CPUs come online
+_UNFOLLOWED_LOOK = 60.0  # s between looks at kallsyms without rings
+_PRUNE_EVERY = 10_000  # records written between two retention passes
+# A line with an owner; the first _OWNED_PROBE of them all at zero: a restricted
+# kallsyms (a module's per-cpu or absolute symbols may be 0 where nothing is).
+_OWNED = re.compile(rb"^([0-9a-fA-F]+) \S [^\t\n]+\t\[", re.MULTILINE)
+_OWNED_PROBE = 64
+_JIT_KALLSYMS = "proc/sys/net/core/bpf_jit_kallsyms"
+_JIT_HARDEN = "proc/sys/net/core/bpf_jit_harden"
+
+
+def programs_listed(root: Root) -> bool:
+    """Whether kallsyms lists BPF programs (bpf_prog_kallsyms_candidate())."""
+    try:
+        return root.read_text(_JIT_KALLSYMS) == "1" and root.read_text(_JIT_HARDEN) == "0"
+    except KernelReadError:
+        return False
+
+
+def stamper() -> Stamp:
+    """CLOCK_MONOTONIC ns to the three clocks, at their offsets now."""
+    now = Timestamp.now()
+    boot, real = now.boottime - now.monotonic, now.realtime - now.monotonic
+    return lambda t: Timestamp(t, t + boot, t + real)
+
+
+class KernelCodeFollower:
+    """BPF programs, trampolines, ftrace and kprobe pages of one boot, followed live."""
+
+    name = "kernel_code"
+
+    def __init__(
+        self, root: Root, log: FilteringBoundLogger, pages: int = consts.KCODE_RING_PAGES
+    ) -> None:
+        self.root, self.log = root, log
+        self.rings: SidebandRings | None = None
+        # On the real root only, like uevents: a fake tree's kernel is not this one.
+        follow = os.path.realpath(root.path) == "/"
+        self.reason: str | None = None if follow else "kreld does not run on the real root"
+        self.opened = time.monotonic_ns()
+        if follow:
+            try:
+                self.rings = SidebandRings(root, pages)
+            except KernelReadError as e:
+                self.reason = e.reason
+                log.warning("kernel_code_unfollowed", reason=e.reason)
+        self.listeners: list[CodeListener] = []
+        self.healthy = True
+        self.last_error: str | None = None
+        self.records = 0
+        self.windows = 0
+        self.state: CodeState | None = None
+        self.tables: KernelCodeTables | None = None
+        self._boots: Callable[[], set[str]] = set
+        self._pending: list[Changes] = []
+        self._lost_seen: dict[int, int] = {}
+        self._thread: threading.Thread | None = None
+        self._last_look = 0.0
+        self._last_write = time.monotonic()
+        self._loss_start: Timestamp | None = None
+        self._since_prune = 0
+
+    @property
+    def events(self) -> int:
+        return self.records
+
+    # -- the start-up look ----------------------------------------------------------
+
+    def begin(self, store: Store, boot_id: str, ks: KallsymsText | None) -> None:
+        """Take the boot's open records, look at kallsyms (*ks*, read after the
+        rings opened), and apply retention once (then every _PRUNE_EVERY records).
+
+        The look is timed now, after the read: a record drained later whose
+        time is before it refines what the look found (kreld/tracker/kcodeplan.py)."""
+        look = Timestamp.now()
+        tables = store.kernel_code
+        self.tables, self._boots = tables, lambda: {b.boot_id for b in store.list_boots()}
+        self.state = CodeState(boot_id, tables.next_seq(boot_id), tables.open_codes(boot_id))
+        watch = tables.watch(boot_id)
+        ch = Changes()
+        if watch is not None:  # kreld was stopped since: what came and went is unknown
+            ch.losses.append(LossWindow(watch, look, LossReason.NOT_RUNNING))
+        if ks is not None and not ks.zeroed():
+            ch = _joined(ch, self._reconcile(ks, look, watch or ZERO))
+        self._last_look = time.monotonic()
+        try:
+            self._write(ch)
+            self.prune()
+        except KreldError as e:  # a full disk: held, written by a later step
+            self._failed(e)
+
+    def _reconcile(self, ks: KallsymsText, look: Timestamp, since: Timestamp) -> Changes:
+        """The look's changes; none where kallsyms shows zeros (kptr_restrict):
+        an absent address then says nothing of what is loaded."""
+        if self.state is None or _zeroed_tail(ks):
+            return Changes()
+        lines = code_lines(ks.data, ks.tail)
+        return self.state.reconcile(lines, look, since, programs_listed(self.root))
+
+    # -- running ----------------------------------------------------------------------
+
+    def start(self, stop: threading.Event) -> None:
+        self._thread = threading.Thread(
+            target=self.run, args=(stop,), name="kernel-code", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.rings is not None:
+            with contextlib.suppress(KreldError):  # logged by the write's failure already
+                self._beat()  # followed up to now: a restart's window starts here
+            self.rings.close()
+            self.rings = None
+
+    def _beat(self) -> None:
+        """Say that every record up to now has been read (the watch time)."""
+        if self.tables is not None and self.state is not None:
+            self.tables.apply(self.state.boot_id, [], [], Timestamp.now())
+        self._last_write = time.monotonic()
+
+    def run(self, stop: threading.Event) -> None:
+        _name_thread(THREAD_NAME)
+        last_cpu_check = time.monotonic()
+        while not stop.is_set():
+            try:
+                if self.rings is None:
+                    stop.wait(_UNFOLLOWED_LOOK)
+                    if not stop.is_set():
+                        self.look(LossReason.NOT_FOLLOWED)
+                    continue
+                if self._wait(stop):
+                    self.step()
+                if self._look_due():
+                    self.look(None)
+                if time.monotonic() - last_cpu_check >= _CPU_CHECK:
+                    last_cpu_check = time.monotonic()
+                    self.rings.add_online()
+                if time.monotonic() - self._last_write >= consts.HEARTBEAT_INTERVAL:
+                    self._beat()
+            except KreldError as e:
+                self._failed(e)
+                stop.wait(1.0)
+
+    def _look_due(self) -> bool:
+        """After a loss, and at most once a KCODE_RECONCILE_INTERVAL."""
+        if self.state is None or not self.state.need_look:
+            return False
+        return time.monotonic() - self._last_look >= consts.KCODE_RECONCILE_INTERVAL
+
+    def _wait(self, stop: threading.Event) -> bool:
+        """Wait for records; True when there may be some to read."""
+        if self.rings is None:
+            return False
+        poller = select.poll()
+        for fd in self.rings.fds():
+            poller.register(fd, select.POLLIN)
+        if not poller.poll(_POLL_MS):
+            return bool(self._pending)
+        stop.wait(_BATCH_DELAY)
+        return True
+
+    def step(self) -> None:
+        """Drain every ring, apply the records merged by time, write them."""
+        if self.rings is None or self.state is None:
+            return
+        stamp = stamper()
+        rings = list(self.rings.rings.values())
+        parsed = [r.drain().records for r in rings]
+        if self.rings.counts_lost:  # the counts say it at once: LOST records would repeat it
+            parsed = [[x for x in p if not isinstance(x, Lost)] for p in parsed]
+        ch = self.state.apply(merge_by_time(parsed), stamp, self.opened)
+        now = Timestamp.now()
+        for r in rings:
+            n = r.lost()
+            if n > self._lost_seen.get(r.cpu, 0):
+                self.state.lose(
+                    r.cpu, n - self._lost_seen.get(r.cpu, 0), now, stamp, self.opened, ch
+                )
+                self._lost_seen[r.cpu] = n
+        self._note_losses(ch)
+        self._write(ch)
+
+    def _note_losses(self, ch: Changes) -> None:
+        """Keep the earliest start of the losses not yet looked at: what the next
+        look finds gone went after it, not after the look's own time."""
+        for w in ch.losses:
+            if self._loss_start is None or w.start.monotonic < self._loss_start.monotonic:
+                self._loss_start = w.start
+            self.log.warning(
+                "kernel_code_records_lost", lost=w.lost, since_monotonic=w.start.monotonic
+            )
+
+    def look(self, reason: LossReason | None) -> None:
+        """Look at kallsyms again: after a loss (*reason* None), or without rings."""
+        if self.state is None:
+            return
+        start = self._window_start()
+        ks = KallsymsText.read_tail(self.root)
+        look = Timestamp.now()
+        ch = self._reconcile(ks, look, start)
+        if reason is not None:
+            ch.losses.append(LossWindow(start, look, reason))
+        self._last_look = time.monotonic()
+        self._write(ch)
+        self._loss_start = None
+        events = [e.value for e, _ in ch.events]
+        self.log.info(
+            "kernel_code_look",
+            opened=events.count("code_load"),
+            closed=events.count("code_unload"),
+            since_monotonic=start.monotonic,
+        )
+
+    def _window_start(self) -> Timestamp:
+        """Since when the look must assume anything came or went: the first loss
+        not yet looked at, or else the last time every record was read."""
+        if self._loss_start is not None:
+            return self._loss_start
+        watch = self.tables.watch(self.state.boot_id) if self.tables and self.state else None
+        return watch or ZERO
+
+    def _write(self, ch: Changes) -> None:
+        if self.tables is None or self.state is None:
+            return
+        self._pending.append(ch)
+        todo = _joined(*self._pending)
+        if not todo:
+            self._pending.clear()
+            return
+        self.tables.apply(self.state.boot_id, todo.written.values(), todo.losses, Timestamp.now())
+        self._pending.clear()
+        self._last_write = time.monotonic()
+        self.records += len(todo.written)
+        self.windows += len(todo.losses)
+        self.healthy, self.last_error = True, None
+        for event, code in todo.events:
+            for listener in list(self.listeners):
+                listener(event, code)
+        self._since_prune += len(todo.written)
+        if self._since_prune >= _PRUNE_EVERY:
+            self.prune()
+
+    def prune(self) -> dict[str, int]:
+        """Retention (kreld/store/kcode.py): this boot's old records, and gone boots'."""
+        self._since_prune = 0
+        if self.tables is None or self.state is None:
+            return {}
+        dropped = self.tables.prune(self.state.boot_id)
+        gone = self.tables.drop_boots(self._boots() | {self.state.boot_id})
+        if dropped or gone:
+            self.log.info("kernel_code_retention", dropped=dropped, other_boots_keys=gone)
+        return {"kernel_code": dropped, "kernel_code_keys_of_gone_boots": gone}
+
+    def _failed(self, e: KreldError) -> None:
+        self.healthy, self.last_error = False, str(e)
+        self.log.error("kernel_code_failed", error=str(e), held=len(self._pending))
+
+    def status(self) -> dict[str, Any]:
+        """Status's ``kernel_code`` member."""
+        st = self.state
+        return {
+            "state": "open" if self.rings is not None else "unavailable",
+            "reason": self.reason,
+            "cpus": 0 if self.rings is None else len(self.rings.rings),
+            "lost": 0 if st is None else st.lost,
+            "loss_windows": self.windows,
+            "live": 0 if st is None else len(st.live),
+            "records": self.records,
+        }
+
+
+def _zeroed_tail(ks: KallsymsText) -> bool:
+    """Whether the lines with an owner show zero addresses (kptr_restrict)."""
+    seen = 0
+    for m in _OWNED.finditer(ks.data, ks.tail):
+        if m[1].strip(b"0"):
+            return False
+        seen += 1
+        if seen >= _OWNED_PROBE:
+            break
+    return seen > 0
+
+
+def _name_thread(name: str) -> None:
+    """The OS name of the calling thread (``top -H``, /proc/PID/task/TID/comm):
+    PR_SET_NAME, at most 15 bytes; where it fails, the thread keeps its name."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)
+
+
+def _joined(*parts: Changes) -> Changes:
+    """Several steps' changes as one write, in order (a later record of a seq wins)."""
+    out = Changes()
+    for p in parts:
+        out.written.update(p.written)
+        out.losses += p.losses
+        out.events += p.events
+    return out

@@ -1,0 +1,274 @@
+"""Kernel code followed on this machine's own kernel: real perf side-band rings,
+real BPF programs loaded with bpf(2), the daemon as a subprocess on the real
+root.  Each test skips, saying why, where perf_event_open or the BPF load is
+refused (not root, perf_event_paranoid, no CAP_BPF)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from bpfprog import load_socket_filter
+from conftest import ctl_json, kreldctl, wait_until
+
+from kreld.client import Client
+from kreld.core import consts
+from kreld.core.errors import KernelReadError
+from kreld.core.kcode import CodeSeen, LossReason
+from kreld.core.model import Clock
+from kreld.kernel.info import Root, read_boot_id
+from kreld.kernel.kallsyms import KallsymsText
+from kreld.kernel.perfring import SidebandRings, online_cpus
+from kreld.kernel.sideband import merge_by_time
+from kreld.store import Store
+from kreld.tracker.kcode import KernelCodeFollower, stamper
+from kreld.tracker.kcodeplan import CodeState
+
+ROOT = Root(Path("/"))
+
+
+def need_rings() -> SidebandRings:
+    try:
+        return SidebandRings(ROOT)
+    except KernelReadError as e:
+        pytest.skip(f"perf_event_open is refused here: {e}")
+
+
+def need_program(name: str) -> int:
+    try:
+        return load_socket_filter(name)
+    except OSError as e:
+        pytest.skip(f"cannot load a BPF program here: {e}")
+
+
+def test_real_rings_see_a_program_load_and_unload_as_one_record_with_its_id() -> None:
+    rings = need_rings()
+    try:
+        assert sorted(rings.rings) == online_cpus(ROOT)
+        fd = need_program("kreldring")
+        os.close(fd)
+        time.sleep(0.2)  # the unload runs from a work queue after the close
+        streams = [r.drain().records for r in rings.rings.values()]
+        st = CodeState("boot", 0, [])
+        ch = st.apply(merge_by_time(streams), stamper(), 0)
+    finally:
+        rings.close()
+    ours = [c for c in ch.written.values() if c.name.endswith("_kreldring")]
+    assert len(ours) == 1, ch.written
+    (code,) = ours
+    assert code.prog_id is not None and code.tag is not None and code.length
+    assert code.unloaded is not None and code.unload_seen_by is CodeSeen.KSYMBOL
+    assert code.loaded.monotonic < code.unloaded.monotonic
+
+
+def test_an_overflowing_ring_is_a_loss_window_and_nothing_is_recorded_wrong(
+    tmp_path: Path,
+) -> None:
+    """One page a CPU, 150 programs loaded and unloaded before the rings are read:
+    records are lost, the follower records the window with the kernel's count,
+    looks at kallsyms again, and no record claims a program certainly present
+    where it was not."""
+    need_rings().close()
+    follower = KernelCodeFollower(ROOT, _NullLog(), pages=1)
+    if follower.rings is None:
+        pytest.skip(f"perf_event_open is refused here: {follower.reason}")
+    boot_id = read_boot_id(ROOT)
+    try:
+        with Store(tmp_path / "st") as store:
+            follower.begin(store, boot_id, KallsymsText.read(ROOT))
+            start = time.monotonic_ns()
+            for i in range(150):
+                os.close(need_program(f"kreldlost{i}"))
+            time.sleep(0.3)
+            end = time.monotonic_ns()
+            follower.step()
+            if follower.rings.counts_lost:
+                assert follower.state is not None and follower.state.lost > 0
+            assert follower.state is not None and follower.state.need_look
+            follower.look(None)
+            losses = store.kernel_code.losses(boot_id)
+            codes = store.kernel_code.codes(boot_id)
+    finally:
+        follower.stop()
+    assert any(w.reason is LossReason.LOST_RECORDS and w.lost > 0 for w in losses), losses
+    ours = [c for c in codes if "_kreldlost" in c.name]
+    for c in ours:
+        # Certain only inside the burst, and never two programs certain at one address.
+        for t in (c.loaded.monotonic, (c.unloaded or c.loaded).monotonic - 1):
+            if c.certain_at(Clock.MONOTONIC, t):
+                assert start <= t <= end, c
+                rivals = [
+                    o
+                    for o in codes
+                    if o is not c and o.addr == c.addr and o.certain_at(Clock.MONOTONIC, t)
+                ]
+                assert not rivals, (c, rivals)
+    assert all(c.unloaded is not None for c in ours)  # the look closed what was left open
+    # Every program was closed before *end*: none may be certain there (a look
+    # bounds what it closes by the loss's start, not by its own time).
+    assert not [c for c in ours if c.certain_at(Clock.MONOTONIC, end)]
+
+
+def test_a_daemon_on_this_kernel_names_a_bpf_program_at_its_time_and_not_after(
+    daemon_factory: Any, tmp_path: Path, sockdir: Path
+) -> None:
+    """Status says the source is open on every CPU; Subscribe tells the program's
+    load and unload; kreldctl code lists it with its id and both times; resolve
+    --at names it while it was loaded, and not once it was gone."""
+    need_rings().close()
+    sock = str(sockdir / "kreld.sock")
+    d = daemon_factory("--root", "/", "--state-dir", str(tmp_path / "st"), "--socket", sock)
+    d.start(timeout=60)
+    common = ("--socket", sock)
+    status = ctl_json("status", *common)["kernel_code"]
+    assert status["state"] == "open" and status["cpus"] == len(online_cpus(ROOT)), status
+    sub = Client(sock, timeout=20)
+    events = sub.stream("Subscribe")
+    assert next(events)["event"] == "snapshot"
+    fd = need_program("kreldlive")
+    time.sleep(0.2)
+    os.close(fd)
+    told = []
+    while len(told) < 2:  # Subscribe tells the load (with its id) and the unload
+        ev = next(events)
+        if ev.get("code", {}).get("name", "").endswith("_kreldlive"):
+            told.append((ev["event"], ev["code"]["prog_id"] is not None))
+    sub.close()
+    assert told == [("code_load", True), ("code_unload", True)]
+
+    def gone() -> dict[str, Any] | None:
+        reply = ctl_json("code", "--all", *common)
+        done = [c for c in reply["code"] if c["name"].endswith("_kreldlive") and c["unloaded"]]
+        return done[0] if done else None
+
+    code = wait_until("the program's unload recorded", gone, timeout=20)
+    assert code["prog_id"] is not None and code["seen_by"] == "ksymbol"
+    loaded, unloaded = code["loaded"]["monotonic"], code["unloaded"]["monotonic"]
+    addr = hex(int(code["address"], 16) + 4)
+    (during,) = ctl_json("resolve", addr, "--at", str((loaded + unloaded) // 2), *common)
+    assert during["symbol"] == code["name"] and during["symbol_offset"] == "0x4", during
+    assert during["image"] == "[bpf]" and during["section"] == "bpf_program"
+    cp = kreldctl("resolve", addr, "--at", str(unloaded + 1), "--json", *common, check=False)
+    (after,) = json.loads(cp.stdout)  # exit 1: nothing held it
+    assert cp.returncode == 1 and after.get("symbol") != code["name"], after
+    mid = str((loaded + unloaded) // 2)
+    exported = kreldctl("export", "kallsyms", "--at", mid, *common).stdout
+    assert f"{int(code['address'], 16):016x} t {code['name']}\t[bpf]" in exported
+    assert d.stop() == 0
+
+
+class _NullLog:
+    """A logger that drops everything (the follower logs through structlog's API)."""
+
+    def __getattr__(self, _name: str) -> Any:
+        return lambda *a, **k: None
+
+
+WORKLOAD = Path(__file__).resolve().parent / "kcode_workload"
+_FRAME = re.compile(r"^\s+([0-9a-f]{16}) (\S+) \((\S+)\)$", re.M)
+
+
+class Recording(NamedTuple):
+    perf: str
+    data: Path
+    state: str
+    env: dict[str, str]
+    script: str  # perf script of the recording
+    unknown: list[str]  # the addresses of its [unknown] frames in kernel code
+
+
+@pytest.fixture
+def filter_recording(daemon_factory: Any, tmp_path: Path, sockdir: Path) -> Recording:
+    """kreld on the real root while a per-task ``perf record -k monotonic`` records a
+    task that runs a BPF filter another process loads and unloads mid-recording
+    (tests/kcode_workload/): such a recording gets no KSYMBOL record."""
+    perf = shutil.which("perf")
+    if perf is None:
+        pytest.skip("perf is not installed (Debian package linux-perf)")
+    need_rings().close()
+    sock = str(sockdir / "kreld.sock")
+    state = str(tmp_path / "st")
+    daemon_factory("--root", "/", "--state-dir", state, "--socket", sock).start(timeout=60)
+    work, data = tmp_path / "w", tmp_path / "perf.data"
+    work.mkdir()
+    env = {**os.environ, "HOME": str(tmp_path)}
+    loader = subprocess.Popen([sys.executable, str(WORKLOAD / "loader.py"), str(work), "kreldsym"])
+    try:
+        rec = subprocess.run(
+            [perf, "record", "-q", "-N", "-k", "monotonic", "-e", "cpu-clock", "-g",
+             "-o", str(data), "--", sys.executable, str(WORKLOAD / "sender.py"), str(work)],
+            capture_output=True, text=True, timeout=120, env=env, check=False,
+        )  # fmt: skip
+    finally:
+        assert loader.wait(timeout=60) == 0
+    if rec.returncode != 0:
+        pytest.skip(f"perf record fails here: {rec.stderr.strip()[-300:]}")
+
+    def recorded() -> bool:
+        codes = ctl_json("code", "--all", "--socket", sock)["code"]
+        return any(c["name"].endswith("_kreldsym") and c["unloaded"] for c in codes)
+
+    wait_until("the program's unload recorded", recorded, timeout=20)
+    script = subprocess.run(
+        [perf, "script", "-i", str(data)], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    lo, hi = consts.KCODE_AREA
+    unknown = [
+        m[1] for m in _FRAME.finditer(script) if m[2] == "[unknown]" and lo <= int(m[1], 16) < hi
+    ]
+    assert unknown, "no sample landed in the filter: nothing to name"
+    return Recording(perf, data, state, env, script, unknown)
+
+
+def test_symbolize_for_names_every_unknown_frame_of_a_program_another_process_loaded(
+    filter_recording: Recording,
+) -> None:
+    """``perf script`` leaves the filter's frames ``[unknown]``; ``kreldctl
+    symbolize --for`` names every one of them after the program."""
+    r = filter_recording
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "kreldctl"), "symbolize", "--for", str(r.data),
+         "--state-dir", r.state],
+        input=r.script, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    frames = {m[1]: (m[2], m[3]) for m in _FRAME.finditer(out) if m[1] in set(r.unknown)}
+    assert all(
+        sym.startswith("bpf_prog_") and sym.split("+")[0].endswith("_kreldsym") and dso == "[bpf]"
+        for sym, dso in frames.values()
+    ), frames
+    named = [m[1] for m in _FRAME.finditer(out) if "_kreldsym+0x" in m[2]]
+    assert len(named) == len(r.unknown)
+
+
+def test_inject_adds_the_programs_ksymbols_and_perf_script_of_out_names_every_frame(
+    filter_recording: Recording, tmp_path: Path
+) -> None:
+    """``kreldctl inject`` (issue 23's BPF half) writes a KSYMBOL register and
+    unregister for the filter: ``perf script`` of OUT, with no warning, names
+    every frame it left ``[unknown]`` in IN, and only those changed."""
+    r = filter_recording
+    out = tmp_path / "out.data"
+    subprocess.run(
+        [str(Path(sys.executable).parent / "kreldctl"), "inject", "-i", str(r.data),
+         "-o", str(out), "--state-dir", r.state],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    cp = subprocess.run(
+        [r.perf, "script", "-i", str(out)], capture_output=True, text=True, env=r.env, check=True
+    )
+    assert cp.stderr.strip() == "", cp.stderr
+    before = [(m[1], m[2]) for m in _FRAME.finditer(r.script)]
+    after = [(m[1], m[2]) for m in _FRAME.finditer(cp.stdout)]
+    assert [a for a, _ in before] == [a for a, _ in after]  # the same frames, in order
+    wanted = set(r.unknown)
+    changed = [(a, s0, s1) for (a, s0), (_, s1) in zip(before, after, strict=True) if s0 != s1]
+    assert {a for a, _, _ in changed} == wanted
+    assert all(s1.split("+")[0].endswith("_kreldsym") for _, _, s1 in changed), changed[:3]
