@@ -16,7 +16,6 @@ __all__ = [
     "Daemon",
     "build_parser",
     "check_config",
-    "event_sources",
     "main",
 ]
 
@@ -52,7 +51,7 @@ from kreld.server.service import Service
 from kreld.store.lock import WriterLock, damaged_stores, open_writable
 from kreld.symbols.capture import SymbolCapture
 from kreld.tracker.kcode import KernelCodeFollower
-from kreld.tracker.sources import EventSource, UeventSource, WatchSource, health
+from kreld.tracker.sources import EventSource, UeventSource, event_sources, health
 from kreld.tracker.tracker import ModuleTracker
 
 if TYPE_CHECKING:
@@ -105,21 +104,6 @@ def check_config(cfg: Config) -> None:
         from kreld.fleet.publish import check_config as check_publishing
 
         check_publishing(cfg)
-
-
-def event_sources(
-    cfg: Config, root: Root, tracker: ModuleTracker, log: FilteringBoundLogger
-) -> tuple[WatchSource, list[EventSource]]:
-    """The sources that wake *tracker*: the watch of ``sys/module`` always, the
-    kernel's uevents on the real root where netlink can be had."""
-    watch = WatchSource(tracker.notify, str(root / "sys/module"), cfg.watch, cfg.poll_interval, log)
-    sources: list[EventSource] = [watch]
-    if cfg.uevents and os.path.realpath(cfg.root) == "/":
-        try:
-            sources.append(UeventSource(tracker.notify, log))
-        except Exception as e:  # no netlink here (container, seccomp): polling still works
-            log.warning("uevent_source_unavailable", error=str(e))
-    return watch, sources
 
 
 class Tracking:
@@ -215,7 +199,7 @@ class Daemon:
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
         tracker.kmem = self.kmem
-        watch, sources = event_sources(self.cfg, self.root, tracker, self.log)
+        watch, sources = event_sources(self.cfg, self.root, tracker.notify, self.log)
         sources.insert(0, self.kcode)  # opened first of all, started with the others
         # Sources first, then the scan: see ModuleTracker.startup().
         for src in sources:

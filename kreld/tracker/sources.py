@@ -27,6 +27,9 @@ from kreld.core.record import record
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+    from kreld.config.settings import Config
+    from kreld.kernel.info import Root
+
 __all__ = [
     "SYSFS_MAGIC",
     "WATCHED",
@@ -37,6 +40,7 @@ __all__ = [
     "Uevent",
     "UeventSource",
     "WatchSource",
+    "event_sources",
     "health",
     "is_sysfs",
     "module_event",
@@ -317,3 +321,19 @@ class WatchSource:
         if self.observer.is_alive():
             self.observer.stop()
             self.observer.join(timeout=5)
+
+
+def event_sources(
+    cfg: Config, root: Root, notify: Notify, log: FilteringBoundLogger
+) -> tuple[WatchSource, list[EventSource]]:
+    """The sources that wake the module tracker (*notify*): the watch of
+    ``sys/module`` always, the kernel's uevents on the real root where netlink
+    can be had."""
+    watch = WatchSource(notify, str(root / "sys/module"), cfg.watch, cfg.poll_interval, log)
+    sources: list[EventSource] = [watch]
+    if cfg.uevents and os.path.realpath(cfg.root) == "/":
+        try:
+            sources.append(UeventSource(notify, log))
+        except Exception as e:  # no netlink here (container, seccomp): polling still works
+            log.warning("uevent_source_unavailable", error=str(e))
+    return watch, sources
