@@ -26,11 +26,13 @@ MEM_TYPES += ["MOD_INIT_TEXT", "MOD_INIT_DATA", "MOD_INIT_RODATA"]
 # Offsets of each layout, in the struct module and in a section attribute.
 OLD = {
     "size": 0x200, "state": 0, "list": 8, "name": 24, "sect_attrs": 0x1C8,
+    "kallsyms": 0x1D0, "syms": 0x1D8, "num_syms": 0x1E0, "ksym": 12, "ksym_name": 4,
     "core": 0x140, "init": 0x180, "attr_stride": 48, "attr_name": 0, "attr_addr": 40,
     "nsections": 32, "attrs": 40,
 }  # fmt: skip
 NEW = {
     "size": 0x300, "state": 4, "list": 16, "name": 40, "sect_attrs": 0x2A0,
+    "kallsyms": 0x2A8, "syms": 0x2B0, "num_syms": 0x2B8, "ksym": 24, "ksym_name": 8,
     "mem": 0x100, "mem_stride": 0x38, "attr_stride": 40, "attr_name": 0, "attr_addr": 24,
     "nsections": 36, "attrs": 40,
 }  # fmt: skip
@@ -67,7 +69,30 @@ def _common(b: BtfBuilder) -> dict[str, int]:
     t["grp"] = b.struct(
         "attribute_group", 32, [("name", t["const char*"], 0), ("bin_attrs", t["void*"], 24)]
     )
+    t["char*"] = b.ptr(t["char"])
+    mk = [("symtab", t["void*"], 0), ("num_symtab", t["uint"], 8), ("strtab", t["char*"], 16)]
+    t["mod_kallsyms*"] = b.ptr(b.struct("mod_kallsyms", 32, [*mk, ("typetab", t["char*"], 24)]))
     return t
+
+
+def _kernel_symbol(b: BtfBuilder, t: dict[str, int], relative: bool) -> int:
+    """struct kernel_symbol: PREL32 offsets (x86-64's) or plain pointers."""
+    if relative:
+        i32 = b.int("int", 4, signed=True)
+        fields = [("value_offset", i32, 0), ("name_offset", i32, 4), ("namespace_offset", i32, 8)]
+        return b.ptr(b.struct("kernel_symbol", 12, fields))
+    ptrs = [("value", t["ulong"], 0), ("name", t["const char*"], 8)]
+    return b.ptr(b.struct("kernel_symbol", 24, [*ptrs, ("namespace", t["const char*"], 16)]))
+
+
+def _symbol_members(
+    b: BtfBuilder, t: dict[str, int], o: dict[str, int], relative: bool
+) -> list[tuple[str, int, int]]:
+    return [
+        ("kallsyms", t["mod_kallsyms*"], o["kallsyms"]),
+        ("syms", _kernel_symbol(b, t, relative), o["syms"]),
+        ("num_syms", t["uint"], o["num_syms"]),
+    ]
 
 
 def old_btf() -> bytes:
@@ -102,6 +127,7 @@ def old_btf() -> bytes:
             ("core_layout", layout, o["core"]),
             ("init_layout", layout, o["init"]),
             ("sect_attrs", b.ptr(attrs), o["sect_attrs"]),
+            *_symbol_members(b, t, o, relative=True),
         ],
     )
     return b.build()
@@ -136,6 +162,7 @@ def new_btf() -> bytes:
             ("name", b.array(t["const char"], 56, t["uint"]), o["name"]),
             ("mem", b.array(mem, 7, t["uint"]), o["mem"]),
             ("sect_attrs", b.ptr(attrs), o["sect_attrs"]),
+            *_symbol_members(b, t, o, relative=False),
         ],
         into=mod,
     )
@@ -158,9 +185,16 @@ class ModuleImage:
         self.img.segment(MODAREA, 0x400000)
         self.img.segment(DIRECT, 0x100000)
         self._heap = DIRECT + 0x1000
+        self._module_heap = MODAREA + 0x380000
         self.mods: list[int] = []  # struct module addresses, in list order (newest first)
         self.img.u64(MODULES_HEAD, MODULES_HEAD)
         self.img.u64(MODULES_HEAD + 8, MODULES_HEAD)
+
+    def alloc_module(self, data: bytes) -> int:
+        at = self._module_heap
+        self.img.write(at, data)
+        self._module_heap += (len(data) + 15) & ~15
+        return at
 
     def alloc(self, data: bytes) -> int:
         at = self._heap
@@ -177,8 +211,10 @@ class ModuleImage:
         core: tuple[int, int] = (0, 0),
         init: tuple[int, int] = (0, 0),
         build_id: str | None = None,
+        symbols: list[tuple[str, int, str, bool]] | None = None,
     ) -> int:
-        """Put a module at the head of the list (as the kernel adds it); its address."""
+        """Put a module at the head of the list (as the kernel adds it); its
+        address.  *symbols*: (name, value, typetab letter, exported)."""
         o = self.o
         mod = MODAREA + 0x1000 * (len(self.mods) + 1)
         self.img.u32(mod + o["state"], STATES[state])
@@ -196,9 +232,42 @@ class ModuleImage:
             self.img.u64(mod + o["sect_attrs"], self._sect_attrs(sections))
         if build_id is not None and ".note.gnu.build-id" in sections:
             self.img.write(sections[".note.gnu.build-id"], build_id_note(build_id))
+        if symbols is not None:
+            self._symbols(mod, symbols)
         self.mods.insert(0, mod)
         self.relink()
         return mod
+
+    def _symbols(self, mod: int, symbols: list[tuple[str, int, str, bool]]) -> None:
+        """mod->kallsyms (symbol 0 the empty one, as the kernel's), mod->syms."""
+        o = self.o
+        strtab = b"\0" + b"".join(n.encode() + b"\0" for n, _v, _t, _e in symbols)
+        names = [1 + sum(len(x[0]) + 1 for x in symbols[:i]) for i in range(len(symbols))]
+        symtab = bytes(24) + b"".join(
+            struct.pack("<I4xQ8x", at, v)
+            for at, (_n, v, _t, _e) in zip(names, symbols, strict=True)
+        )
+        typetab = b"\0" + "".join(t for _n, _v, t, _e in symbols).encode()
+        at = {
+            k: self.alloc(v)
+            for k, v in (("strtab", strtab), ("symtab", symtab), ("typetab", typetab))
+        }
+        mk = struct.pack("<QI4xQQ", at["symtab"], len(symbols) + 1, at["strtab"], at["typetab"])
+        self.img.u64(mod + o["kallsyms"], self.alloc(mk))
+        exported = [(n, v) for n, v, _t, e in symbols if e]
+        if not exported:
+            return
+        # In the module's own memory, as the kernel has it: PREL32 reaches +-2 GiB.
+        table = self.alloc_module(bytes(o["ksym"] * len(exported)))
+        for i, (n, v) in enumerate(exported):
+            entry = table + i * o["ksym"]
+            name = self.alloc_module(n.encode() + b"\0")
+            if self.layout == "old":  # PREL32: offsets from the field itself
+                self.img.write(entry, struct.pack("<ii", v - entry, name - (entry + 4)))
+            else:
+                self.img.write(entry, struct.pack("<QQ", v, name))
+        self.img.u64(mod + o["syms"], table)
+        self.img.u32(mod + o["num_syms"], len(exported))
 
     def _sect_attrs(self, sections: dict[str, int]) -> int:
         o = self.o

@@ -214,3 +214,31 @@ def test_a_walk_for_some_modules_stops_where_they_are_found(tmp_path: Path) -> N
         ]
         with pytest.raises(AddressNotMapped):
             walk_modules(k, lay, MODULES_HEAD, {"gone"})
+
+
+@pytest.mark.parametrize("layout", ["old", "new"])
+def test_a_modules_symbols_are_read_as_kallsyms_prints_them(tmp_path: Path, layout: str) -> None:
+    """mod->kallsyms in its order, the empty symbol 0 left out, exported ones
+    (in mod->syms: PREL32 offsets in one layout, pointers in the other) upper
+    case, the rest lower, whatever case typetab holds."""
+    from kreld.kernel.kmodules import module_symbols
+
+    m = ModuleImage(layout)
+    syms = [
+        ("dummy_init", MODAREA + 0x180000, "t", False),
+        ("dummy_setup", MODAREA + 0x100010, "T", False),
+        ("dummy_exported", MODAREA + 0x100100, "t", True),
+        ("__key.45", MODAREA + 0x103000, "b", False),
+        ("per_cpu_var", 0x34000, "a", False),
+    ]
+    mod = m.add("dummy", DUMMY, symbols=syms)
+    lay = module_layout(Btf.parse(BTF[layout]()))
+    with Kcore.open(m.save(tmp_path / "kcore")) as k:
+        got = module_symbols(k, lay, mod)
+    assert got == [
+        (MODAREA + 0x180000, b"t", b"dummy_init"),
+        (MODAREA + 0x100010, b"t", b"dummy_setup"),
+        (MODAREA + 0x100100, b"T", b"dummy_exported"),
+        (MODAREA + 0x103000, b"b", b"__key.45"),
+        (0x34000, b"a", b"per_cpu_var"),
+    ]

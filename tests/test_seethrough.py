@@ -83,8 +83,16 @@ class Restricted:
         self.image.img.save(self.kcore, self.info)
 
     def load(self, name: str, sections: dict[str, int], core: int, build_id: str) -> int:
-        """The kernel's order: on the module list first, then in sysfs (zeros)."""
-        mod = self.image.add(name, sections, core=(sections[".text"], core), build_id=build_id)
+        """The kernel's order: on the module list first, then in sysfs (zeros).
+        Its symbols: ``NAME_init`` in .text, exported, and ``NAME_data`` in .data."""
+        syms = [(f"{name}_init", sections[".text"], "t", True)]
+        syms.append((f"{name}_data", sections[".data"] + 8, "d", False))
+        mod = self.image.add(
+            name, sections, core=(sections[".text"], core), build_id=build_id, symbols=syms
+        )
+        kallsyms = self.root / "proc/kallsyms"  # names listed, addresses zeroed
+        zeroed = "".join(f"{0:016x} {t} {n}\t[{name}]\n" for n, _v, t, _e in syms)
+        kallsyms.write_text(kallsyms.read_text() + zeroed)
         self.image.rewrite(self.kcore, self.info)
         self.tree.add_module(
             name, sections[".text"], sections=sections, zero=True, build_id=build_id, coresize=core
@@ -235,8 +243,17 @@ def test_the_daemon_follows_loads_and_unloads_with_sections_from_kernel_memory(
     # The kernel's lines: kallsyms' names in its order, addresses from the map, moved.
     want = [f"{RUNTIME_TEXT + off:016x} {t} {n}" for off, t, n in KERNEL if n != "__start_notes"]
     wait_until("kernel symbols", lambda: "kernel_symbols" in {e["event"] for e in d.events()})
+    wait_until(
+        "brd's symbols",
+        lambda: any(e.get("module") == "brd" for e in d.events() if e["event"] == "module_symbols"),
+    )
     export = kreldctl("export", "kallsyms", "--socket", str(sock)).stdout.splitlines()
-    assert export == want
+    assert export[: len(want)] == want
+    # brd's lines (kallsyms names them with zeros): its own table, read in kernel memory.
+    assert export[len(want) :] == [
+        f"{BRD['.text']:016x} T brd_init\t[brd]",
+        f"{BRD['.data'] + 8:016x} d brd_data\t[brd]",
+    ]
     assert d.stop() == 0
     # What was stored says the same, read back without the daemon.
     state = str(tmp_path / "state")

@@ -26,19 +26,30 @@ from collections.abc import Iterator, Mapping, Set
 from kreld.core.errors import KernelMemoryError, ModuleListChanged, NoteError
 from kreld.core.record import record
 from kreld.kernel.kcore import MAX_READ, Kcore
-from kreld.kernel.modlayout import ModuleLayout
+from kreld.kernel.modlayout import KallsymsLayout, ModuleLayout
 from kreld.kernel.notes import find_build_id
 
-__all__ = ["MAX_MODULES", "MAX_SECTIONS", "TRIES", "KernelModule", "walk_modules"]
+__all__ = [
+    "MAX_MODULES",
+    "MAX_SECTIONS",
+    "MAX_SYMBOLS",
+    "TRIES",
+    "KernelModule",
+    "module_symbols",
+    "walk_modules",
+]
 
 MAX_MODULES = 8192  # a machine has a few hundred; more is a cycle in a corrupt chain
 MAX_SECTIONS = 4096  # section attributes of one module (a module has 20-60)
 MAX_SECTION_NAME = 256
+MAX_SYMBOLS = 1 << 18  # symbols of one module (the largest have some 60,000)
+MAX_STRTAB = 16 << 20  # bytes of its string table
 TRIES = 3
 BUILD_ID_SECTION = ".note.gnu.build-id"
 _NOTE_READ = 64  # a GNU build-id note: 12-byte header, "GNU\0", a 20-byte SHA-1 (or so)
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+_SYM = struct.Struct("<I4xQ8x")  # Elf64_Sym: st_name, (info, other, shndx), st_value, (size)
 
 
 @record
@@ -220,3 +231,76 @@ def _build_id(kcore: Kcore, sections: Mapping[str, int], faults: list[str]) -> s
     except (KernelMemoryError, NoteError) as e:
         faults.append(f"{BUILD_ID_SECTION} in kernel memory: {e}")
         return None
+
+
+def module_symbols(kcore: Kcore, layout: ModuleLayout, mod: int) -> list[tuple[int, bytes, bytes]]:
+    """The lines /proc/kallsyms prints for the module whose ``struct module`` is
+    at *mod* (``module_get_kallsym()`` and ``s_show()``): each named symbol of
+    ``mod->kallsyms`` in its order, with its ``typetab`` letter, upper case when
+    the module exports it (``is_exported()``: listed in ``mod->syms``)."""
+    ks = layout.symbols
+    if ks is None:
+        raise KernelMemoryError(kcore.path, "this kernel's BTF does not describe module symbols")
+    raw = kcore.read(kcore.pointer(mod + ks.pointer, "mod->kallsyms", ks.size), ks.size)
+    symtab, strtab, typetab = (
+        _U64.unpack_from(raw, o)[0] for o in (ks.symtab, ks.strtab, ks.typetab)
+    )
+    count = _U32.unpack_from(raw, ks.num_symtab)[0]
+    if count > MAX_SYMBOLS:
+        raise KernelMemoryError(kcore.path, f"{count} symbols in the module at {mod:#x}")
+    table = _read_long(kcore, symtab, count * _SYM.size)
+    types = _read_long(kcore, typetab, count)
+    syms = [_SYM.unpack_from(table, i * _SYM.size) for i in range(count)]
+    names = _names(kcore, strtab, [s[0] for s in syms])
+    exported = _exported(kcore, ks, kcore.read(mod, layout.size))
+    out = []
+    for (_name, value), typ, name in zip(syms, types, names, strict=True):
+        if name:
+            letter = chr(typ).upper() if name in exported else chr(typ).lower()
+            out.append((value, letter.encode(), name))
+    return out
+
+
+def _read_long(kcore: Kcore, address: int, length: int) -> bytes:
+    """*length* bytes at *address*, read :data:`MAX_READ` at a time."""
+    return b"".join(
+        kcore.read(address + at, min(MAX_READ, length - at)) for at in range(0, length, MAX_READ)
+    )
+
+
+def _names(kcore: Kcore, strtab: int, offsets: list[int]) -> list[bytes]:
+    """The strings at *offsets* into the string table at *strtab* (read once)."""
+    if not offsets:
+        return []
+    seg = kcore.segment_of(strtab)
+    if seg is None:
+        raise KernelMemoryError(kcore.path, f"string table at {strtab:#x} is not mapped")
+    size = min(max(offsets) + MAX_SECTION_NAME, seg.end - strtab, MAX_STRTAB)
+    blob = _read_long(kcore, strtab, size)
+    out = []
+    for off in offsets:
+        end = blob.find(b"\0", off)
+        if end < 0:
+            raise KernelMemoryError(kcore.path, f"symbol name at {strtab + off:#x} has no end")
+        out.append(blob[off:end])
+    return out
+
+
+def _exported(kcore: Kcore, ks: KallsymsLayout, raw: bytes) -> set[bytes]:
+    """The names in ``mod->syms`` (its EXPORT_SYMBOL table; not the GPL one)."""
+    syms = _U64.unpack_from(raw, ks.syms)[0]
+    count = _U32.unpack_from(raw, ks.num_syms)[0]
+    if not syms or not count:
+        return set()
+    if count > MAX_SYMBOLS:
+        raise KernelMemoryError(kcore.path, f"{count} exported symbols at {syms:#x}")
+    table = _read_long(kcore, syms, count * ks.ksym_size)
+    out = set()
+    for i in range(count):
+        at = i * ks.ksym_size + ks.ksym_name
+        if ks.relative:  # offset_to_ptr(&sym->name_offset)
+            name = syms + at + struct.unpack_from("<i", table, at)[0]
+        else:
+            name = _U64.unpack_from(table, at)[0]
+        out.add(kcore.string(name, MAX_SECTION_NAME).encode())
+    return out

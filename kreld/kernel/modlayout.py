@@ -23,7 +23,7 @@ from kreld.core.errors import BtfError
 from kreld.core.record import record
 from kreld.kernel.btf import Btf, Kind
 
-__all__ = ["ModuleLayout", "Region", "SectAttrsLayout", "module_layout"]
+__all__ = ["KallsymsLayout", "ModuleLayout", "Region", "SectAttrsLayout", "module_layout"]
 
 MODULE_STATE_PREFIX = "MODULE_STATE_"
 
@@ -50,6 +50,28 @@ class SectAttrsLayout:
 
 
 @record
+class KallsymsLayout:
+    """A module's own symbol table, as /proc/kallsyms prints it: ``mod->kallsyms``
+    (``struct mod_kallsyms``: ``symtab``, ``num_symtab``, ``strtab``, ``typetab``;
+    the type array since 5.2, commit 1c7651f43777 "kallsyms: store type
+    information in its own array"), and the exported symbols ``mod->syms``
+    (``struct kernel_symbol``: a relative ``name_offset`` where the arch has
+    PREL32 relocations, x86-64 among them, else a ``name`` pointer)."""
+
+    pointer: int  # offset of mod->kallsyms in struct module
+    size: int  # of struct mod_kallsyms
+    symtab: int
+    num_symtab: int
+    strtab: int
+    typetab: int
+    syms: int  # offsets of mod->syms and mod->num_syms in struct module
+    num_syms: int
+    ksym_size: int  # of struct kernel_symbol
+    ksym_name: int  # offset of its name_offset (or name)
+    relative: bool  # name_offset, relative to itself (PREL32)
+
+
+@record
 class ModuleLayout:
     """What the walk reads of ``struct module``, as offsets into it."""
 
@@ -64,6 +86,7 @@ class ModuleLayout:
     core_base: int  # offset of the base /proc/modules shows
     states: dict[int, str]  # enum module_state: value -> "live", "coming", ...
     sections: SectAttrsLayout | None  # None: this kernel's BTF has no section attributes
+    symbols: KallsymsLayout | None = None  # None: this kernel's BTF does not say
 
     def window(self) -> tuple[int, int]:
         """The part of the struct a re-check reads: state, links and name."""
@@ -125,6 +148,31 @@ def _sect_attrs(btf: Btf) -> SectAttrsLayout | None:
     )
 
 
+def _kallsyms(btf: Btf, module: int) -> KallsymsLayout | None:
+    try:
+        mk = btf.find("mod_kallsyms", Kind.STRUCT)
+        ksym = btf.find("kernel_symbol", Kind.STRUCT)
+        try:
+            name, relative = btf.member(ksym, "name_offset").offset, True
+        except BtfError:
+            name, relative = btf.member(ksym, "name").offset, False
+        return KallsymsLayout(
+            pointer=btf.member(module, "kallsyms").offset,
+            size=btf.size_of(mk),
+            symtab=btf.member(mk, "symtab").offset,
+            num_symtab=btf.member(mk, "num_symtab").offset,
+            strtab=btf.member(mk, "strtab").offset,
+            typetab=btf.member(mk, "typetab").offset,
+            syms=btf.member(module, "syms").offset,
+            num_syms=btf.member(module, "num_syms").offset,
+            ksym_size=btf.size_of(ksym),
+            ksym_name=name,
+            relative=relative,
+        )
+    except BtfError:
+        return None
+
+
 def module_layout(btf: Btf) -> ModuleLayout:
     """Read the layout of ``struct module`` from *btf*; :class:`BtfError` names
     what is missing."""
@@ -144,4 +192,5 @@ def module_layout(btf: Btf) -> ModuleLayout:
         core_base=core_base,
         states={v: k.removeprefix(MODULE_STATE_PREFIX).lower() for k, v in states.items()},
         sections=_sect_attrs(btf),
+        symbols=_kallsyms(btf, module),
     )

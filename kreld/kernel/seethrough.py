@@ -12,7 +12,8 @@ reads what it needs where the kernel does not zero it:
   kernel's order, come in the map's order;
 * every module's sections: its ``struct module`` walked in kernel memory
   (:mod:`kreld.kernel.kmodules`) from the map's ``modules``, laid out as BTF
-  says, cross-checked with ``/sys/module`` (name, build-id note, core size).
+  says, cross-checked with ``/sys/module`` (name, build-id note, core size);
+  and its symbols, from its own table there (``mod->kallsyms``).
 
 Where it cannot (no CAP_SYS_RAWIO, lockdown, no BTF, no matching System.map)
 :func:`open_kernel_memory` says which, and nothing is guessed.
@@ -33,7 +34,7 @@ from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.kaslr import parse_system_map
 from kreld.kernel.kcore import Kcore
-from kreld.kernel.kmodules import KernelModule, walk_modules
+from kreld.kernel.kmodules import KernelModule, module_symbols, walk_modules
 from kreld.kernel.modlayout import ModuleLayout, module_layout
 
 __all__ = [
@@ -80,6 +81,20 @@ class KernelMemory:
         (:class:`KernelReadError` when the list cannot be read whole)."""
         mods = walk_modules(self.kcore, self.layout, self.modules_head(), wanted)
         return {m.name: m for m in mods}
+
+    def symbols(self, state: ModuleState) -> list[tuple[int, bytes, bytes]] | None:
+        """The kallsyms lines of the load *state* read (its build-id and
+        ``.text`` the same in kernel memory), or ``None`` where they cannot be
+        read (the module gone, another load, this kernel's BTF silent)."""
+        try:
+            found = walk_modules(self.kcore, self.layout, self.modules_head(), {state.name})
+            if not found or found[0].build_id != state.build_id:
+                return None
+            if found[0].sections.get(".text") != state.sections.get(".text"):
+                return None
+            return module_symbols(self.kcore, self.layout, found[0].address)
+        except KernelReadError:
+            return None
 
     def modules_head(self) -> int:
         return self.link["modules"] + self.offset

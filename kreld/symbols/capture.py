@@ -423,8 +423,10 @@ class SymbolCapture:
             if key is None:
                 continue
             lines = ks.module(s.name) if ks is not None else None
+            source = "kallsyms"
             if lines and not any(v for v, _t, _n in lines):
-                lines = None  # kptr_restrict=2: names without addresses are no table
+                # kptr_restrict=2: names without addresses are no table; kernel memory has one
+                lines, source = (self.kmem.symbols(s) if self.kmem else None), "kcore"
             if stale and not lines and not s.restricted:
                 missing.append(inc)
                 continue
@@ -433,7 +435,6 @@ class SymbolCapture:
                 self._capture_absolutes(inc, key, lines)
                 continue
             packed = None
-            source = "kallsyms"
             if lines and not s.restricted:
                 packed = module_table(lines, s.sections, _section_sizes(inc))
             if packed is not None and stored is not None:
