@@ -93,7 +93,7 @@ def churn(n: int, rate: float | None) -> float:
 def resolve_ratio(quick: bool, programs: int) -> tuple[float, float]:
     """Median ns of a 10,000-address Resolve with *programs* live programs
     recorded, and of the same map built without kernel code (as before issue 21)."""
-    from kreld.core.kcode import AddressSource, CodeKind, CodeSeen, KernelCode
+    from kreld.core.kcode import CodeKind, CodeSeen, CodeSource, KernelCode
     from kreld.core.model import Anchors, BootSnapshot, Clock, Timestamp
     from kreld.symbols.kcodequery import CodeHistory
     from kreld.symbols.queries import AddressMap
@@ -106,7 +106,7 @@ def resolve_ratio(quick: bool, programs: int) -> tuple[float, float]:
     codes = tuple(
         KernelCode(boot.boot_id, i, CodeKind.BPF_PROGRAM, f"bpf_prog_{i:016x}_p", "bpf",
                    0xFFFFFFFFC0000000 + i * 0x1000, 0x100, Timestamp(i, i, i), CodeSeen.KSYMBOL,
-                   AddressSource.PERF, unloaded=Timestamp(i + 10**6, i + 10**6, i + 10**6))
+                   CodeSource.PERF, unloaded=Timestamp(i + 10**6, i + 10**6, i + 10**6))
         for i in range(programs)
     )  # fmt: skip
     rng = random.Random(7)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from kreld.core.kcode import (
-    AddressSource,
     CodeKind,
     CodeSeen,
+    CodeSource,
     KernelCode,
     LossReason,
     LossWindow,
@@ -54,7 +54,7 @@ def code(seq: int, name: str, loaded: int, unloaded: int | None, **kw: object) -
         "length": 0x100,
         "loaded": ts(loaded),
         "seen_by": CodeSeen.KSYMBOL,
-        "source": AddressSource.PERF,
+        "source": CodeSource.PERF,
         "unloaded": None if unloaded is None else ts(unloaded),
     }
     return KernelCode(**(base | kw))  # type: ignore[arg-type]

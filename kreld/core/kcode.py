@@ -26,10 +26,10 @@ __all__ = [
     "OWNER_BPF",
     "OWNER_FTRACE",
     "OWNER_KPROBES",
-    "AddressSource",
     "CodeEvent",
     "CodeKind",
     "CodeSeen",
+    "CodeSource",
     "KernelCode",
     "LossReason",
     "LossWindow",
@@ -69,7 +69,7 @@ class CodeSeen(StrEnum):
     KALLSYMS = "kallsyms"  # a reconciliation against /proc/kallsyms (no length)
 
 
-class AddressSource(StrEnum):
+class CodeSource(StrEnum):
     """Where a record's address came from."""
 
     PERF = "perf"  # the kernel's side-band record
@@ -140,7 +140,7 @@ class KernelCode:
     length: int | None
     loaded: Timestamp
     seen_by: CodeSeen
-    source: AddressSource
+    source: CodeSource
     prog_id: int | None = None
     tag: str | None = None
     loaded_after: Timestamp | None = None
@@ -206,7 +206,7 @@ class KernelCode:
             length=None if length is None else int(length),
             loaded=loaded,
             seen_by=CodeSeen(d["seen_by"]),
-            source=AddressSource(d["source"]),
+            source=CodeSource(d["source"]),
             prog_id=None if prog_id is None else int(prog_id),
             tag=None if d.get("tag") is None else str(d["tag"]),
             loaded_after=_ts(d, "loaded_after"),

@@ -26,10 +26,10 @@ import re
 from collections.abc import Callable, Iterable
 
 from kreld.core.kcode import (
-    AddressSource,
     CodeEvent,
     CodeKind,
     CodeSeen,
+    CodeSource,
     KernelCode,
     LossReason,
     LossWindow,
@@ -162,7 +162,7 @@ class CodeState:
                 loaded=at,
                 loaded_after=None,
                 seen_by=CodeSeen.KSYMBOL,
-                source=AddressSource.PERF,
+                source=CodeSource.PERF,
             )
             self.live[r.addr] = new
             ch.put(CodeEvent.UPDATE, new)
@@ -184,7 +184,7 @@ class CodeState:
             length=r.length,
             loaded=at,
             seen_by=CodeSeen.KSYMBOL,
-            source=AddressSource.PERF,
+            source=CodeSource.PERF,
         )
         self.live[r.addr] = new
         ch.put(CodeEvent.LOAD, new)
@@ -218,7 +218,7 @@ class CodeState:
             length=r.length,
             loaded=at,
             seen_by=CodeSeen.KSYMBOL,
-            source=AddressSource.PERF,
+            source=CodeSource.PERF,
             loaded_after=ZERO,
             unloaded=at,
             unload_seen_by=CodeSeen.KSYMBOL,
@@ -281,7 +281,7 @@ class CodeState:
                 length=PAGE if kind in _ONE_PAGE else None,
                 loaded=now,
                 seen_by=CodeSeen.KALLSYMS,
-                source=AddressSource.KALLSYMS,
+                source=CodeSource.KALLSYMS,
                 loaded_after=since,
             )
             self.live[addr] = new
