@@ -4,7 +4,8 @@ module directories and ``/proc/modules`` (``modules``), the KASLR offset
 (``kaslr``), ELF files and notes (``elf``, ``notes``), and one boot's snapshot
 put together from them (``snapshot``).  Where ``kptr_restrict=2`` zeroes
 those, kernel memory: ``/proc/kcore`` (``kcore``), the types' layouts from BTF
-(``btf``, ``modlayout``) and the module list walked there (``kmodules``).
+(``btf``, ``modlayout``), the module list walked there (``kmodules``) and
+what of it is believed (``seethrough``).
 
 They never write, and never know of the store or the server.
 May import: ``core``, ``config``.
