@@ -214,3 +214,48 @@ def test_inject_of_the_per_task_recording_names_every_bpf_frame_in_perf_script(
     left = [a for a, sym in frames if sym == "[unknown]" and a in unknown]
     assert frames and not left, f"{len(left)} of {len(frames)} frames left [unknown]"
     assert any("_vfs_read+" in sym for _, sym in frames), frames[:5]
+
+
+def _report_rows(perf: str, data: Path, ks: Path, empty: Path, home: Path) -> list[list[str]]:
+    cp = subprocess.run(
+        [perf, "report", "--stdio", "-i", str(data), f"--kallsyms={ks}", f"--symfs={empty}",
+         "--no-children", "--sort", "dso,sym"],
+        capture_output=True, text=True, env={**os.environ, "HOME": str(home)}, timeout=300,
+        check=True,
+    )  # fmt: skip
+    rows = [ln.split() for ln in cp.stdout.splitlines() if ln.strip() and ln[0] != "#"]
+    return [r for r in rows if len(r) >= 4 and r[0].endswith("%")]  # no headers or notes
+
+
+def test_inject_of_the_per_task_recording_names_every_bpf_sample_in_perf_report(
+    guest: Guest, tmp_path: Path
+) -> None:
+    """``perf report --stdio --symfs=<empty> --kallsyms=<export --for OUT>`` of
+    inject's OUT (issue 23): every sample in kernel code that IN's report leaves
+    ``[unknown]`` is named, with as much of the total as IN gave those addresses."""
+    g = guest
+    perf = shutil.which("perf")
+    if perf is None:
+        pytest.skip("perf is not installed on the host")
+    out, ks, empty = tmp_path / "out.data", tmp_path / "kallsyms", tmp_path / "empty"
+    empty.mkdir()
+    data = g.out / "perf-task.data"
+    ctl(g, "inject", "-i", str(data), "-o", str(out))
+    ctl(g, "export", "kallsyms", "--for", str(out), "-o", str(ks))
+    lo, hi = consts.KCODE_AREA
+
+    def in_code(r: list[str]) -> bool:
+        return r[3].startswith("0x") and lo <= int(r[3], 16) < hi
+
+    before = _report_rows(perf, data, ks, empty, tmp_path)
+    after = _report_rows(perf, out, ks, empty, tmp_path)
+    unknown = [r for r in before if r[1] == "[unknown]" and in_code(r)]
+    assert unknown, before[:20]
+    left = [r for r in after if r[1] == "[unknown]" and in_code(r)]
+    assert not left, left[:10]
+    rest_in = [r for r in before if r not in unknown]
+    named = [r for r in after if r not in rest_in]
+    assert any("vfs_read" in r[-1] for r in named), named[:10]
+    total = sum(float(r[0].rstrip("%")) for r in unknown)
+    got = sum(float(r[0].rstrip("%")) for r in named)
+    assert abs(got - total) < 0.02 * len(unknown) + 0.05, (got, total, named[:10])
