@@ -173,19 +173,7 @@ class CodeState:
                 return  # the same record twice
             # Its unregister was never seen (lost): present at its load, gone now.
             self._close(old, at, old.loaded, CodeSeen.KSYMBOL, ch)
-        kind = kind_of(r.name)
-        new = KernelCode(
-            boot_id=self.boot_id,
-            seq=self._new_seq(),
-            kind=kind,
-            name=r.name,
-            owner=owner_of(kind),
-            addr=r.addr,
-            length=r.length,
-            loaded=at,
-            seen_by=CodeSeen.KSYMBOL,
-            source=CodeSource.PERF,
-        )
+        new = self._from_ksymbol(r, at)
         self.live[r.addr] = new
         ch.put(CodeEvent.LOAD, new)
         self._since_event.setdefault(r.cpu, []).append(r.addr)
@@ -206,9 +194,15 @@ class CodeState:
             return
         # A piece kreld never saw come (before it looked, and kallsyms did not list
         # it): it was there some time before this unregister.
-        kind = kind_of(r.name)
         at = stamp(r.time)
-        ghost = KernelCode(
+        ghost = self._from_ksymbol(r, at)
+        ghost = replace(ghost, loaded_after=ZERO, unloaded=at, unload_seen_by=CodeSeen.KSYMBOL)
+        ch.put(CodeEvent.UNLOAD, ghost)
+
+    def _from_ksymbol(self, r: Ksymbol, at: Timestamp) -> KernelCode:
+        """A new piece as its register record tells it, loaded *at*."""
+        kind = kind_of(r.name)
+        return KernelCode(
             boot_id=self.boot_id,
             seq=self._new_seq(),
             kind=kind,
@@ -219,11 +213,7 @@ class CodeState:
             loaded=at,
             seen_by=CodeSeen.KSYMBOL,
             source=CodeSource.PERF,
-            loaded_after=ZERO,
-            unloaded=at,
-            unload_seen_by=CodeSeen.KSYMBOL,
         )
-        ch.put(CodeEvent.UNLOAD, ghost)
 
     def _bpf_event(self, r: BpfEvent, ch: Changes) -> None:
         addrs = self._since_event.pop(r.cpu, [])
