@@ -54,11 +54,7 @@ def guest(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     rw.mkdir(parents=True, exist_ok=True)
     out, state = rw / "facts", rw / "state"
     if not (os.environ.get("KRELD_VM_REUSE") and (out / "done").exists()):
-        shutil.rmtree(out, ignore_errors=True)
-        shutil.rmtree(state, ignore_errors=True)
-        run = harness.run_in_guest(
-            f"sh {GUEST}", rw, timeout=600, env={"OUT": str(out), "STATE": str(state)}, name="kcode"
-        )
+        run = _boot(rw, out, state)
         log = out / "kreld.log"
         tail = log.read_text()[-4000:] if log.exists() else "(no kreld.log)"
         assert run.status == 0, (
@@ -68,6 +64,29 @@ def guest(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         print(f"[realkernel] kcode boot: {run.elapsed:.1f}s", file=sys.stderr)
     assert (out / "kreld.rc").read_text().strip() == "0"
     return Guest(out, state, (out / "boot_id").read_text().strip())
+
+
+def _boot(rw: Path, out: Path, state: Path) -> harness.GuestRun:
+    """One boot of the guest script, and once more if the guest never reported:
+    under software emulation, while other tests loaded this 2-core host, a boot
+    has twice not reported within its 600 s (once seen stalled in bpftrace's
+    kprobe attach) and passed when booted again.  What the first one marked is
+    printed, so that a stall that repeats can be found."""
+    for attempt in (1, 2):
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+        try:
+            return harness.run_in_guest(
+                f"sh {GUEST}", rw, timeout=600, env={"OUT": str(out), "STATE": str(state)},
+                name="kcode",
+            )  # fmt: skip
+        except harness.GuestError as e:
+            if attempt == 2:
+                raise
+            marks = (out / "times").read_text() if (out / "times").exists() else "(none)"
+            print(f"[realkernel] kcode boot 1 never reported (marks: {marks!r}): {str(e)[:200]}",
+                  file=sys.stderr)  # fmt: skip
+    raise AssertionError("unreachable")
 
 
 def ctl(g: Guest, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
