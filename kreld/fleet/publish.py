@@ -37,6 +37,7 @@ from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 from kreld.core.record import field, fields, record
 from kreld.core.symtab import module_symbol_key
 from kreld.fleet import layout as fleet
+from kreld.fleet.kcodelayout import CodeDelta
 from kreld.fleet.s3 import Bucket, open_bucket, require_fleet
 from kreld.kernel.info import Root
 from kreld.store import Store
@@ -105,6 +106,8 @@ class Plan:
     cursor: dict[str, Any]
     digests: dict[str, str]  # seq -> hex digest
     size: int = 0  # incarnations and boot records it carries (the backlog it clears)
+    # seq -> hex digest of each kernel-code record published, None for one dropped
+    code_digests: dict[str, str | None] = field(default_factory=dict)
     resumed: bool = field(default=False, compare=False)
 
     def pending(self) -> dict[str, Any]:
@@ -114,7 +117,15 @@ class Plan:
 
 def _new_cursor() -> dict[str, Any]:
     """The publishing cursor of a boot nothing of was published yet."""
-    return {"batches": [], "next": 0, "boot": "", "index": None, "gen": 0, "done": False}
+    return {
+        "batches": [],
+        "next": 0,
+        "boot": "",
+        "index": None,
+        "gen": 0,
+        "done": False,
+        "losses": "",
+    }
 
 
 def _changed(
@@ -129,6 +140,31 @@ def _changed(
             changed.append(i)
             digests[str(i.seq)] = d.hex()
     return changed, digests
+
+
+def _code_changes(
+    store: Store, state: PubState, boot_id: str, cur: dict[str, Any]
+) -> tuple[CodeDelta, CodeDelta, dict[str, str | None], str]:
+    """The boot's kernel code (kreld/fleet/kcodelayout.py): what changed since the
+    last round (records, seqs retention dropped from the store, the loss windows
+    when they changed), all of it (for a compacting round), the digests to keep
+    (hex by seq, None: forget), and the loss windows' digest."""
+    codes = store.kernel_code.codes(boot_id)
+    losses = tuple(store.kernel_code.losses(boot_id))
+    old = state.digests(boot_id, b"c")
+    changed, digests = [], dict[str, str | None]()
+    for c in codes:
+        d = fleet.digest(c.to_json())
+        if old.get(c.seq) != d:
+            changed.append(c)
+            digests[str(c.seq)] = d.hex()
+    present = {c.seq for c in codes}
+    dropped = tuple(sorted(s for s in old if s not in present))
+    digests |= {str(s): None for s in dropped}
+    loss_digest = fleet.digest([w.to_json() for w in losses]).hex()
+    new_losses = None if loss_digest == cur.get("losses", "") else losses
+    delta = CodeDelta(tuple(changed), dropped, new_losses)
+    return delta, CodeDelta(tuple(codes), (), losses), digests, loss_digest
 
 
 def _tables_to_send(
@@ -157,23 +193,23 @@ def plan_boot(
     absolutes = store.absolutes(boot.boot_id)
     symbols = store.boot_symbols(boot.boot_id)
     changed, digests = _changed(incs, absolutes, state.digests(boot.boot_id))
+    code, all_code, code_digests, loss_digest = _code_changes(store, state, boot.boot_id, cur)
     sym_json = symbols.to_json() if symbols else None
     boot_digest = fleet.digest([boot.to_json(), sym_json, host.to_json()]).hex()
     tables = _tables_to_send(store, state, symbols, incs)
-    if not changed and boot_digest == cur["boot"] and not tables:
+    if not changed and code.empty() and boot_digest == cur["boot"] and not tables:
         return None
     batches, n, drop = list(cur["batches"]), int(cur["next"]), []
-    batch, data = None, b""
-    if changed:
+    batch, data, size = None, b"", len(changed) + len(code.codes) + len(code.dropped)
+    if changed or not code.empty():
         if len(batches) >= fleet.COMPACT_AFTER:
-            drop, batches, changed = batches, [], incs
+            drop, batches, changed, code = batches, [], incs, all_code
         batch = fleet.batch_name(n)
         n += 1
         batches.append(batch)
         seqs = {i.seq for i in changed}
-        data = fleet.encode_batch(
-            boot.boot_id, changed, {s: v for s, v in absolutes.items() if s in seqs}
-        )
+        absolute = {s: v for s, v in absolutes.items() if s in seqs}
+        data = fleet.encode_batch(boot.boot_id, changed, absolute, code)
     gen = int(cur["gen"])
     index = fleet.index_object(boot, host, gen)
     old_index = None
@@ -185,7 +221,7 @@ def plan_boot(
     # that agrees with it, not one whose generation someone raised.
     manifest = fleet.encode_manifest(fleet.Manifest(host, boot, symbols, tuple(batches), gen))
     cursor = {"batches": batches, "next": n, "boot": boot_digest, "index": index}
-    cursor |= {"gen": gen, "done": not current}
+    cursor |= {"gen": gen, "done": not current, "losses": loss_digest}
     return Plan(
         boot.boot_id,
         tables,
@@ -198,7 +234,8 @@ def plan_boot(
         drop,
         cursor,
         digests,
-        size=len(changed) + (boot_digest != cur["boot"]),
+        size=size + (boot_digest != cur["boot"]),
+        code_digests=code_digests,
     )
 
 
@@ -379,6 +416,7 @@ class Publisher:
             plan.cursor,
             {int(s): bytes.fromhex(d) for s, d in plan.digests.items()},
             plan.tables,
+            {int(s): None if d is None else bytes.fromhex(d) for s, d in plan.code_digests.items()},
         )
 
 
