@@ -24,6 +24,7 @@ is consistent at every step because readers only follow manifests.
 from __future__ import annotations
 
 import base64
+import hashlib
 import random
 import threading
 import time
@@ -143,28 +144,37 @@ def _changed(
 
 
 def _code_changes(
-    store: Store, state: PubState, boot_id: str, cur: dict[str, Any]
-) -> tuple[CodeDelta, CodeDelta, dict[str, str | None], str]:
+    store: Store, state: PubState, boot_id: str, cur: dict[str, Any], quiet: bool
+) -> tuple[CodeDelta, Callable[[], CodeDelta], dict[str, str | None], str]:
     """The boot's kernel code (kreld/fleet/kcodelayout.py): what changed since the
     last round (records, seqs retention dropped from the store, the loss windows
-    when they changed), all of it (for a compacting round), the digests to keep
-    (hex by seq, None: forget), and the loss windows' digest."""
-    codes = store.kernel_code.codes(boot_id)
-    losses = tuple(store.kernel_code.losses(boot_id))
+    when they changed), all of it (read when a round compacts), the digests to keep
+    (hex by seq, None: forget), and the loss windows' digest.  A record's digest is
+    of its stored bytes, so that a round with nothing new decodes nothing (50,000
+    records: 1.1 s of CPU a round decoded, against 0.13 s of reading them); *quiet*:
+    the store has not changed since a round that found nothing new (nothing read)."""
+    tables = store.kernel_code
+
+    def whole() -> CodeDelta:
+        return CodeDelta(tuple(tables.codes(boot_id)), (), tuple(tables.losses(boot_id)))
+
+    if quiet:
+        return CodeDelta(), whole, {}, str(cur.get("losses", ""))
+    rows = tables.raw_codes(boot_id)
     old = state.digests(boot_id, b"c")
     changed, digests = [], dict[str, str | None]()
-    for c in codes:
-        d = fleet.digest(c.to_json())
-        if old.get(c.seq) != d:
-            changed.append(c)
-            digests[str(c.seq)] = d.hex()
-    present = {c.seq for c in codes}
+    for seq, raw in rows:
+        d = hashlib.blake2b(raw, digest_size=8).digest()
+        if old.get(seq) != d:
+            changed.append(tables.decode(raw))
+            digests[str(seq)] = d.hex()
+    present = {seq for seq, _ in rows}
     dropped = tuple(sorted(s for s in old if s not in present))
     digests |= {str(s): None for s in dropped}
+    losses = tuple(tables.losses(boot_id))
     loss_digest = fleet.digest([w.to_json() for w in losses]).hex()
     new_losses = None if loss_digest == cur.get("losses", "") else losses
-    delta = CodeDelta(tuple(changed), dropped, new_losses)
-    return delta, CodeDelta(tuple(codes), (), losses), digests, loss_digest
+    return CodeDelta(tuple(changed), dropped, new_losses), whole, digests, loss_digest
 
 
 def _tables_to_send(
@@ -184,8 +194,10 @@ def plan_boot(
     boot: BootSnapshot,
     host: fleet.Host,
     current: bool,
+    code_quiet: bool = False,
 ) -> Plan | None:
-    """What to upload for *boot*, or None when the bucket already has it all."""
+    """What to upload for *boot*, or None when the bucket already has it all
+    (*code_quiet*: its kernel code is known unchanged since the last round)."""
     cur = state.cursor(boot.boot_id) or _new_cursor()
     if cur["done"] and not current:
         return None
@@ -193,7 +205,9 @@ def plan_boot(
     absolutes = store.absolutes(boot.boot_id)
     symbols = store.boot_symbols(boot.boot_id)
     changed, digests = _changed(incs, absolutes, state.digests(boot.boot_id))
-    code, all_code, code_digests, loss_digest = _code_changes(store, state, boot.boot_id, cur)
+    code, all_code, code_digests, loss_digest = _code_changes(
+        store, state, boot.boot_id, cur, code_quiet
+    )
     sym_json = symbols.to_json() if symbols else None
     boot_digest = fleet.digest([boot.to_json(), sym_json, host.to_json()]).hex()
     tables = _tables_to_send(store, state, symbols, incs)
@@ -203,7 +217,7 @@ def plan_boot(
     batch, data, size = None, b"", len(changed) + len(code.codes) + len(code.dropped)
     if changed or not code.empty():
         if len(batches) >= fleet.COMPACT_AFTER:
-            drop, batches, changed, code = batches, [], incs, all_code
+            drop, batches, changed, code = batches, [], incs, all_code()
         batch = fleet.batch_name(n)
         n += 1
         batches.append(batch)
@@ -260,6 +274,8 @@ class Publisher:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._state: tuple[Target, PubState, Bucket] | None = None
+        # boot-id -> the store's txn-id of a round that found it all published
+        self._quiet: dict[str, int] = {}
         self.last_success: int | None = None
         self.last_error: str | None = None
         self.backlog = 0
@@ -342,6 +358,7 @@ class Publisher:
         if self._state is None or self._state[0] != target:
             bucket = self.opener(target.url, target.endpoint)
             self._state = (target, PubState(self.store, target.ident()), bucket)
+            self._quiet.clear()
         return self._state[1], self._state[2]
 
     def publish_round(self, target: Target) -> None:
@@ -353,13 +370,17 @@ class Publisher:
             self._apply(bucket, state, resumed)
         host = read_host(self.root)
         current = self.current_id()
+        txnid = self.store.last_txnid()
         plans: list[Plan] = []
         for boot in reversed(self.store.list_boots()):  # oldest first
             is_current = boot.boot_id == current
-            step = plan_boot(self.store, state, boot, host, is_current)
+            quiet = self._quiet.get(boot.boot_id) == txnid
+            step = plan_boot(self.store, state, boot, host, is_current, quiet)
             if step is not None:
                 plans.append(step)
-            elif not is_current:
+                continue
+            self._quiet[boot.boot_id] = txnid  # nothing new: its code not read till a write
+            if not is_current:
                 state.mark_done(boot.boot_id)  # over, and all in the bucket: not read again
         self.backlog = sum(p.size for p in plans)
         before = (self.objects, self.bytes)
