@@ -188,6 +188,17 @@ def _tables_to_send(
     return sorted(k for k in wanted if not state.has_table(k) and table_bytes(store, k) is not None)
 
 
+def _index_entry(
+    boot: BootSnapshot, host: fleet.Host, cur: dict[str, Any]
+) -> tuple[int, str, str | None]:
+    """The boot's index entry's generation and name, and the entry it replaces."""
+    gen = int(cur["gen"])
+    index = fleet.index_object(boot, host, gen)
+    if cur["index"] is None or index == cur["index"]:
+        return gen, index, None
+    return gen + 1, fleet.index_object(boot, host, gen + 1), cur["index"]
+
+
 def plan_boot(
     store: Store,
     state: PubState,
@@ -205,7 +216,7 @@ def plan_boot(
     absolutes = store.absolutes(boot.boot_id)
     symbols = store.boot_symbols(boot.boot_id)
     changed, digests = _changed(incs, absolutes, state.digests(boot.boot_id))
-    code, all_code, code_digests, loss_digest = _code_changes(
+    code, whole, code_digests, loss_digest = _code_changes(
         store, state, boot.boot_id, cur, code_quiet
     )
     sym_json = symbols.to_json() if symbols else None
@@ -217,20 +228,14 @@ def plan_boot(
     batch, data, size = None, b"", len(changed) + len(code.codes) + len(code.dropped)
     if changed or not code.empty():
         if len(batches) >= fleet.COMPACT_AFTER:
-            drop, batches, changed, code = batches, [], incs, all_code()
+            drop, batches, changed, code = batches, [], incs, whole()
         batch = fleet.batch_name(n)
         n += 1
         batches.append(batch)
         seqs = {i.seq for i in changed}
         absolute = {s: v for s, v in absolutes.items() if s in seqs}
         data = fleet.encode_batch(boot.boot_id, changed, absolute, code)
-    gen = int(cur["gen"])
-    index = fleet.index_object(boot, host, gen)
-    old_index = None
-    if cur["index"] is not None and index != cur["index"]:
-        gen += 1
-        index = fleet.index_object(boot, host, gen)
-        old_index = cur["index"]
+    gen, index, old_index = _index_entry(boot, host, cur)
     # The manifest names its index entry's generation: a reader believes the entry
     # that agrees with it, not one whose generation someone raised.
     manifest = fleet.encode_manifest(fleet.Manifest(host, boot, symbols, tuple(batches), gen))
