@@ -172,7 +172,8 @@ def _code_changes(
     dropped = tuple(sorted(s for s in old if s not in present))
     digests |= {str(s): None for s in dropped}
     losses = tuple(tables.losses(boot_id))
-    loss_digest = fleet.digest([w.to_json() for w in losses]).hex()
+    # None yet is "" as in a new cursor: a boot without kernel code publishes as before
+    loss_digest = fleet.digest([w.to_json() for w in losses]).hex() if losses else ""
     new_losses = None if loss_digest == cur.get("losses", "") else losses
     return CodeDelta(tuple(changed), dropped, new_losses), whole, digests, loss_digest
 
