@@ -20,17 +20,32 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, _bin, kreldctl, wait_until
+import zstandard
+from bpfprog import load_socket_filter
+from conftest import Daemon, _bin, ctl_json, kreldctl, wait_until
 from faketree import FakeTree
 from perffile import PerfFile
 from s3server import ACCESS_KEY, SECRET_KEY, S3Server, running_s3, weed_binary
 
-from kreld.core.errors import FleetObjectInvalid
+from kreld.core.errors import FleetObjectInvalid, KernelReadError
+from kreld.core.kcode import (
+    OWNER_BPF,
+    CodeKind,
+    CodeSeen,
+    CodeSource,
+    KernelCode,
+    LossReason,
+    LossWindow,
+)
 from kreld.core.log import get as get_log
+from kreld.core.model import Timestamp
 from kreld.fleet import layout as fleet
+from kreld.fleet.bucket import BucketStore
+from kreld.fleet.kcodelayout import CodeDelta
 from kreld.fleet.publish import Publisher, Target
 from kreld.fleet.s3 import Bucket, open_bucket
 from kreld.kernel.info import Root
+from kreld.kernel.perfring import SidebandRings
 from kreld.store import Store
 from kreld.store.pubstate import PubState
 
@@ -571,3 +586,146 @@ def test_after_a_reboot_both_boots_are_in_the_bucket_and_the_old_one_is_not_read
         assert (state.cursor(h.tree.boot_id) or {})["done"] is False
     finally:
         store.close()
+
+
+def test_a_bpf_program_loaded_here_is_named_at_its_time_from_the_bucket_as_from_the_store(
+    aws: S3Server, tmp_path: Path, daemon_factory: Any, sockdir: Path
+) -> None:
+    """kreld on this machine's real root, publishing: a BPF program loaded with bpf(2)
+    and unloaded; once published, ``kreldctl --from`` gives the host's store's answers
+    about it: ``code`` (its record, and what was live at its time), ``resolve --at``
+    (its name while loaded, not after) and ``export kallsyms --at``."""
+    try:
+        SidebandRings(Root(Path("/"))).close()
+    except KernelReadError as e:
+        pytest.skip(f"perf_event_open is refused here: {e}")
+    url = url_for("bpf")
+    sock, state = str(sockdir / "bpf.sock"), str(tmp_path / "st")
+    d = daemon_factory(
+        "--root", "/", "--state-dir", state, "--socket", sock,
+        "--config", str(config(tmp_path, url)), log_name="bpf.log",
+    )  # fmt: skip
+    d.start(timeout=60)
+    try:
+        fd = load_socket_filter("kreldfleet")
+    except OSError as e:
+        pytest.skip(f"cannot load a BPF program here: {e}")
+    time.sleep(0.2)
+    os.close(fd)
+
+    def ours(reply: dict[str, Any]) -> list[dict[str, Any]]:
+        return [c for c in reply["code"] if c["name"].endswith("_kreldfleet")]
+
+    def unloaded() -> list[dict[str, Any]] | None:
+        got = ours(ctl_json("code", "--all", "--socket", sock))
+        return got if got and got[0]["unloaded"] else None
+
+    (code,) = wait_until("the program's unload recorded", unloaded, timeout=20)
+
+    def caught_up() -> bool:
+        p = ctl_json("status", "--socket", sock)["publish"]
+        return bool(p and p["healthy"] and p["backlog"] == 0 and p["last_success_ns"])
+
+    time.sleep(0.5)  # a round that began before the unload was recorded ends first
+    wait_until("publishing caught up", caught_up, timeout=120)
+    boot = ("--boot", code["boot_id"])
+    local = ("--state-dir", state)
+    mid = str((code["loaded"]["monotonic"] + code["unloaded"]["monotonic"]) // 2)
+    after = str(code["unloaded"]["monotonic"] + 1)
+    remote = bucket_json(url, "code", "--all", *boot)
+    assert (
+        ours(remote) == [code]
+        and remote["host"]["hostname"] == Path("/etc/hostname").read_text().strip()
+    )
+    at_mid = bucket_json(url, "code", "--at", mid, *boot)
+    assert code in at_mid["code"]
+    assert at_mid["code"] == ctl_json("code", "--at", mid, *boot, *local)["code"]
+    addr = hex(int(code["address"], 16) + 4)
+    (named,) = bucket_json(url, "resolve", addr, "--at", mid, *boot)
+    assert named["symbol"] == code["name"] and named["image"] == "[bpf]", named
+    named.pop("host")
+    assert [named] == ctl_json("resolve", addr, "--at", mid, *boot, *local)
+    gone = from_bucket(url, "resolve", addr, "--at", after, "--json", *boot, check=False)
+    assert gone.returncode == 1 and json.loads(gone.stdout)[0].get("symbol") != code["name"]
+    exported = from_bucket(url, "export", "kallsyms", "--at", mid, *boot).stdout
+    assert f"{int(code['address'], 16):016x} t {code['name']}\t[bpf]" in exported
+    assert exported == kreldctl(*local, "export", "kallsyms", "--at", mid, *boot).stdout
+    assert d.stop() == 0
+
+
+def _code(boot_id: str, seq: int, t: int, gone: int | None = None) -> KernelCode:
+    return KernelCode(
+        boot_id, seq, CodeKind.BPF_PROGRAM, f"bpf_prog_{seq:016x}_p{seq}", OWNER_BPF,
+        0xFFFFFFFFC1000000 + seq * 0x1000, 64, Timestamp(t, t, t), CodeSeen.KSYMBOL,
+        CodeSource.PERF, prog_id=seq + 1, tag=f"{seq:016x}",
+        unloaded=None if gone is None else Timestamp(gone, gone, gone),
+        unload_seen_by=None if gone is None else CodeSeen.KSYMBOL,
+    )  # fmt: skip
+
+
+def test_kernel_code_its_retention_and_loss_windows_read_back_from_the_bucket_as_stored(
+    new_host: NewHost,
+) -> None:
+    """Rounds that add kernel-code records, close one, prune the oldest closed ones
+    (retention) and then compact the boot: after each, the bucket's records and loss
+    windows are the store's, and ``--from code --all`` answers as the store does."""
+    h = recorded(new_host, "kc")
+    boot = h.tree.boot_id
+    url = url_for("kcode")
+    target = Target(url, "", 0.1)
+    store = Store(h.state)
+
+    def same() -> None:
+        read = BucketStore(open_bucket(url)).code(boot)
+        assert read == (store.kernel_code.codes(boot), store.kernel_code.losses(boot))
+
+    try:
+        publisher = Publisher(store, Root(h.tree.root), target, lambda: boot, get_log())
+        t0 = 10**9
+        codes = [_code(boot, i, t0 + i, t0 + i + 5 if i < 3 else None) for i in range(5)]
+        lost = LossWindow(
+            Timestamp(t0, t0, t0), Timestamp(t0 + 2, t0 + 2, t0 + 2), LossReason.LOST_RECORDS, 7
+        )
+        store.kernel_code.apply(boot, codes, [lost], None)
+        publisher.publish_round(target)
+        same()
+        store.kernel_code.apply(boot, [_code(boot, 3, t0 + 3, t0 + 50)], [], None)
+        assert store.kernel_code.prune(boot, keep_closed=2) == 2
+        publisher.publish_round(target)
+        same()
+        assert [c.seq for c in BucketStore(open_bucket(url)).code(boot)[0]] == [2, 3, 4]
+        for i in range(5, 6 + fleet.COMPACT_AFTER):
+            store.kernel_code.apply(boot, [_code(boot, i, t0 + i)], [], None)
+            publisher.publish_round(target)
+        same()
+        m = fleet.decode_manifest("m", open_bucket(url).get(fleet.manifest_object(boot)) or b"")
+        assert len(m.batches) < fleet.COMPACT_AFTER
+    finally:
+        store.close()
+    remote = bucket_json(url, "code", "--all", "--boot", boot)
+    local = h.local("code", "--all", "--boot", boot)
+    assert {k: v for k, v in remote.items() if k != "host"} == local
+    assert [w["reason"] for w in local["losses"]] == ["retention", "lost_records"]
+    # A batch put over the last one, carrying a record of another boot: refused, named.
+    foreign = CodeDelta((_code(str(uuid.uuid4()), 1, 10**9),))
+    name = fleet.batch_object(boot, m.batches[-1])
+    open_bucket(url).put(name, fleet.encode_batch(boot, [], {}, foreign))
+    cp = from_bucket(url, "code", "--all", "--boot", boot, check=False)
+    assert cp.returncode == 5 and name in cp.stderr and "records of another boot" in cp.stderr
+
+
+def test_a_batch_with_bad_kernel_code_is_refused_with_a_named_error() -> None:
+    """A record of another boot, a kind kreld does not know, a length past 64 bits:
+    each batch is refused with what is wrong and where."""
+    boot, other = str(uuid.uuid4()), str(uuid.uuid4())
+    t = 10**9
+    with pytest.raises(FleetObjectInvalid, match="records of another boot"):
+        fleet.decode_batch(
+            "b", fleet.encode_batch(boot, [], {}, CodeDelta((_code(other, 1, t),))), boot
+        )
+    good = _code(boot, 1, t).to_json()
+    for bad, why in (({"kind": "virus"}, "kind"), ({"length": 1 << 64}, "length")):
+        head = {"format": fleet.FORMAT, "kind": "batch", "version": 1, "boot_id": boot}
+        raw = json.dumps({**head, "incarnations": [], "absolutes": {}, "code": [{**good, **bad}]})
+        with pytest.raises(FleetObjectInvalid, match=re.escape(f"malformed batch: code[0].{why}")):
+            fleet.decode_batch("b", zstandard.compress(raw.encode()), boot)

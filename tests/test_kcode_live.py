@@ -165,6 +165,40 @@ def test_a_daemon_on_this_kernel_names_a_bpf_program_at_its_time_and_not_after(
     assert d.stop() == 0
 
 
+def test_subscribes_first_reply_lists_the_kernel_code_live_then_as_code_lists_it(
+    daemon_factory: Any, tmp_path: Path, sockdir: Path
+) -> None:
+    """A program loaded (and recorded) before Subscribe is in the snapshot's
+    ``kernel_code``, with its id, as ``kreldctl code`` lists it; its unload
+    comes as the next event about it."""
+    need_rings().close()
+    sock = str(sockdir / "kreld.sock")
+    d = daemon_factory("--root", "/", "--state-dir", str(tmp_path / "st"), "--socket", sock)
+    d.start(timeout=60)
+    fd = need_program("kreldsnap")
+
+    def listed() -> dict[str, Any] | None:
+        got = [c for c in ctl_json("code", "--socket", sock)["code"] if "_kreldsnap" in c["name"]]
+        return got[0] if got else None
+
+    code = wait_until("the program's load recorded", listed, timeout=20)
+    sub = Client(sock, timeout=20)
+    events = sub.stream("Subscribe")
+    try:
+        first = next(events)
+        assert first["event"] == "snapshot" and isinstance(first["modules"], list)
+        assert code in first["kernel_code"] and code["prog_id"] is not None
+        assert all(c["unloaded"] is None for c in first["kernel_code"])  # live ones only
+        os.close(fd)
+        ev = next(events)
+        while ev.get("code", {}).get("seq") != code["seq"]:
+            ev = next(events)
+        assert ev["event"] == "code_unload"
+    finally:
+        sub.close()
+    assert d.stop() == 0
+
+
 class _NullLog:
     """A logger that drops everything (the follower logs through structlog's API)."""
 

@@ -4,7 +4,7 @@
 //  1. GetBoot: the boot it samples on (build-id, runtime _text, KASLR offset);
 //  2. Resolve: one batch of addresses, at a time of the samples (-at, -clock),
 //     the compact reply spelled out per address;
-//  3. Subscribe (more: true): the modules loaded now, then each load, update
+//  3. Subscribe (more: true): the modules and kernel code live now, then each load, update
 //     and unload as kreld records it (a module's in "module", a BPF program's
 //     or other kernel code's in "code"), until -events of them or -timeout.
 //
@@ -165,6 +165,8 @@ type event struct {
 	Modules *[]iokreld.Incarnation `json:"modules,omitempty"`
 	Module  *iokreld.Incarnation   `json:"module,omitempty"`
 	Code    *iokreld.KernelCode    `json:"code,omitempty"`
+	// The snapshot's: the kernel code live when it was taken.
+	KernelCode *[]iokreld.KernelCode `json:"kernel_code,omitempty"`
 }
 
 func emit(v interface{}) error {
@@ -200,7 +202,7 @@ func follow(ctx context.Context, c *varlink.Connection, o options) error {
 		return err
 	}
 	for seen := -1; o.events == 0 || seen < o.events; seen++ {
-		name, modules, module, code, flags, err := receive(ctx)
+		name, modules, module, code, live, flags, err := receive(ctx)
 		// The library sets ctx's deadline on the socket too: either may fire first.
 		if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) ||
 			errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -215,7 +217,7 @@ func follow(ctx context.Context, c *varlink.Connection, o options) error {
 		if err != nil {
 			return err
 		}
-		if err := emit(event{name, modules, module, code}); err != nil {
+		if err := emit(event{name, modules, module, code, live}); err != nil {
 			return err
 		}
 		if flags&varlink.Continues == 0 {

@@ -150,7 +150,9 @@ def render_code(reply: dict[str, Any], clock: Clock, out: TextIO) -> None:
 def event_line(msg: dict[str, Any]) -> str:
     """A Subscribe reply as ``kreldctl watch`` prints it."""
     if msg.get("event") == "snapshot":
-        return f"{len(msg.get('modules') or [])} modules loaded; watching"
+        code = msg.get("kernel_code")
+        live = "" if code is None else f", {len(code)} pieces of kernel code live"
+        return f"{len(msg.get('modules') or [])} modules loaded{live}; watching"
     if (c := msg.get("code")) is not None:  # a BPF program, trampoline, ...
         return f"{msg['event']:<11} {c['name']} seq {c['seq']} at {c['address']}"
     m = msg.get("module") or {}

@@ -14,9 +14,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from kreld.core.errors import AmbiguousBoot, FleetObjectInvalid, InvalidArgument, NoSuchBoot
+from kreld.core.kcode import KernelCode, LossWindow
 from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 from kreld.core.symtab import SymbolTable, SymbolTables
 from kreld.fleet import layout as fleet
+from kreld.fleet.kcodelayout import merge_code
 from kreld.fleet.s3 import Bucket, open_bucket
 
 __all__ = ["BucketBackend", "BucketStore", "T", "summary_of"]
@@ -36,6 +38,26 @@ class _Tables:
         return self._owner.table(key) if key in self._keys else None
 
 
+class _KernelCode:
+    """A boot's kernel-code records and loss windows as its batches carry them,
+    read as :class:`~kreld.store.kcode.KernelCodeTables` reads the store's."""
+
+    def __init__(self, owner: BucketStore) -> None:
+        self._owner = owner
+
+    def codes(
+        self, boot_id: str, seqs: Iterable[int] = (), since: int | None = None
+    ) -> list[KernelCode]:
+        codes = self._owner.code(boot_id)[0]
+        if since is None:
+            return codes
+        wanted = set(seqs)
+        return [c for c in codes if c.seq in wanted or c.seq >= since]
+
+    def losses(self, boot_id: str) -> list[LossWindow]:
+        return self._owner.code(boot_id)[1]
+
+
 class BucketStore:
     """The recorded boots of every host that publishes to one bucket.
 
@@ -52,6 +74,7 @@ class BucketStore:
         self._manifests: dict[str, fleet.Manifest] = {}
         self._bad: dict[str, FleetObjectInvalid] = {}  # boot-id: why its manifest failed
         self._history: dict[str, tuple[list[Incarnation], dict[int, list[int]]]] = {}
+        self._code: dict[str, tuple[list[KernelCode], list[LossWindow]]] = {}
         self._tables: dict[str, SymbolTable | None] = {}
         self.skipped: dict[str, FleetObjectInvalid] = {}  # object name: why, in listings
 
@@ -201,8 +224,19 @@ class BucketStore:
             if isinstance(blob, FleetObjectInvalid):
                 raise blob
             batches.append(fleet.decode_batch(n, blob or b"", boot_id))
+        self._code[boot_id] = merge_code(b.code for b in batches)
         got = self._history[boot_id] = fleet.merge_batches(batches)
         return got
+
+    @property
+    def kernel_code(self) -> _KernelCode:
+        """The boots' kernel code, as the store's ``kernel_code`` answers it."""
+        return _KernelCode(self)
+
+    def code(self, boot_id: str) -> tuple[list[KernelCode], list[LossWindow]]:
+        """The boot's kernel-code records (seq order) and loss windows."""
+        self._load(boot_id)
+        return self._code[boot_id]
 
     def incarnations(self, boot_id: str) -> list[Incarnation]:
         return self._load(boot_id)[0]
@@ -282,7 +316,7 @@ class BucketBackend:
     """``kreldctl --from``: the read methods of ``io.kreld`` over a :class:`BucketStore`,
     each boot's record carrying its host."""
 
-    METHODS = ("GetBoot", "ListBoots", "GetModules", "Resolve", "ExportKallsyms")
+    METHODS = ("GetBoot", "ListBoots", "GetModules", "GetKernelCode", "Resolve", "ExportKallsyms")
 
     def __init__(self, url: str, endpoint: str = "") -> None:
         from kreld.server.service import Service
@@ -316,7 +350,7 @@ class BucketBackend:
         for key in ("modules", "regions"):  # Resolve: each region, so each address it held
             for rec in res.get(key, ()):
                 rec["host"] = host
-        if method == "ExportKallsyms":
+        if method in ("ExportKallsyms", "GetKernelCode"):
             res["host"] = host
         return res
 

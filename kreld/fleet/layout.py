@@ -5,7 +5,8 @@ Under ``s3://BUCKET/PREFIX``::
     tables/k/<build-id>               a kernel build's symbol table, once for the fleet
     tables/m/<build-id>               a module build's (or m/<name>/<srcversion>)
     tables/b/<boot-id>                a boot whose symbols differ from its build's
-    boots/<boot-id>/batch-<n>         incarnations published in one round (immutable)
+    boots/<boot-id>/batch-<n>         incarnations and kernel code published in one round
+                                      (immutable; kernel code: kreld/fleet/kcodelayout.py)
     boots/<boot-id>/manifest          the boot, its host and its batches: written last
     index/<boot-id>.<machine-id>.<gen>.<version>.<summary>
                                       an empty object whose name is the boot's row in
@@ -31,8 +32,10 @@ import zstandard
 from kreld.core import jsonin
 from kreld.core.errors import FleetObjectInvalid
 from kreld.core.jsonin import Bool, Int, List, Map, Obj, Opt, Str
+from kreld.core.kcode import KernelCode, LossWindow
 from kreld.core.model import WIRE_ANCHORS, BootSnapshot, BootSymbols, Incarnation
 from kreld.core.record import record
+from kreld.fleet.kcodelayout import CODES_SHAPE, DROPPED_SHAPE, LOSSES_SHAPE, NO_CODE, CodeDelta
 
 __all__ = [
     "COMPACT_AFTER",
@@ -272,7 +275,9 @@ BATCH_SHAPE = Obj(
         "boot_id": _BOOT_ID_STR,
         "incarnations": List(INCARNATION_SHAPE, 1 << 20),
         "absolutes": Map(Str(19, r"[0-9]{1,19}"), List(_I64, 1 << 16), 1 << 20),
-    }
+    },
+    # kernel code (kreld/fleet/kcodelayout.py): absent from batches written before it
+    {"code": CODES_SHAPE, "code_dropped": DROPPED_SHAPE, "losses": LOSSES_SHAPE},
 )
 
 
@@ -385,20 +390,25 @@ def decode_manifest(name: str, data: bytes, boot_id: str | None = None) -> Manif
 class Batch:
     incarnations: tuple[Incarnation, ...]
     absolutes: dict[int, list[int]]
+    code: CodeDelta = NO_CODE
 
 
 def encode_batch(
-    boot_id: str, incs: Sequence[Incarnation], absolutes: Mapping[int, list[int]]
+    boot_id: str,
+    incs: Sequence[Incarnation],
+    absolutes: Mapping[int, list[int]],
+    code: CodeDelta = NO_CODE,
 ) -> bytes:
-    raw = _json_object(
-        "batch",
-        {
-            "boot_id": boot_id,
-            "incarnations": [i.to_json() for i in incs],
-            "absolutes": {str(k): v for k, v in absolutes.items()},
-        },
-    )
-    return zstandard.ZstdCompressor(level=6).compress(raw)
+    body: dict[str, Any] = {
+        "boot_id": boot_id,
+        "incarnations": [i.to_json() for i in incs],
+        "absolutes": {str(k): v for k, v in absolutes.items()},
+    }
+    if not code.empty():
+        body["code"] = [c.to_json() for c in code.codes]
+        body["code_dropped"] = list(code.dropped)
+        body["losses"] = None if code.losses is None else [w.to_json() for w in code.losses]
+    return zstandard.ZstdCompressor(level=6).compress(_json_object("batch", body))
 
 
 def decode_batch(name: str, data: bytes, boot_id: str) -> Batch:
@@ -409,12 +419,17 @@ def decode_batch(name: str, data: bytes, boot_id: str) -> Batch:
     try:
         incs = tuple(Incarnation.from_json(i) for i in obj["incarnations"])
         absolutes = {int(k): list(v) for k, v in obj["absolutes"].items()}
+        codes = tuple(KernelCode.from_json(c) for c in obj.get("code", ()))
+        wins = obj.get("losses")
+        losses = None if wins is None else tuple(LossWindow.from_json(w) for w in wins)
+        code = CodeDelta(codes, tuple(obj.get("code_dropped", ())), losses)
     except (KeyError, TypeError, ValueError) as e:
         raise FleetObjectInvalid(name, f"malformed batch: {e!r}") from e
     strays = [i.seq for i in incs if i.boot_id != boot_id]
+    strays += [c.seq for c in codes if c.boot_id != boot_id]
     if strays:
-        raise FleetObjectInvalid(name, f"incarnations of another boot (seq {strays[:3]})")
-    return Batch(incs, absolutes)
+        raise FleetObjectInvalid(name, f"records of another boot (seq {strays[:3]})")
+    return Batch(incs, absolutes, code)
 
 
 def merge_batches(batches: Iterable[Batch]) -> tuple[list[Incarnation], dict[int, list[int]]]:

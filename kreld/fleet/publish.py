@@ -24,6 +24,7 @@ is consistent at every step because readers only follow manifests.
 from __future__ import annotations
 
 import base64
+import hashlib
 import random
 import threading
 import time
@@ -37,6 +38,7 @@ from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 from kreld.core.record import field, fields, record
 from kreld.core.symtab import module_symbol_key
 from kreld.fleet import layout as fleet
+from kreld.fleet.kcodelayout import CodeDelta
 from kreld.fleet.s3 import Bucket, open_bucket, require_fleet
 from kreld.kernel.info import Root
 from kreld.store import Store
@@ -105,6 +107,8 @@ class Plan:
     cursor: dict[str, Any]
     digests: dict[str, str]  # seq -> hex digest
     size: int = 0  # incarnations and boot records it carries (the backlog it clears)
+    # seq -> hex digest of each kernel-code record published, None for one dropped
+    code_digests: dict[str, str | None] = field(default_factory=dict)
     resumed: bool = field(default=False, compare=False)
 
     def pending(self) -> dict[str, Any]:
@@ -114,7 +118,15 @@ class Plan:
 
 def _new_cursor() -> dict[str, Any]:
     """The publishing cursor of a boot nothing of was published yet."""
-    return {"batches": [], "next": 0, "boot": "", "index": None, "gen": 0, "done": False}
+    return {
+        "batches": [],
+        "next": 0,
+        "boot": "",
+        "index": None,
+        "gen": 0,
+        "done": False,
+        "losses": "",
+    }
 
 
 def _changed(
@@ -131,6 +143,41 @@ def _changed(
     return changed, digests
 
 
+def _code_changes(
+    store: Store, state: PubState, boot_id: str, cur: dict[str, Any], quiet: bool
+) -> tuple[CodeDelta, Callable[[], CodeDelta], dict[str, str | None], str]:
+    """The boot's kernel code (kreld/fleet/kcodelayout.py): what changed since the
+    last round (records, seqs retention dropped from the store, the loss windows
+    when they changed), all of it (read when a round compacts), the digests to keep
+    (hex by seq, None: forget), and the loss windows' digest.  A record's digest is
+    of its stored bytes, so that a round with nothing new decodes nothing (50,000
+    records: 1.1 s of CPU a round decoded, against 0.13 s of reading them); *quiet*:
+    the store has not changed since a round that found nothing new (nothing read)."""
+    tables = store.kernel_code
+
+    def whole() -> CodeDelta:
+        return CodeDelta(tuple(tables.codes(boot_id)), (), tuple(tables.losses(boot_id)))
+
+    if quiet:
+        return CodeDelta(), whole, {}, str(cur.get("losses", ""))
+    rows = tables.raw_codes(boot_id)
+    old = state.digests(boot_id, b"c")
+    changed, digests = [], dict[str, str | None]()
+    for seq, raw in rows:
+        d = hashlib.blake2b(raw, digest_size=8).digest()
+        if old.get(seq) != d:
+            changed.append(tables.decode(raw))
+            digests[str(seq)] = d.hex()
+    present = {seq for seq, _ in rows}
+    dropped = tuple(sorted(s for s in old if s not in present))
+    digests |= {str(s): None for s in dropped}
+    losses = tuple(tables.losses(boot_id))
+    # None yet is "" as in a new cursor: a boot without kernel code publishes as before
+    loss_digest = fleet.digest([w.to_json() for w in losses]).hex() if losses else ""
+    new_losses = None if loss_digest == cur.get("losses", "") else losses
+    return CodeDelta(tuple(changed), dropped, new_losses), whole, digests, loss_digest
+
+
 def _tables_to_send(
     store: Store, state: PubState, symbols: BootSymbols | None, incs: list[Incarnation]
 ) -> list[str]:
@@ -142,14 +189,27 @@ def _tables_to_send(
     return sorted(k for k in wanted if not state.has_table(k) and table_bytes(store, k) is not None)
 
 
+def _index_entry(
+    boot: BootSnapshot, host: fleet.Host, cur: dict[str, Any]
+) -> tuple[int, str, str | None]:
+    """The boot's index entry's generation and name, and the entry it replaces."""
+    gen = int(cur["gen"])
+    index = fleet.index_object(boot, host, gen)
+    if cur["index"] is None or index == cur["index"]:
+        return gen, index, None
+    return gen + 1, fleet.index_object(boot, host, gen + 1), cur["index"]
+
+
 def plan_boot(
     store: Store,
     state: PubState,
     boot: BootSnapshot,
     host: fleet.Host,
     current: bool,
+    code_quiet: bool = False,
 ) -> Plan | None:
-    """What to upload for *boot*, or None when the bucket already has it all."""
+    """What to upload for *boot*, or None when the bucket already has it all
+    (*code_quiet*: its kernel code is known unchanged since the last round)."""
     cur = state.cursor(boot.boot_id) or _new_cursor()
     if cur["done"] and not current:
         return None
@@ -157,35 +217,31 @@ def plan_boot(
     absolutes = store.absolutes(boot.boot_id)
     symbols = store.boot_symbols(boot.boot_id)
     changed, digests = _changed(incs, absolutes, state.digests(boot.boot_id))
+    code, whole, code_digests, loss_digest = _code_changes(
+        store, state, boot.boot_id, cur, code_quiet
+    )
     sym_json = symbols.to_json() if symbols else None
     boot_digest = fleet.digest([boot.to_json(), sym_json, host.to_json()]).hex()
     tables = _tables_to_send(store, state, symbols, incs)
-    if not changed and boot_digest == cur["boot"] and not tables:
+    if not changed and code.empty() and boot_digest == cur["boot"] and not tables:
         return None
     batches, n, drop = list(cur["batches"]), int(cur["next"]), []
-    batch, data = None, b""
-    if changed:
+    batch, data, size = None, b"", len(changed) + len(code.codes) + len(code.dropped)
+    if changed or not code.empty():
         if len(batches) >= fleet.COMPACT_AFTER:
-            drop, batches, changed = batches, [], incs
+            drop, batches, changed, code = batches, [], incs, whole()
         batch = fleet.batch_name(n)
         n += 1
         batches.append(batch)
         seqs = {i.seq for i in changed}
-        data = fleet.encode_batch(
-            boot.boot_id, changed, {s: v for s, v in absolutes.items() if s in seqs}
-        )
-    gen = int(cur["gen"])
-    index = fleet.index_object(boot, host, gen)
-    old_index = None
-    if cur["index"] is not None and index != cur["index"]:
-        gen += 1
-        index = fleet.index_object(boot, host, gen)
-        old_index = cur["index"]
+        absolute = {s: v for s, v in absolutes.items() if s in seqs}
+        data = fleet.encode_batch(boot.boot_id, changed, absolute, code)
+    gen, index, old_index = _index_entry(boot, host, cur)
     # The manifest names its index entry's generation: a reader believes the entry
     # that agrees with it, not one whose generation someone raised.
     manifest = fleet.encode_manifest(fleet.Manifest(host, boot, symbols, tuple(batches), gen))
     cursor = {"batches": batches, "next": n, "boot": boot_digest, "index": index}
-    cursor |= {"gen": gen, "done": not current}
+    cursor |= {"gen": gen, "done": not current, "losses": loss_digest}
     return Plan(
         boot.boot_id,
         tables,
@@ -198,7 +254,8 @@ def plan_boot(
         drop,
         cursor,
         digests,
-        size=len(changed) + (boot_digest != cur["boot"]),
+        size=size + (boot_digest != cur["boot"]),
+        code_digests=code_digests,
     )
 
 
@@ -223,6 +280,8 @@ class Publisher:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._state: tuple[Target, PubState, Bucket] | None = None
+        # boot-id -> the store's txn-id of a round that found it all published
+        self._quiet: dict[str, int] = {}
         self.last_success: int | None = None
         self.last_error: str | None = None
         self.backlog = 0
@@ -305,6 +364,7 @@ class Publisher:
         if self._state is None or self._state[0] != target:
             bucket = self.opener(target.url, target.endpoint)
             self._state = (target, PubState(self.store, target.ident()), bucket)
+            self._quiet.clear()
         return self._state[1], self._state[2]
 
     def publish_round(self, target: Target) -> None:
@@ -316,13 +376,17 @@ class Publisher:
             self._apply(bucket, state, resumed)
         host = read_host(self.root)
         current = self.current_id()
+        txnid = self.store.last_txnid()
         plans: list[Plan] = []
         for boot in reversed(self.store.list_boots()):  # oldest first
             is_current = boot.boot_id == current
-            step = plan_boot(self.store, state, boot, host, is_current)
+            quiet = self._quiet.get(boot.boot_id) == txnid
+            step = plan_boot(self.store, state, boot, host, is_current, quiet)
             if step is not None:
                 plans.append(step)
-            elif not is_current:
+                continue
+            self._quiet[boot.boot_id] = txnid  # nothing new: its code not read till a write
+            if not is_current:
                 state.mark_done(boot.boot_id)  # over, and all in the bucket: not read again
         self.backlog = sum(p.size for p in plans)
         before = (self.objects, self.bytes)
@@ -379,6 +443,7 @@ class Publisher:
             plan.cursor,
             {int(s): bytes.fromhex(d) for s, d in plan.digests.items()},
             plan.tables,
+            {int(s): None if d is None else bytes.fromhex(d) for s, d in plan.code_digests.items()},
         )
 
 

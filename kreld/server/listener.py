@@ -393,7 +393,12 @@ class Server:
             return
         conn.queue = asyncio.Queue(maxsize=self.limits.subscribe_queue)
         self.subscribers.add(conn)
-        first = {"event": "snapshot", "modules": [i.to_json() for i in self.service.loaded()]}
+        code = self.service.live_code()
+        first = {
+            "event": "snapshot",
+            "modules": [i.to_json() for i in self.service.loaded()],
+            "kernel_code": None if code is None else [c.to_json() for c in code],
+        }
         conn.writer.write(reply(first, continues=True))
         await conn.writer.drain()
         queue = conn.queue

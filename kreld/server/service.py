@@ -14,12 +14,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kreld.core import consts
-from kreld.core.errors import AddressesRestricted, MethodNotImplemented, SymbolsUnavailable
+from kreld.core.errors import (
+    AddressesRestricted,
+    KreldError,
+    MethodNotImplemented,
+    SymbolsUnavailable,
+)
 from kreld.core.model import BootSnapshot, Clock, Incarnation, clock_now
 from kreld.store.bootsource import BootSource
 from kreld.varlink import requests
 
 if TYPE_CHECKING:
+    from kreld.core.kcode import KernelCode
+
     # Imported by the methods that ask about addresses and times, when they do:
     # kreldctl show, boots and status need neither.
     from kreld.symbols.kcodequery import CodeHistory
@@ -118,6 +125,17 @@ class Service:
                     self._code[boot_id] = hist
                     self._code_stale.discard(boot_id)
         return hist
+
+    def live_code(self) -> list[KernelCode] | None:
+        """The kernel code of the running boot live now, as recorded (Subscribe's
+        first reply); None where it cannot be read (its table damaged)."""
+        boot_id = self._current_id()
+        if boot_id is None:
+            return []
+        try:
+            return self._code_history(boot_id).candidates(Clock.MONOTONIC, None)
+        except KreldError:
+            return None
 
     def get_kernel_code(self, req: requests.GetKernelCode) -> Reply:
         boot, is_current = self._boot(req.boot_id)

@@ -13,11 +13,28 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 
 if TYPE_CHECKING:
+    from kreld.core.kcode import KernelCode, LossWindow
     from kreld.core.symtab import SymbolTables
 
-__all__ = ["BootSource", "T"]
+__all__ = ["BootSource", "CodeRecords", "T"]
 
 T = TypeVar("T")
+
+
+class CodeRecords(Protocol):
+    """A boot's kernel code (issue 21): the store's ``kcode`` table, or a fleet
+    bucket's batches."""
+
+    def codes(
+        self, boot_id: str, seqs: Iterable[int] = (), since: int | None = None
+    ) -> list[KernelCode]:
+        """The boot's records in seq order: every one, or with *since* those of
+        *seqs* and those from seq *since* on."""
+        ...
+
+    def losses(self, boot_id: str) -> list[LossWindow]:
+        """The boot's loss windows, oldest start first."""
+        ...
 
 
 class BootSource(Protocol):
@@ -32,6 +49,9 @@ class BootSource(Protocol):
     def absolutes(self, boot_id: str) -> dict[int, list[int]]: ...
 
     def boot_symbols(self, boot_id: str) -> BootSymbols | None: ...
+
+    @property
+    def kernel_code(self) -> CodeRecords: ...
 
     def with_tables(self, keys: Iterable[str], fn: Callable[[SymbolTables], T]) -> T: ...
 

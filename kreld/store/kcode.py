@@ -123,6 +123,17 @@ class KernelCodeTables:
 
         return [self._decode(v) for v in self.env.read(fn)]
 
+    def raw_codes(self, boot_id: str) -> list[tuple[int, bytes]]:
+        """The records of *boot_id* as stored (seq, JSON), undecoded: what the
+        publisher digests each round, decoding only those that changed."""
+        prefix = boot_key(boot_id) + b"c"
+        rows = self.env.read(lambda txn: self._scan(txn, prefix))
+        return [(int(SEQ.unpack(k[len(prefix) :])[0]), v) for k, v in rows]
+
+    def decode(self, raw: bytes) -> KernelCode:
+        """One record as :meth:`raw_codes` gave it (StoreCorrupt when it is damaged)."""
+        return self._decode(raw)
+
     def open_codes(self, boot_id: str) -> list[KernelCode]:
         b = boot_key(boot_id)
 

@@ -7,6 +7,7 @@ of the URL and endpoint, so a new target starts from the beginning).  Keys, afte
 ``b`` + boot-id    the boot's cursor (JSON): its batches, the next batch number, the
                    digest of what its manifest says, its index entry, whether it is done
 ``i`` + 24 bytes   (boot-id, seq) -> the digest of the incarnation as published
+``c`` + 24 bytes   (boot-id, seq) -> the digest of the kernel-code record as published
 ``t`` + key        a symbol table known to be in the bucket
 ``p``              the round in flight (JSON, :class:`~kreld.fleet.publish.Plan`): written before
                    its first upload, removed in the transaction that commits the cursor,
@@ -58,8 +59,10 @@ class PubState:
         raw = self._get(b"b" + boot_id.encode())
         return None if raw is None else dict(json.loads(raw))
 
-    def digests(self, boot_id: str) -> dict[int, bytes]:
-        prefix = self.tid + b"i" + boot_key(boot_id)
+    def digests(self, boot_id: str, kind: bytes = b"i") -> dict[int, bytes]:
+        """The published digests of the boot's incarnations (*kind* ``i``) or
+        kernel-code records (``c``), by seq."""
+        prefix = self.tid + kind + boot_key(boot_id)
 
         def fn(txn: Any) -> dict[int, bytes]:
             out: dict[int, bytes] = {}
@@ -96,13 +99,20 @@ class PubState:
         cursor: dict[str, Any],
         digests: dict[int, bytes],
         tables: list[str],
+        code: dict[int, bytes | None] | None = None,
     ) -> None:
-        """The round is in the bucket: advance the cursor and forget the pending round."""
+        """The round is in the bucket: advance the cursor and forget the pending round.
+        *code*: the kernel-code digests published (None: a seq dropped from the bucket)."""
 
         def fn(txn: Any) -> None:
             txn.put(self.tid + b"b" + boot_id.encode(), json.dumps(cursor).encode(), db=self.db)
             for seq, d in digests.items():
                 txn.put(self.tid + b"i" + inc_key(boot_id, seq), d, db=self.db)
+            for seq, cd in (code or {}).items():
+                if cd is None:
+                    txn.delete(self.tid + b"c" + inc_key(boot_id, seq), db=self.db)
+                else:
+                    txn.put(self.tid + b"c" + inc_key(boot_id, seq), cd, db=self.db)
             for key in tables:
                 txn.put(self.tid + b"t" + key.encode(), b"", db=self.db)
             txn.delete(self.tid + b"p", db=self.db)

@@ -77,8 +77,8 @@ def _end(c: KernelCode, clock: Clock) -> int:
 
 
 def code_history(store: Any, boot_id: str, known: CodeHistory | None = None) -> CodeHistory:
-    """The kernel code of *boot_id* in *store* (none where the store keeps none:
-    a fleet bucket, a store from before issue 21).  With *known*, an earlier
+    """The kernel code of *boot_id* in *store*, the host's or a fleet bucket
+    (none where it keeps none: a store from before issue 21).  With *known*, an earlier
     read: only the records it held open and those written since are read
     again (a closed record changes no more, but for an unload a look at kallsyms
     bounded and its own record made exact: *known* keeps the bound, never wrong)."""
