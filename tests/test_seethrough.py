@@ -337,7 +337,15 @@ def test_pointers_hidden_while_the_daemon_runs_send_later_loads_to_kernel_memory
     r.kptr_restrict(2)
     r.load("brd", BRD, 0x5000, "710ab937b3c59fe0e41cfdec42b39d352ff0bd8b")
     wait_until("brd recorded", lambda: any(m["name"] == "brd" for m in modules(r, sock)))
-    r.kptr_restrict(0)
+    # brd's own table (kallsyms names it with zeros), read in the kernel memory opened then.
+    wait_until(
+        "brd's symbols",
+        lambda: any(e.get("module") == "brd" for e in d.events() if e["event"] == "module_symbols"),
+    )
+    export = kreldctl("export", "kallsyms", "--socket", str(sock)).stdout.splitlines()
+    assert f"{BRD['.text']:016x} T brd_init\t[brd]" in export
+    assert f"{BRD['.data'] + 8:016x} d brd_data\t[brd]" in export
+    r.kptr_restrict(0)  # kallsyms rewritten: brd's captured first
     r.tree.add_module("loop", MODAREA + 0x300000, zero=False)
     wait_until("loop recorded", lambda: any(m["name"] == "loop" for m in modules(r, sock)))
     dummy, brd, loop = modules(r, sock)
@@ -348,14 +356,6 @@ def test_pointers_hidden_while_the_daemon_runs_send_later_loads_to_kernel_memory
     assert not any(m["restricted"] for m in (dummy, brd, loop))
     opened = [e for e in d.events() if e["event"] == "kernel_memory"]
     assert [e["system_map"] for e in opened] == [str(r.root / f"boot/System.map-{RELEASE}")]
-    # brd's own table (kallsyms names it with zeros), read in the kernel memory opened then.
-    wait_until(
-        "brd's symbols",
-        lambda: any(e.get("module") == "brd" for e in d.events() if e["event"] == "module_symbols"),
-    )
-    export = kreldctl("export", "kallsyms", "--socket", str(sock)).stdout.splitlines()
-    assert f"{BRD['.text']:016x} T brd_init\t[brd]" in export
-    assert f"{BRD['.data'] + 8:016x} d brd_data\t[brd]" in export
     assert d.stop() == 0
 
 
