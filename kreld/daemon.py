@@ -41,10 +41,10 @@ from kreld.core.errors import ExitCode, KernelReadError, KreldError
 from kreld.core.model import AddressSource, BootSnapshot, Timestamp
 from kreld.core.record import fields, replace
 from kreld.ctl.render import status_line
+from kreld.kernel.addresses import ModuleAddresses
 from kreld.kernel.info import Root, read_boot_id
 from kreld.kernel.kallsyms import KallsymsText
-from kreld.kernel.seethrough import KernelMemory
-from kreld.kernel.snapshot import kernel_memory_for, log_boot, take_snapshot
+from kreld.kernel.snapshot import log_boot, take_snapshot
 from kreld.server.access import policy_of
 from kreld.server.listener import Server, bind_socket, limits_of, raise_fd_limit
 from kreld.server.service import Service
@@ -157,7 +157,7 @@ class Daemon:
         self.kcode = KernelCodeFollower(self.root, log)  # rings open before kallsyms is read
         self.boot: BootSnapshot | None = None
         self.reading: tuple[bool, str | None, AddressSource | None] = (False, None, None)
-        self.kmem: KernelMemory | None = None
+        self.addresses = ModuleAddresses(self.root, log)  # sysfs, or kernel memory
         self.tracking: Tracking | None = None
         self.server: Server | None = None
         self.bound: tuple[str, int] | None = None
@@ -169,7 +169,9 @@ class Daemon:
         """Snapshot the kernel and record what is new (also the Snapshot method);
         *kallsyms*: a read of it already made."""
         with self._snapshot_lock:
-            snap, notes = take_snapshot(self.root, self.cfg.debuginfo_dirs, kallsyms, self.kmem)
+            snap, notes = take_snapshot(
+                self.root, self.cfg.debuginfo_dirs, kallsyms, self.addresses.memory
+            )
             stored, added, changed = self.store.boots.record_boot(snap)
             self.boot = stored
             # What kreld can read now; the boot's record keeps what it learnt
@@ -191,14 +193,13 @@ class Daemon:
         except KernelReadError:
             ks = None  # the snapshot reads it again and records why
         if ks is not None and ks.zeroed():  # kptr_restrict=2: kernel memory, where readable
-            self.kmem, why = kernel_memory_for(self.root, ks.data)
-            self.log.info("kernel_memory", system_map=self.kmem and self.kmem.system_map, why=why)
+            self.addresses.open(ks.data)
         stored, _, _ = self.record_boot(ks.data if ks else None)
         self.kcode.begin(self.store, stored.boot_id, ks)
         tracker = ModuleTracker(
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
-        tracker.kmem = self.kmem
+        tracker.addresses = self.addresses  # the same kernel memory for the snapshot and symbols
         watch, sources = event_sources(self.cfg, self.root, tracker.notify, self.log)
         sources.insert(0, self.kcode)  # opened first of all, started with the others
         # Sources first, then the scan: see ModuleTracker.startup().
@@ -208,7 +209,7 @@ class Daemon:
         symbols = SymbolCapture(
             self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs, tracker.busy
         )
-        symbols.kmem = self.kmem
+        symbols.addresses = self.addresses
         tracker.listeners.append(symbols.on_event)
         symbols.start(self.stop_threads, tracker.loaded(), ks)
         del ks
@@ -433,8 +434,7 @@ class Daemon:
                     os.unlink(path)
             except OSError:
                 pass
-        if self.kmem is not None:
-            self.kmem.close()
+        self.addresses.close()
         self.store.close()
         self.lock.release()
 

@@ -82,22 +82,31 @@ class Restricted:
     def save(self) -> None:
         self.image.img.save(self.kcore, self.info)
 
-    def load(self, name: str, sections: dict[str, int], core: int, build_id: str) -> int:
-        """The kernel's order: on the module list first, then in sysfs (zeros).
-        Its symbols: ``NAME_init`` in .text, exported, and ``NAME_data`` in .data."""
+    def load(
+        self, name: str, sections: dict[str, int], core: int, build_id: str, *, zero: bool = True
+    ) -> int:
+        """The kernel's order: on the module list first, then in sysfs (zeros,
+        unless not *zero*).  Its symbols: ``NAME_init`` in .text, exported, and
+        ``NAME_data`` in .data."""
         syms = [(f"{name}_init", sections[".text"], "t", True)]
         syms.append((f"{name}_data", sections[".data"] + 8, "d", False))
         mod = self.image.add(
             name, sections, core=(sections[".text"], core), build_id=build_id, symbols=syms
         )
         kallsyms = self.root / "proc/kallsyms"  # names listed, addresses zeroed
-        zeroed = "".join(f"{0:016x} {t} {n}\t[{name}]\n" for n, _v, t, _e in syms)
-        kallsyms.write_text(kallsyms.read_text() + zeroed)
+        lines = "".join(f"{0 if zero else v:016x} {t} {n}\t[{name}]\n" for n, v, t, _e in syms)
+        kallsyms.write_text(kallsyms.read_text() + lines)
         self.image.rewrite(self.kcore, self.info)
         self.tree.add_module(
-            name, sections[".text"], sections=sections, zero=True, build_id=build_id, coresize=core
+            name, sections[".text"], sections=sections, zero=zero, build_id=build_id, coresize=core
         )
         return mod
+
+    def kptr_restrict(self, value: int) -> None:
+        """The sysctl written while kreld runs: 2 zeroes kallsyms (and later
+        loads' sections), 0 shows the kernel's addresses again."""
+        self.tree.write("proc/sys/kernel/kptr_restrict", f"{value}\n")
+        self.tree.set_text(RUNTIME_TEXT, zero=value == 2)
 
 
 def snapshot(r: Restricted, tmp_path: Path) -> dict[str, Any]:
@@ -309,3 +318,66 @@ def test_kernel_lines_take_the_maps_addresses_in_kallsyms_order_per_cpu_ones_unm
     ]
     assert dropped == 1
     kmem.close()
+
+
+def test_pointers_hidden_while_the_daemon_runs_send_later_loads_to_kernel_memory_and_back(
+    tmp_path: Path, daemon_factory: Any, sockdir: Path
+) -> None:
+    """Started at kptr_restrict=0 (sysfs, no kernel memory opened); raised to 2:
+    the next load, zeros in sysfs, is read in kernel memory opened then, once;
+    lowered to 0: the next load is read in sysfs again."""
+    r = Restricted(tmp_path)
+    r.kptr_restrict(0)
+    r.load("dummy", DUMMY, 0x3000, DUMMY_ID, zero=False)
+    sock = sockdir / "kreld.sock"
+    d = start(daemon_factory, r.tree, tmp_path / "state", sock)
+    status = json.loads(kreldctl("status", "--json", "--socket", str(sock)).stdout)
+    assert status["restricted"] is False and status["address_source"] == "kallsyms"
+    assert not [e for e in d.events() if e["event"] == "kernel_memory"]
+    r.kptr_restrict(2)
+    r.load("brd", BRD, 0x5000, "710ab937b3c59fe0e41cfdec42b39d352ff0bd8b")
+    wait_until("brd recorded", lambda: any(m["name"] == "brd" for m in modules(r, sock)))
+    # brd's own table (kallsyms names it with zeros), read in the kernel memory opened then.
+    wait_until(
+        "brd's symbols",
+        lambda: any(e.get("module") == "brd" for e in d.events() if e["event"] == "module_symbols"),
+    )
+    export = kreldctl("export", "kallsyms", "--socket", str(sock)).stdout.splitlines()
+    assert f"{BRD['.text']:016x} T brd_init\t[brd]" in export
+    assert f"{BRD['.data'] + 8:016x} d brd_data\t[brd]" in export
+    r.kptr_restrict(0)  # kallsyms rewritten: brd's captured first
+    r.tree.add_module("loop", MODAREA + 0x300000, zero=False)
+    wait_until("loop recorded", lambda: any(m["name"] == "loop" for m in modules(r, sock)))
+    dummy, brd, loop = modules(r, sock)
+    assert [m["address_source"] for m in (dummy, brd, loop)] == ["sysfs", "kcore", "sysfs"]
+    assert {k: int(v, 16) for k, v in dummy["sections"].items()} == DUMMY
+    assert {k: int(v, 16) for k, v in brd["sections"].items()} == BRD
+    assert int(loop["sections"][".text"], 16) == MODAREA + 0x300000
+    assert not any(m["restricted"] for m in (dummy, brd, loop))
+    opened = [e for e in d.events() if e["event"] == "kernel_memory"]
+    assert [e["system_map"] for e in opened] == [str(r.root / f"boot/System.map-{RELEASE}")]
+    assert d.stop() == 0
+
+
+def test_pointers_hidden_while_running_without_kernel_memory_record_why_and_try_once_a_minute(
+    tmp_path: Path, daemon_factory: Any, sockdir: Path
+) -> None:
+    """Raised to 2 where /proc/kcore cannot be read: the load is recorded
+    restricted, no address, the reason among its faults; a second load within
+    the minute does not try again (one ``kernel_memory`` event)."""
+    r = Restricted(tmp_path)
+    r.kptr_restrict(0)
+    r.kcore.unlink()
+    sock = sockdir / "kreld.sock"
+    d = start(daemon_factory, r.tree, tmp_path / "state", sock)
+    r.kptr_restrict(2)
+    r.tree.add_module("brd", BRD[".text"], sections=BRD, zero=True)
+    r.tree.add_module("loop", MODAREA + 0x300000, zero=True)
+    wait_until("both recorded", lambda: len(modules(r, sock)) == 2)
+    for m in modules(r, sock):
+        assert m["restricted"] is True and m["address_source"] is None
+        assert not m["sections"] or not any(int(v, 16) for v in m["sections"].values())
+        assert any("kernel memory: cannot read kernel memory" in f for f in m["faults"])
+    tries = [e for e in d.events() if e["event"] == "kernel_memory"]
+    assert len(tries) == 1 and tries[0]["system_map"] is None and "kcore" in tries[0]["why"]
+    assert d.stop() == 0

@@ -34,6 +34,7 @@ __all__ = [
     "KCODE_RECONCILE_INTERVAL",
     "KCODE_RING_PAGES",
     "KCORE",
+    "KERNEL_MEMORY_RETRY",
     "KERNEL_NOTES",
     "KPTR_RESTRICT",
     "KVERSION",
@@ -133,6 +134,9 @@ KCODE_RECONCILE_INTERVAL: Final = 1.0
 # Data pages of each CPU's side-band ring (a power of two): 32 KiB holds
 # some 400 KSYMBOL and BPF_EVENT records.
 KCODE_RING_PAGES: Final = 8
+# Seconds between two tries to open kernel memory (kptr_restrict raised to 2
+# while kreld runs; kreld/kernel/addresses.py) after one failed.
+KERNEL_MEMORY_RETRY: Final = 60.0
 
 # Places where distributions put a vmlinux with symbols; {release} and
 # {xx}/{rest} (the build-id split after its first byte) are filled in.

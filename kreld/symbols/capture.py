@@ -42,12 +42,13 @@ from kreld.core.symtab import (
     module_table,
     pack,
 )
+from kreld.kernel.addresses import ModuleAddresses
 from kreld.kernel.elf import elf_symbol_entries, elf_symbols, gnu_build_id, module_symbol_letter
 from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText, Line
 from kreld.kernel.kaslr import matching_vmlinux
 from kreld.kernel.modules import list_modules
-from kreld.kernel.seethrough import KernelMemory, kallsyms_from_map
+from kreld.kernel.seethrough import kallsyms_from_map
 from kreld.store import Store
 
 if TYPE_CHECKING:
@@ -201,7 +202,7 @@ class SymbolCapture:
         self.files = ModuleFiles(root, boot.release, self.dirs)
         self._pending: queue.SimpleQueue[Incarnation | None] = queue.SimpleQueue()
         self.captured = 0
-        self.kmem: KernelMemory | None = None  # kptr_restrict=2: the daemon's, if readable
+        self.addresses = ModuleAddresses(root)  # kptr_restrict=2: the daemon's kernel memory
         self.healthy = True
         self.last_error: str | None = None
         self.name = "symbols"
@@ -366,11 +367,12 @@ class SymbolCapture:
         text = self.boot.anchors.text
         if self.store.boot_symbols(self.boot.boot_id) is not None:
             return
-        if ks is not None and ks.zeroed() and self.kmem is not None and text is not None:
+        kmem = self.addresses.memory
+        if ks is not None and ks.zeroed() and kmem is not None and text is not None:
             # kptr_restrict=2: kallsyms' own lines, their addresses from the System.map
             # that kernel memory proved this kernel's (kreld/kernel/seethrough.py).
-            ks, dropped = kallsyms_from_map(ks, self.kmem)
-            self.log.info("kernel_symbols_from_map", path=self.kmem.system_map, dropped=dropped)
+            ks, dropped = kallsyms_from_map(ks, kmem)
+            self.log.info("kernel_symbols_from_map", path=kmem.system_map, dropped=dropped)
         if ks is not None and ks.zeroed():
             # Pointers hidden since the boot was recorded (a restart after
             # kptr_restrict went up): zeros are no table.
@@ -426,7 +428,8 @@ class SymbolCapture:
             source = "kallsyms"
             if lines and not any(v for v, _t, _n in lines):
                 # kptr_restrict=2: names without addresses are no table; kernel memory has one
-                lines, source = (self.kmem.symbols(s) if self.kmem else None), "kcore"
+                mem = self.addresses.memory  # opened when the tracker first saw zeros
+                lines, source = (mem.symbols(s) if mem else None), "kcore"
             if stale and not lines and not s.restricted:
                 missing.append(inc)
                 continue

@@ -18,12 +18,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from kreld.core import consts
-from kreld.core.errors import KernelReadError
-from kreld.core.model import HintAction, Incarnation, ModuleEvent, ModuleState, SeenBy, Timestamp
+from kreld.core.model import HintAction, Incarnation, ModuleEvent, SeenBy, Timestamp
 from kreld.core.record import replace
+from kreld.kernel.addresses import ModuleAddresses
 from kreld.kernel.info import Root
-from kreld.kernel.modules import ProcModule, list_modules, read_module, read_proc_modules
-from kreld.kernel.seethrough import KernelMemory, not_yet, see_through
+from kreld.kernel.modules import ProcModule, list_modules, read_proc_modules
 from kreld.store import Store
 from kreld.tracker.reconcile import (
     Changes,
@@ -57,10 +56,10 @@ class ModuleTracker:
         *,
         recheck_interval: float = consts.DEFAULT_POLL_INTERVAL,
         heartbeat_interval: float = consts.HEARTBEAT_INTERVAL,
-        kmem: KernelMemory | None = None,
+        addresses: ModuleAddresses | None = None,
     ) -> None:
         self.store = store
-        self.kmem = kmem
+        self.addresses = addresses if addresses is not None else ModuleAddresses(root, log)
         self.root = root
         self.boot_id = boot_id
         self.log = log
@@ -114,7 +113,7 @@ class ModuleTracker:
         # seq, so an exported kallsyms lists modules as the kernel does.
         newest_first = [n for n in proc if n in present]
         order = newest_first[::-1] + sorted(set(present) - set(newest_first))
-        states = self._read([n for n in order if n not in self._open], proc)
+        states = self.addresses.read([n for n in order if n not in self._open], proc)
         for state in states.values():
             if state is not None:
                 opened.append(new_incarnation(state, now, SeenBy.STARTUP))
@@ -151,7 +150,7 @@ class ModuleTracker:
         closed: list[Incarnation] = []
         continued = 0
         incs = self.store.loads.open_incarnations(self.boot_id)
-        states = self._read([i.name for i in incs if i.name in present], proc)
+        states = self.addresses.read([i.name for i in incs if i.name in present], proc)
         for inc in incs:
             state = states.get(inc.name)
             if state is not None and same_load(inc.state, state):
@@ -225,7 +224,7 @@ class ModuleTracker:
         names = to_read(self._open, present, hints)
         # /proc/modules only when a module is read (not for an unload).
         proc = read_proc_modules(self.root) if names else {}
-        states = self._read(names, proc)
+        states = self.addresses.read(names, proc)
         changes = plan(
             self._open,
             present,
@@ -236,26 +235,6 @@ class ModuleTracker:
             previous=self._last_scan or now,
         )
         self._apply(changes, now)
-
-    def _read(
-        self, names: list[str], proc: Mapping[str, ProcModule]
-    ) -> dict[str, ModuleState | None]:
-        """Read *names* in sysfs; where it shows zeros, with their sections from
-        kernel memory (one walk of the module list for them all)."""
-        states = {n: read_module(self.root, n, proc) for n in names}
-        if self.kmem is None or not any(s is not None and s.restricted for s in states.values()):
-            return states
-        try:
-            found = self.kmem.modules(
-                {n for n, s in states.items() if s is not None and s.restricted}
-            )
-        except KernelReadError as e:
-            self.log.warning("kernel_memory_walk_failed", error=str(e), kind=type(e).__name__)
-            return {
-                n: not_yet(s, str(e)) if s is not None and s.restricted else s
-                for n, s in states.items()
-            }
-        return {n: None if s is None else see_through(s, found.get(n)) for n, s in states.items()}
 
     def _apply(self, changes: Changes, now: Timestamp) -> None:
         """Commit *changes*, then bring memory in step, then log and tell listeners.

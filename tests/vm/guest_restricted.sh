@@ -10,7 +10,10 @@
 #   3. kptr_restrict=0: /proc/kallsyms and kreldctl export kallsyms at the same
 #      moment, brd's sections; kreld stopped;
 #   4. kptr_restrict=2 again: kreld without CAP_SYS_RAWIO (setpriv), state
-#      $STATE-norawio, while veth loads; stopped.
+#      $STATE-norawio, while veth loads; stopped;
+#   5. kreld starts at kptr_restrict=0 (state $STATE-raised), veth unloaded first;
+#      kptr_restrict=2, modprobe veth; 0 again, its sections copied; modprobe dummy
+#      (read in sysfs again); stopped.
 #
 # Environment: OUT (facts), STATE, SYSMAP (the real System.map), KRELD_VENV, KRELD_REPO.
 set -u
@@ -118,4 +121,19 @@ modprobe veth || fail "modprobe veth"
 wait_log "$LOG2" 1 module_loaded veth
 stop "$OUT/kreld-norawio.rc"
 sysctl -q -w kernel.kptr_restrict=0
+
+# -- 5: kptr_restrict raised to 2 while kreld runs, then lowered ----------------------------------
+rmmod veth || fail "rmmod veth"
+LOG3=$OUT/kreld-raised.log
+start "$LOG3" "$STATE-raised"
+sysctl -q -w kernel.kptr_restrict=2 || fail "kptr_restrict=2 (raised)"
+modprobe veth || fail "modprobe veth (raised)"
+wait_log "$LOG3" 1 module_loaded veth
+cat /sys/module/veth/sections/.text >"$OUT/veth.text-at-2"
+sysctl -q -w kernel.kptr_restrict=0
+sections veth "$OUT/veth.sections"
+modprobe dummy || fail "modprobe dummy (lowered)"
+wait_log "$LOG3" 1 module_loaded dummy
+sections dummy "$OUT/dummy-lowered.sections"
+stop "$OUT/kreld-raised.rc"
 echo done >"$OUT/done"

@@ -6,7 +6,8 @@ zeros to root too; dummy and brd load while it runs, dummy unloads; then
 kptr_restrict goes back to 0 and the guest copies what the kernel shows.  Here,
 on the host, kreld's store is held to that truth.  In the same boot kreld runs
 again without CAP_SYS_RAWIO, and must record the boot restricted, with the
-reason and no address.
+reason and no address; and once more started at kptr_restrict=0, which is
+then raised to 2 for a load and lowered again for another.
 """
 
 from __future__ import annotations
@@ -166,3 +167,29 @@ def test_without_cap_sys_rawio_the_boot_is_restricted_with_the_reason_and_no_add
         :2000
     ]
     assert any(m["name"] == "veth" and m["restricted"] for m in mods)
+
+
+def test_pointers_hidden_after_the_start_are_read_in_kernel_memory_then_in_sysfs_again(
+    out: Path,
+) -> None:
+    """kreld started at kptr_restrict=0 (sysfs); raised to 2, veth's load (zeros
+    in sysfs) has every section the kernel shows at 0, read in kernel memory
+    opened then; lowered to 0, dummy's load is read in sysfs again."""
+    assert int((out / "veth.text-at-2").read_text(), 16) == 0
+    assert (out / "kreld-raised.rc").read_text().strip() == "0"
+    state = out.parent / "state-raised"
+    boot = ctl(state, "show", boot_id(out), as_boot=boot_id(out))
+    assert boot["restricted"] is False and boot["address_source"] == "kallsyms"
+    mods = ctl(state, "modules", "--boot", boot_id(out), "--all", as_boot=boot_id(out))
+    by_name = {m["name"]: m for m in mods}
+    for name, truth, source in (
+        ("veth", "veth.sections", "kcore"),
+        ("dummy", "dummy-lowered.sections", "sysfs"),
+    ):
+        m = by_name[name]
+        assert {k: int(v, 16) for k, v in m["sections"].items()} == sections(out / truth), name
+        assert m["address_source"] == source and m["restricted"] is False, name
+    log = (out / "kreld-raised.log").read_text()
+    events = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+    opened = [e for e in events if e.get("event") == "kernel_memory"]
+    assert len(opened) == 1 and opened[0]["system_map"], opened
