@@ -61,10 +61,10 @@ HOME=$OUT/perf-home perf record -N -q -k monotonic -e cpu-clock -F 997 -g \
 PPIDREC=$!
 sleep 1
 mark kprobe_start
-timeout 300 bpftrace -e 'kprobe:vfs_read { @[comm] = count(); } interval:s:3 { exit(); }' \
+timeout 100 bpftrace -e 'kprobe:vfs_read { @[comm] = count(); } interval:s:3 { exit(); }' \
     >"$OUT/bpftrace-kprobe.out" 2>&1 || fail "bpftrace kprobe: $(tail -5 "$OUT/bpftrace-kprobe.out")"
 mark kprobe_done
-timeout 300 bpftrace -e 'kfunc:vfs_read { @[comm] = count(); } interval:s:3 { exit(); }' \
+timeout 100 bpftrace -e 'kfunc:vfs_read { @[comm] = count(); } interval:s:3 { exit(); }' \
     >"$OUT/bpftrace-kfunc.out" 2>&1 || fail "bpftrace kfunc: $(tail -5 "$OUT/bpftrace-kfunc.out")"
 mark kfunc_done
 sleep 1
