@@ -83,6 +83,18 @@ def real_system_map(release: str) -> Path | None:
     return p if p.is_file() else None
 
 
+def skip_unless_selected(markexpr: str | None, also_missing: str | None = None) -> None:
+    """Skip (pytest) unless the run selected ``-m realkernel`` and a VM can boot here;
+    *also_missing* is one more reason of the caller's (a tool its guest needs)."""
+    import pytest
+
+    if "realkernel" not in (markexpr or ""):
+        pytest.skip("boots a VM (minutes): select with -m realkernel")
+    why = missing() or also_missing
+    if why:
+        pytest.skip(f"{why}: run scripts/setup-vm")
+
+
 def missing() -> str | None:
     """Why a VM cannot be booted here, or ``None`` if it can."""
     if not shutil.which("qemu-system-x86_64"):

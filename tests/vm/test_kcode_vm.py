@@ -44,11 +44,8 @@ class Guest(NamedTuple):
 
 @pytest.fixture(scope="module")
 def guest(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Guest:
-    if "realkernel" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("boots a VM (minutes): select with -m realkernel")
-    why = harness.missing() or (None if shutil.which("bpftrace") else "bpftrace is missing")
-    if why:
-        pytest.skip(f"{why}: run scripts/setup-vm")
+    bpftrace = None if shutil.which("bpftrace") else "bpftrace is missing"
+    harness.skip_unless_selected(request.config.getoption("markexpr"), bpftrace)
     keep = os.environ.get("KRELD_VM_DIR")
     rw = Path(keep).resolve() / "kcode" if keep else tmp_path_factory.mktemp("vm-kcode")
     rw.mkdir(parents=True, exist_ok=True)

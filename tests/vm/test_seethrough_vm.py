@@ -32,11 +32,7 @@ pytestmark = [pytest.mark.realkernel, pytest.mark.timeout(1500)]
 
 @pytest.fixture(scope="module", autouse=True)
 def _selected(request: pytest.FixtureRequest) -> None:
-    if "realkernel" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("boots a VM (minutes): select with -m realkernel")
-    why = harness.missing()
-    if why:
-        pytest.skip(f"{why}: run scripts/setup-vm")
+    harness.skip_unless_selected(request.config.getoption("markexpr"))
 
 
 @pytest.fixture(scope="module")
