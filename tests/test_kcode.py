@@ -55,6 +55,37 @@ def test_lost_records_make_a_window_from_the_cpus_last_record_and_ask_for_a_look
     assert st.need_look and st.lost == 9
 
 
+def test_a_loss_told_by_the_count_and_again_by_a_lost_record_is_one_window() -> None:
+    """The kernel tells each loss twice (the event's count, then a LOST record
+    before the next record that fits): one window, from the last record drained
+    before the count was read."""
+    st = CodeState(BOOT, 0, [])
+    ch = st.apply([reg(100, 0), reg(120, 0, A + 0x800, "bpf_prog_1111111111111111_b")], stamp, 50)
+    st.lost_counted(0, 5, stamp(400), stamp, 50, ch)
+    st.lost_counted(1, 0, stamp(400), stamp, 50, ch)
+    (w,) = ch.losses
+    assert (w.start, w.end, w.lost) == (stamp(120), stamp(400), 5) and st.need_look
+    later = st.apply(
+        [Lost(500, 0, 5), reg(510, 0, A + 0x1000, "bpf_prog_2222222222222222_c")], stamp, 50
+    )
+    st.lost_counted(0, 5, stamp(600), stamp, 50, later)
+    assert not later.losses and st.lost == 5
+
+
+def test_a_lost_record_before_the_count_is_read_is_not_counted_again() -> None:
+    st = CodeState(BOOT, 0, [])
+    ch = st.apply(
+        [reg(100, 0), Lost(300, 0, 4), reg(310, 0, A + 0x800, "bpf_prog_1111111111111111_b")],
+        stamp,
+        50,
+    )
+    st.lost_counted(0, 6, stamp(400), stamp, 50, ch)  # 2 more since, no record after them yet
+    first, tail = ch.losses
+    assert (first.start, first.end, first.lost) == (stamp(100), stamp(300), 4)
+    assert (tail.start, tail.end, tail.lost) == (stamp(310), stamp(400), 2)
+    assert st.lost == 6
+
+
 def test_reconciliation_after_a_loss_closes_the_gone_and_opens_the_new_inside_the_window() -> None:
     st = CodeState(BOOT, 0, [])
     st.apply([reg(100, 0)], stamp, opened=50)

@@ -117,6 +117,60 @@ def test_an_overflowing_ring_is_a_loss_window_and_nothing_is_recorded_wrong(
     assert not [c for c in ours if c.certain_at(Clock.MONOTONIC, end)]
 
 
+@pytest.mark.parametrize("looked_by", ["the run loop", "stop"])
+def test_a_burst_while_a_step_is_paused_after_its_drain_is_closed_by_the_look_it_asks_for(
+    tmp_path: Path, looked_by: str
+) -> None:
+    """kreld may be stopped anywhere in a step (SIGSTOP, a loaded host): here 150
+    programs come and go right after the last ring's drain, as if it paused
+    there, and overflow one-page rings.  The records written before the loss
+    must be drained before the look the loss asks for, so that the look closes
+    every program whose unregister was lost; none may stay open.  A stop before
+    the look was due looks first."""
+    need_rings().close()
+    follower = KernelCodeFollower(ROOT, _NullLog(), pages=1)
+    if follower.rings is None:
+        pytest.skip(f"perf_event_open is refused here: {follower.reason}")
+    boot_id = read_boot_id(ROOT)
+    rings = follower.rings
+    last = list(rings.rings.values())[-1]
+    drain = last.drain
+    span: list[int] = []
+
+    def drain_then_burst(layout: Any = None) -> Any:
+        parsed = drain(layout)
+        if not span:
+            span.append(time.monotonic_ns())
+            for i in range(150):
+                os.close(need_program(f"kreldpause{i}"))
+            time.sleep(0.3)  # the unloads run from a work queue
+            span.append(time.monotonic_ns())
+        return parsed
+
+    last.drain = drain_then_burst  # type: ignore[method-assign]
+    try:
+        with Store(tmp_path / "st") as store:
+            follower.begin(store, boot_id, KallsymsText.read(ROOT))
+            for _ in range(4):  # the run loop: a step, and the look a loss asks for
+                follower.step()
+                assert follower.state is not None
+                if follower.state.need_look and looked_by == "the run loop":
+                    follower.look(None)
+            if looked_by == "stop":
+                assert follower.state is not None and follower.state.need_look
+                follower.stop()
+            losses = store.kernel_code.losses(boot_id)
+            codes = store.kernel_code.codes(boot_id)
+    finally:
+        follower.stop()
+    assert any(w.reason is LossReason.LOST_RECORDS and w.lost > 0 for w in losses), losses
+    ours = [c for c in codes if "_kreldpause" in c.name]
+    assert ours, [c.name for c in codes]
+    left = [c for c in ours if c.unloaded is None]
+    assert not left, left
+    assert not [c for c in ours if c.certain_at(Clock.MONOTONIC, span[1])]
+
+
 def test_a_daemon_on_this_kernel_names_a_bpf_program_at_its_time_and_not_after(
     daemon_factory: Any, tmp_path: Path, sockdir: Path
 ) -> None:

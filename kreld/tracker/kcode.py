@@ -33,7 +33,7 @@ from kreld.core.model import Timestamp
 from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.perfring import SidebandRings
-from kreld.kernel.sideband import Lost, merge_by_time
+from kreld.kernel.sideband import merge_by_time
 from kreld.store.kcode import KernelCodeTables
 from kreld.tracker.kcodeplan import ZERO, Changes, CodeState, Stamp, code_lines
 
@@ -103,7 +103,6 @@ class KernelCodeFollower:
         self.tables: KernelCodeTables | None = None
         self._boots: Callable[[], set[str]] = set
         self._pending: list[Changes] = []
-        self._lost_seen: dict[int, int] = {}
         self._thread: threading.Thread | None = None
         self._last_look = 0.0
         self._last_write = time.monotonic()
@@ -158,11 +157,16 @@ class KernelCodeFollower:
     def stop(self) -> None:
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self.rings is not None:
+        if self.rings is None:
+            return
+        if self._thread is None or not self._thread.is_alive():  # else its write is unknown
             with contextlib.suppress(KreldError):  # logged by the write's failure already
+                if self.state is not None and self.state.need_look:
+                    self.step()
+                    self.look(None)  # a loss not looked at yet: what it hid is closed now
                 self._beat()  # followed up to now: a restart's window starts here
-            self.rings.close()
-            self.rings = None
+        self.rings.close()
+        self.rings = None
 
     def _beat(self) -> None:
         """Say that every record up to now has been read (the watch time)."""
@@ -212,23 +216,22 @@ class KernelCodeFollower:
         return True
 
     def step(self) -> None:
-        """Drain every ring, apply the records merged by time, write them."""
+        """Drain every ring, apply the records merged by time, write them.
+
+        The kernel's lost counts are read first: a record written before a loss
+        counted here is in its ring now, so it is applied before the look that
+        the loss asks for (read after the drain, a loss could be counted whose
+        earlier records are still in the ring, opened after the look for good)."""
         if self.rings is None or self.state is None:
             return
         stamp = stamper()
         rings = list(self.rings.rings.values())
+        counted = [(r.cpu, r.lost()) for r in rings] if self.rings.counts_lost else []
         parsed = [r.drain().records for r in rings]
-        if self.rings.counts_lost:  # the counts say it at once: LOST records would repeat it
-            parsed = [[x for x in p if not isinstance(x, Lost)] for p in parsed]
         ch = self.state.apply(merge_by_time(parsed), stamp, self.opened)
         now = Timestamp.now()
-        for r in rings:
-            n = r.lost()
-            if n > self._lost_seen.get(r.cpu, 0):
-                self.state.lose(
-                    r.cpu, n - self._lost_seen.get(r.cpu, 0), now, stamp, self.opened, ch
-                )
-                self._lost_seen[r.cpu] = n
+        for cpu, total in counted:
+            self.state.lost_counted(cpu, total, now, stamp, self.opened, ch)
         self._note_losses(ch)
         self._write(ch)
 

@@ -11,7 +11,13 @@ What each input means:
   KSYMBOLs of a program's functions, then its BPF_EVENT: perf_event_bpf_event());
 * a KSYMBOL unregister closes the piece at that address;
 * a LOST record (or a lost count that grew) is a :class:`LossWindow` from the
-  last record that CPU gave to now, and asks for a reconciliation;
+  last record that CPU gave to now, and asks for a reconciliation.  The kernel
+  counts a loss twice, in the ring (a LOST record, written before the next
+  record that fits) and in the event's count (PERF_FORMAT_LOST, read at once);
+  each CPU's losses are given a window once, by whichever tells them first.
+  The count is read before the ring is drained (:meth:`CodeState.lost_counted`):
+  every record written before a counted loss is then drained with it, so the
+  look that follows sees what those records opened;
 * a reconciliation against the ``[bpf]`` and ``[__builtin__*]`` lines of
   kallsyms opens what kallsyms lists and kreld did not know (its load somewhere
   in the window) and closes what kreld held live and kallsyms no longer lists
@@ -110,6 +116,8 @@ class CodeState:
         self.written: dict[int, KernelCode] = {}  # the records closed by kallsyms, by seq
         self.lost = 0
         self.need_look = False
+        self._lost_in_ring: dict[int, int] = {}  # CPU -> losses its LOST records told
+        self._lost_known: dict[int, int] = {}  # CPU -> losses given a window
 
     # -- side-band records ----------------------------------------------------
 
@@ -125,9 +133,27 @@ class CodeState:
             elif isinstance(r, BpfEvent):
                 self._bpf_event(r, ch)
             elif isinstance(r, Lost):
-                self.lose(r.cpu, r.lost, stamp(r.time), stamp, opened, ch)
+                told = self._lost_in_ring.get(r.cpu, 0) + r.lost
+                self._lost_in_ring[r.cpu] = told
+                self._lost_up_to(r.cpu, told, stamp(r.time), stamp, opened, ch)
             self.last_time[r.cpu] = max(self.last_time.get(r.cpu, 0), r.time)
         return ch
+
+    def lost_counted(
+        self, cpu: int, total: int, now: Timestamp, stamp: Stamp, opened: int, ch: Changes
+    ) -> None:
+        """The kernel's count of *cpu*'s losses was *total*, read before the records
+        just applied were drained: the losses no LOST record told yet came after
+        every record drained (any record written after a loss follows a LOST record)."""
+        self._lost_up_to(cpu, total, now, stamp, opened, ch)
+
+    def _lost_up_to(
+        self, cpu: int, total: int, now: Timestamp, stamp: Stamp, opened: int, ch: Changes
+    ) -> None:
+        known = self._lost_known.get(cpu, 0)
+        if total > known:
+            self._lost_known[cpu] = total
+            self.lose(cpu, total - known, now, stamp, opened, ch)
 
     def lose(
         self, cpu: int, count: int, now: Timestamp, stamp: Stamp, opened: int, ch: Changes
