@@ -305,6 +305,61 @@ def test_perf_script_of_out_warns_nothing_and_maps_brd_from_when_it_was_last_see
     assert "[after]" not in cp.stdout  # loaded after the recording ended
 
 
+def strip_kernel_maps(src: Path, dst: Path) -> Path:
+    """*src* (file mode) as perf writes it at kptr_restrict=2, where it reads zeros
+    for every kernel address: without its kernel maps (the kernel MMAPs of pid -1,
+    ``[kernel.kallsyms]_text`` and one per module)."""
+    data = src.read_bytes()
+    start, dsize = struct.unpack_from("<QQ", data, 40)
+    drop = [
+        (p, s)
+        for p, t, s in _records(data, start, start + dsize)
+        if t in (1, 10) and data[p + 4] & 7 == 1 and struct.unpack_from("<i", data, p + 8)[0] == -1
+    ]
+    assert drop and b"[kernel.kallsyms]" in data[drop[0][0] : drop[0][0] + drop[0][1]]
+    out, pos = b"", 0
+    for p, s in drop:
+        out, pos = out + data[pos:p], p + s
+    out += data[pos:]
+    dst.write_bytes(_shift_features(out, start, dsize, -sum(s for _, s in drop)))
+    return dst
+
+
+def test_a_recording_perf_made_with_kernel_pointers_hidden_gets_perfs_own_kernel_maps(
+    world: World,
+) -> None:
+    """perf at kptr_restrict=2 writes no kernel map, so no tool names a kernel
+    sample of it, whatever kallsyms it is given.  kreld finds its boot by its
+    clock data and adds the kernel map and the start's module maps: OUT's report
+    with ``export --for OUT`` is the report of the same samples that perf
+    recorded with its maps (tests/vm/test_seethrough_vm.py does this on a real
+    kernel at kptr_restrict=2)."""
+    w = world
+    full = inject(w, "file")
+    hidden = strip_kernel_maps(w.recs["file"], w.d / "hidden.data")
+    blind = report(w, hidden, Path("/proc/kallsyms"))
+    assert blind and all(s.startswith("0x") for (dso, s) in blind if dso == "[unknown]")
+    assert not [k for k in blind if k[0] == "[kernel.kallsyms]"], blind
+    out = w.d / "hidden.out"
+    cp = w.ctl("inject", "-i", str(hidden), "-o", str(out))
+    assert "the kernel and" in cp.stderr and "1 module loads mapped" in cp.stderr, cp.stderr
+    ks_full, ks_out = w.d / "full.kallsyms", w.d / "hidden.kallsyms"
+    w.ctl("export", "kallsyms", "--for", str(full), "-o", str(ks_full))
+    w.ctl("export", "kallsyms", "--for", str(out), "-o", str(ks_out))
+    assert ks_out.read_text() == ks_full.read_text()
+    named = report(w, out, ks_out)
+    assert named == report(w, full, ks_full)
+    assert [k for k in named if k[0] == "[kernel.kallsyms]"] and [
+        k for k in named if k[0] == "[brd]"
+    ]
+    kmap = [
+        ln for ln in run_perf(w, "script", "-i", str(out), "--show-mmap-events").stdout.splitlines()
+        if "PERF_RECORD_MMAP" in ln and "[kernel.kallsyms]_text" in ln
+    ]  # fmt: skip
+    text = int(next(ln for ln in real_core() if ln.endswith(" _text")).split()[0], 16)
+    assert len(kmap) == 1 and f"@ {text:#x}]" in kmap[0], kmap
+
+
 def test_in_is_left_whole_and_out_lists_brd_in_its_build_id_table(world: World) -> None:
     w = world
     src = w.recs["file"]

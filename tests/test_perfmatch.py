@@ -28,6 +28,7 @@ from test_symbols import BASE_A, BASE_B, BASE_C, BUILD_ID, LINK, RELEASE, SLIDES
 from test_symbols import daemons as daemons
 from test_symbols import sock_dir as sock_dir
 
+from kreld.core.errors import NoBootForRecording
 from kreld.core.model import (
     Anchors,
     BootSnapshot,
@@ -316,3 +317,39 @@ def test_two_loads_at_one_base_are_told_apart_by_the_record_start() -> None:
         assert choice.inc is not None and choice.inc.seq == seq
     (choice,) = match_boot(header(modules=(brd,)), [b], lambda _b: loads).modules
     assert choice.inc is not None and choice.inc.seq == 2
+
+
+def test_a_recording_without_text_is_matched_by_its_boot_instant_alone() -> None:
+    """perf at kptr_restrict=2 writes no _text map: the boot of the build whose
+    instant the clock data gives (monotonic or boottime, within the slack and
+    NTP's slew since) is the recording's; another host's is not; without clock
+    data, or with a realtime clock, or nothing near, no boot is guessed."""
+    day, s = 86_400 * 10**9, 10**9
+    older, newer = snap("old", LINK, 1000 * day), snap("new", LINK + 0x200000, 1001 * day)
+    boots = [newer, older]
+    at = 3600 * s  # an hour after the older boot, its clock read 1.5 s off
+    cd = ClockData(1, 1000 * day + at + 1_500_000_000, at)
+    m = match_boot(header(text=None, clockid=1, clock_data=cd), boots, lambda _b: [])
+    assert m.boot.boot_id == "old" and m.clock == SampleClock(Clock.MONOTONIC, True, at)
+    boottime = ClockData(7, 1001 * day + at, at)
+    m = match_boot(header(text=None, clockid=7, clock_data=boottime), boots, lambda _b: [])
+    assert m.boot.boot_id == "new"
+    hosts = {"old": "host-a", "new": "host-b"}
+    h = header(text=None, hostname="host-b", clockid=1, clock_data=cd)
+    with pytest.raises(NoBootForRecording, match="no boot of its kernel build began"):
+        match_boot(h, boots, lambda _b: [], hosts.get)
+    realtime = ClockData(0, 1000 * day, 1000 * day)
+    off = ClockData(1, 1000 * day + at + 5 * s, at)  # 2 s + 1.8 s of slew allowed
+    for bad, why in (
+        (header(text=None), "no clock data"),
+        (header(text=None, clockid=0, clock_data=realtime), "no clock data"),
+        (header(text=None, clockid=1, clock_data=off), "began within"),
+    ):
+        with pytest.raises(NoBootForRecording, match=why):
+            match_boot(bad, boots, lambda _b: [])
+    # A day later, NTP may have slewed 43 s: 10 s off is still that boot.
+    late = ClockData(1, 1000 * day + day + 10 * s, day)
+    assert (
+        match_boot(header(text=None, clockid=1, clock_data=late), boots, lambda _b: []).boot.boot_id
+        == "old"
+    )

@@ -20,6 +20,15 @@ loaded while IN was recording:
   rest, so a module mapped only later would get no symbols from the file.  It
   also lets ``kreldctl export kallsyms --for OUT`` include the module.
 
+A recording perf made while kallsyms was restricted (``kptr_restrict``) has no
+kernel map at all: perf read zeros, so it wrote neither its
+``[kernel.kallsyms]_text`` map nor a map per module, and no tool can name a
+kernel sample of it.  Its boot is found by time (:mod:`kreld.perf.match`), and
+OUT gets, among perf's own records of the start, the maps perf writes at
+``kptr_restrict=0`` (:func:`start_records`): the kernel's, over ``_text`` to
+``_etext`` with ``_text`` as its reference symbol, and one per module loaded
+when the recording started.
+
 :func:`ksymbol_records` is the seam for BPF programs, trampolines and other
 out-of-line code: each becomes a ``PERF_RECORD_KSYMBOL`` registered at its load
 and unregistered at its unload.  :func:`code_ksyms` gives it what kreld recorded
@@ -61,6 +70,7 @@ __all__ = [
     "ksymbol_records",
     "module_records",
     "plan_modules",
+    "start_records",
     "text_range",
 ]
 
@@ -195,6 +205,41 @@ def module_records(
     return added, list(ids.values())
 
 
+KERNEL_MAP = "[kernel.kallsyms]_text"  # perf's kernel map, relative to _text
+
+
+def start_records(
+    m: BootMatch, rec: Recording, start: int, kernel_id: bool, err: TextIO
+) -> tuple[list[Added], list[str], list[bytes]]:
+    """For a recording with no kernel map: the kernel map and a map of each module
+    loaded at *start* (on the sample clock), the modules' names, and build-id
+    entries for those modules and (*kernel_id*: IN has none) the kernel."""
+    boot, lay, e, clock = m.boot, rec.layout, rec.e, m.clock.clock
+    text, etext = boot.anchors.text, boot.anchors.etext
+    if text is None:  # match_boot takes no such boot for a recording without _text
+        return [], [], []
+    size = etext - text if etext is not None and etext > text else 0  # 0: perf takes the rest
+    added = [Added(kernel_mmap(KERNEL_MAP, text, size, lay.sample_id(0, e), e, pgoff=text), None)]
+    names: list[str] = []
+    ids: list[bytes] = []
+    if kernel_id and boot.build_id:
+        ids.append(build_id_entry("[kernel.kallsyms]", boot.build_id, e))
+    for inc in m.incarnations:
+        gone = inc.unloaded is not None and inc.unloaded.on(clock) <= start
+        if inc.loaded.on(clock) > start or gone:
+            continue
+        r = text_range(inc)
+        if r is None:
+            print(f"kreldctl: warning: {inc.name} (seq {inc.seq}): no .text address", file=err)
+            continue
+        name = f"[{inc.name}]"
+        added.append(Added(kernel_mmap(name, r[0], r[1] - r[0], lay.sample_id(0, e), e), None))
+        names.append(inc.name)
+        if inc.state.build_id:
+            ids.append(build_id_entry(name, inc.state.build_id, e))
+    return added, names, ids
+
+
 def ksymbol_records(symbols: Sequence[Ksym], layout: AttrLayout, endian: str = "<") -> list[Added]:
     """A ``PERF_RECORD_KSYMBOL`` registering each symbol at its load and, when
     it was unloaded, one unregistering it then (kinds: :data:`KSYM_KINDS`)."""
@@ -261,8 +306,18 @@ def inject(
                 "monotonic|boottime|realtime: modules are mapped at approximate times",
                 file=err,
             )
-        plans = plan_modules(m, rec.span(), err)
-        added, ids = module_records(plans, rec, [mm.name for mm in h.modules])
+        span = rec.span()
+        early: list[Added] = []
+        mapped = [mm.name for mm in h.modules]
+        ids0: list[bytes] = []
+        if h.text is None and span is not None:  # perf could read no kernel address
+            start = m.clock.start if m.clock.start is not None else span[0]
+            kernel_id = h.kernel_build_id is None
+            early, names, ids0 = start_records(m, rec, min(start, span[0]), kernel_id, err)
+            mapped += names
+        plans = plan_modules(m, span, err)
+        added, ids = module_records(plans, rec, mapped)
+        added, ids = [*early, *added], [*ids0, *ids]
         extra = ksymbol_records(ksyms(m), rec.layout, rec.e) if ksyms is not None else []
         with safe_output(out_path, 0o600) as sink:  # perf writes its files 0600
             size = write_with(rec, sink, [*added, *extra], ids)
@@ -270,7 +325,8 @@ def inject(
         rec.close()
     print(
         f"kreldctl: {out_path}: {len(plans)} module loads mapped, {len(ids)} build-ids "
-        f"added, {len(extra)} ksymbol records",
+        f"added, {len(extra)} ksymbol records"
+        + (f", the kernel and {len(early) - 1} modules mapped from its start" if early else ""),
         file=err,
     )
     return {
@@ -280,6 +336,7 @@ def inject(
         "modules": [_plan_json(p) for p in plans],
         "build_ids": len(ids),
         "ksymbols": len(extra),
+        "start_maps": len(early),
     }
 
 

@@ -9,6 +9,14 @@ host's name is the recording's ``HOSTNAME`` (where the source knows each
 boot's host: a fleet bucket holds many hosts, a local store one), then by how
 close their boot instant is to the recording's clock data.
 
+A recording taken while kallsyms was restricted (kptr_restrict) has no
+``_text`` map: its boot is then told by time alone.  Its clock data (``perf
+record -k monotonic`` or ``-k boottime``) gives the wall time of that clock's
+zero, the boot instant, which must be within :data:`RESTRICTED_SLACK_NS` (and
+the drift NTP may slew in the time between, :data:`SLEW_PPM`) of a boot of the
+same kernel build on the same host; the nearest is chosen.  Without such clock
+data, or with none near enough, no boot is guessed.
+
 perf takes a module's start from ``/proc/modules``: the base of the module's
 core allocation (``mod->core_layout.base``; since 6.4, commit ac3b43283923,
 ``mod->mem[MOD_TEXT].base``), which kreld records as ``core_base``; its
@@ -28,6 +36,8 @@ from kreld.perf.reader import ClockId, ModuleMap, PerfHeader
 __all__ = [
     "KRELD_CLOCKS",
     "NEAREST_SHOWN",
+    "RESTRICTED_SLACK_NS",
+    "SLEW_PPM",
     "BootMatch",
     "ModuleChoice",
     "SampleClock",
@@ -46,6 +56,9 @@ KRELD_CLOCKS = {
 }
 # Nearest candidates listed when nothing matches.
 NEAREST_SHOWN = 5
+# A restricted recording's boot instant and a boot's, as far apart as they may be.
+RESTRICTED_SLACK_NS = 2_000_000_000
+SLEW_PPM = 500  # the most an NTP daemon slews a clock (adjtimex's MAXFREQ)
 
 
 @record
@@ -180,12 +193,7 @@ def match_boot(
     """
     same_build = [b for b in boots if _same_build(h, b)]
     if h.text is None:
-        raise NoBootForRecording(
-            h.path,
-            "it has no [kernel.kallsyms]_text map with the kernel's runtime _text "
-            "(kallsyms was restricted when perf recorded, or the kernel was not recorded)",
-            [_describe(b) for b in same_build[:NEAREST_SHOWN]],
-        )
+        return _match_by_time(h, same_build, incarnations, hostname)
     found = [b for b in same_build if _ref_address(b, h.ref_symbol) == h.text]
     if not found:
         build = h.kernel_build_id or f"release {h.osrelease or 'unknown'}"
@@ -206,6 +214,51 @@ def match_boot(
         score = (-matched, other_host, _clock_gap(h, b), -b.first_seen.realtime)
         scored.append((score, BootMatch(b, mods, incs, clock)))
     return min(scored, key=lambda s: s[0])[1]
+
+
+def _match_by_time(
+    h: PerfHeader,
+    same_build: Sequence[BootSnapshot],
+    incarnations: Callable[[str], Sequence[Incarnation]],
+    hostname: Callable[[str], str | None] | None,
+) -> BootMatch:
+    """A recording without a ``_text`` map: the boot whose instant its clock data gives."""
+    why = (
+        "it has no [kernel.kallsyms]_text map with the kernel's runtime _text (kallsyms "
+        "was restricted when perf recorded, or the kernel was not recorded)"
+    )
+    nearest = [_describe(b) for b in same_build[:NEAREST_SHOWN]]
+    cd = h.clock_data
+    if cd is None or cd.clockid not in (ClockId.MONOTONIC, ClockId.BOOTTIME):
+        raise NoBootForRecording(
+            h.path, f"{why}, and no clock data to tell its boot by time (perf record -k "
+            "monotonic or -k boottime writes it)", nearest,
+        )  # fmt: skip
+    clock = KRELD_CLOCKS[ClockId(cd.clockid)]
+    near = []
+    for b in same_build:
+        if (
+            h.hostname is not None
+            and hostname is not None
+            and hostname(b.boot_id)
+            not in (
+                None,
+                h.hostname,
+            )
+        ):
+            continue
+        since = abs(cd.clock_ns - b.first_seen.on(clock))
+        gap = _clock_gap(h, b)
+        if b.anchors.text is not None and gap <= RESTRICTED_SLACK_NS + since * SLEW_PPM // 10**6:
+            near.append((gap, b))
+    if not near:
+        raise NoBootForRecording(
+            h.path, f"{why}, and no boot of its kernel build began within "
+            f"{RESTRICTED_SLACK_NS / 1e9:g} s (and NTP's slew since) of the boot instant "
+            "its clock data gives", nearest,
+        )  # fmt: skip
+    b = min(near, key=lambda n: n[0])[1]
+    return BootMatch(b, (), tuple(incarnations(b.boot_id)), sample_clock(h))
 
 
 def _ref_address(b: BootSnapshot, symbol: str) -> int | None:

@@ -51,6 +51,8 @@ _TRACING_DATA = int(RecordType.HEADER_TRACING_DATA)
 _COMPRESSED = (int(RecordType.COMPRESSED), int(RecordType.COMPRESSED2))
 _USER_TYPES = 64  # types from here on are perf's own, untimed
 _KERNEL_MAP = b"[kernel.kallsyms]"
+_FINISHED_INIT = int(RecordType.FINISHED_INIT)
+_INIT_SCAN = 100_000  # records looked at for FINISHED_INIT, as for the kernel map
 
 
 @record
@@ -225,6 +227,9 @@ class Recording:
             if rtype in _COMPRESSED:
                 self.times[i] = inner.newest(rtype, at, size)
 
+    def record_type(self, i: int) -> int:
+        return int(self._u("I", int(self.offs[i]))[0])
+
     def kernel_map_index(self) -> int | None:
         """The index of perf's ``[kernel.kallsyms]`` map, among the first records."""
         for i in range(min(len(self.offs), 100_000)):
@@ -342,8 +347,15 @@ def write_with(
 
 
 def _first_timed(rec: Recording) -> int:
+    """Where synthesized records go in a recording with no kernel map: before
+    perf's FINISHED_INIT (the end of its synthesis, which readers of the
+    synthesized prefix stop at) or else before the first timed record."""
     timed = np.nonzero(rec.times > 0)[0]
-    return int(rec.offs[timed[0]]) if len(timed) else rec.end
+    first = int(timed[0]) if len(timed) else len(rec.offs)
+    for i in range(min(first, _INIT_SCAN)):
+        if rec.record_type(i) == _FINISHED_INIT:
+            return int(rec.offs[i])
+    return int(rec.offs[first]) if first < len(rec.offs) else rec.end
 
 
 def _placement(rec: Recording, times: Sequence[int]) -> list[int]:

@@ -147,9 +147,12 @@ def _name(name: str, align: int = 8) -> bytes:
     return b + b"\0" * (-len(b) % align)
 
 
-def kernel_mmap(name: str, start: int, length: int, trailer: bytes, endian: str = "<") -> bytes:
-    """A kernel MMAP of *name* (``[brd]``) over [start, start + length)."""
-    body = struct.pack(endian + "iIQQQ", -1, 0, start, length, 0) + _name(name)
+def kernel_mmap(
+    name: str, start: int, length: int, trailer: bytes, endian: str = "<", pgoff: int = 0
+) -> bytes:
+    """A kernel MMAP of *name* (``[brd]``) over [start, start + length); perf's
+    kernel map (``[kernel.kallsyms]_text``) gives its reference symbol's address as *pgoff*."""
+    body = struct.pack(endian + "iIQQQ", -1, 0, start, length, pgoff) + _name(name)
     return _record(PERF_RECORD_MMAP, MISC_KERNEL, body + trailer, endian)
 
 

@@ -7,8 +7,10 @@
 #      starts (--root /, state $STATE);
 #   2. modprobe dummy; once kreld has it, kptr_restrict=0 just long enough to
 #      copy its sections (kreld is idle), back to 2; modprobe brd; rmmod dummy;
+#      then perf records dd reading brd's disk (no kernel map: perf reads zeros);
 #   3. kptr_restrict=0: /proc/kallsyms and kreldctl export kallsyms at the same
-#      moment, brd's sections; kreld stopped;
+#      moment, brd's sections; the live report of that recording (perf's own
+#      kernel maps of now put in front of it); kreld stopped;
 #   4. kptr_restrict=2 again: kreld without CAP_SYS_RAWIO (setpriv), state
 #      $STATE-norawio, while veth loads; stopped;
 #   5. kreld starts at kptr_restrict=0 (state $STATE-raised), veth unloaded first;
@@ -21,7 +23,8 @@ V=$KRELD_VENV/bin
 CONFIG=$KRELD_REPO/etc/kreld/kreld.toml
 SOCK=/run/kreld/kreld.sock
 KPID=
-mkdir -p "$OUT"
+HERE=$(dirname "$0")
+mkdir -p "$OUT" "$OUT/empty" "$OUT/perf-home"
 
 fail() {
     echo "guest_restricted.sh: $*" >&2
@@ -101,9 +104,32 @@ until grep -F '"module": "brd"' "$LOG" | grep -qE '"event": "module_symbols(_una
     sleep 0.1
 done
 
+# perf at kptr_restrict=2 reads zeros: it records no kernel map (brd's code runs under dd)
+HOME=$OUT/perf-home perf record -N -q -k monotonic -e cpu-clock -F 997 -g \
+    -o "$OUT/perf-at-2.data" -- sh -c \
+    'for i in $(seq 40); do dd if=/dev/ram0 of=/dev/null bs=512 iflag=direct 2>/dev/null; done' \
+    2>"$OUT/perf-at-2.err" || fail "perf record at 2: $(cat "$OUT/perf-at-2.err")"
+
 # -- 3: the truth, at kptr_restrict=0, while kreld still runs ----------------------------------
 sysctl -q -w kernel.kptr_restrict=0
 cat /proc/kallsyms >"$OUT/kallsyms"
+# The live report at 0 of that recording: perf's own kernel maps, synthesized now
+# by a recording of nothing, put in front of its records (perf_splice.py), and
+# kallsyms as the kernel shows it now (a copy: given /proc/kallsyms itself, perf
+# reads /proc/kcore instead and names module code [kernel.kallsyms]).
+HOME=$OUT/perf-home perf record -N -q -k monotonic -e cpu-clock -F 997 -g \
+    -o "$OUT/perf-at-0.data" -- true 2>"$OUT/perf-at-0.err" ||
+    fail "perf record at 0: $(cat "$OUT/perf-at-0.err")"
+"$V/python" "$HERE/perf_splice.py" "$OUT/perf-at-2.data" "$OUT/perf-at-0.data" \
+    "$OUT/perf-live.data" 2>"$OUT/splice.err" || fail "perf_splice: $(cat "$OUT/splice.err")"
+for g in graph flat; do
+    opts=""
+    [ $g = flat ] && opts="--no-children --sort dso,sym -g none"
+    # shellcheck disable=SC2086
+    HOME=$OUT/perf-home perf report -i "$OUT/perf-live.data" --stdio --symfs="$OUT/empty" \
+        --kallsyms="$OUT/kallsyms" $opts >"$OUT/report-live-$g.txt" 2>>"$OUT/report-live.err" ||
+        fail "perf report at 0: $(cat "$OUT/report-live.err")"
+done
 "$V/kreldctl" --config "$CONFIG" --socket "$SOCK" export kallsyms -o "$OUT/export" \
     2>"$OUT/export.err" || fail "export kallsyms: $(cat "$OUT/export.err")"
 cat /proc/kallsyms >"$OUT/kallsyms.after"

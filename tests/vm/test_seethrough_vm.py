@@ -4,7 +4,9 @@ One boot of Debian's cloud kernel (tests/vm/guest_restricted.sh): kreld starts
 at kernel.kptr_restrict=2, where /proc/kallsyms and /sys/module/*/sections show
 zeros to root too; dummy and brd load while it runs, dummy unloads; then
 kptr_restrict goes back to 0 and the guest copies what the kernel shows.  Here,
-on the host, kreld's store is held to that truth.  In the same boot kreld runs
+on the host, kreld's store is held to that truth.  A perf recording
+taken at kptr_restrict=2 (where perf writes no kernel map) is injected and
+reported on the host, and must equal its live report at 0.  In the same boot kreld runs
 again without CAP_SYS_RAWIO, and must record the boot restricted, with the
 reason and no address; and once more started at kptr_restrict=0, which is
 then raised to 2 for a load and lowered again for another.
@@ -16,13 +18,14 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import harness
 import pytest
-from test_realkernel import addr, anchors_of, ctl
+from test_realkernel import addr, anchors_of, ctl, host_ctl
 
 GUEST_SCRIPT = Path(__file__).resolve().parent / "guest_restricted.sh"
 BOOT_TIMEOUT = 420.0
@@ -189,3 +192,50 @@ def test_pointers_hidden_after_the_start_are_read_in_kernel_memory_then_in_sysfs
     events = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
     opened = [e for e in events if e.get("event") == "kernel_memory"]
     assert len(opened) == 1 and opened[0]["system_map"], opened
+
+
+def _perf_report(data: Path, kallsyms: Path, empty: Path, home: Path, flat: bool) -> list[str]:
+    opts = ["--no-children", "--sort", "dso,sym", "-g", "none"] if flat else []
+    cp = subprocess.run(
+        ["perf", "report", "-i", str(data), "--stdio", f"--symfs={empty}",
+         f"--kallsyms={kallsyms}", *opts],
+        capture_output=True, text=True, timeout=300, check=True,
+        env={**os.environ, "HOME": str(home)},
+    )  # fmt: skip
+    return _report_lines(cp.stdout)
+
+
+def _report_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_perf_report_of_a_recording_at_2_injected_equals_the_live_report_at_0(
+    out: Path, tmp_path: Path
+) -> None:
+    """perf at kptr_restrict=2 wrote no kernel map.  On the host, ``kreldctl
+    inject`` (the boot told by the recording's clock data) and ``perf report
+    --symfs=<empty> --kallsyms=<export --for OUT>`` give, line for line, the
+    report the guest made of the same recording at 0 with perf's own kernel maps
+    and /proc/kallsyms, call graphs included; kernel and brd samples named."""
+    if shutil.which("perf") is None:
+        pytest.skip("perf is not installed on the host")
+    src = out / "perf-at-2.data"
+    state = out.parent / "state"
+    injected, ks, empty = tmp_path / "out.data", tmp_path / "kallsyms", tmp_path / "empty"
+    empty.mkdir()
+    for args in (("inject", "-i", str(src), "-o", str(injected)),
+                 ("export", "kallsyms", "--for", str(injected), "-o", str(ks))):  # fmt: skip
+        cp = host_ctl(state, *args, timeout=300)
+        assert cp.returncode == 0, cp.stderr
+    blind = _perf_report(src, out / "kallsyms", empty, tmp_path, True)
+    assert not [ln for ln in blind if "[kernel.kallsyms]" in ln or "[brd]" in ln], blind[:20]
+    for kind, flat in (("flat", True), ("graph", False)):
+        live = _report_lines((out / f"report-live-{kind}.txt").read_text())
+        ours = _perf_report(injected, ks, empty, tmp_path, flat)
+        assert ours == live, "\n".join(
+            f"{a!r} | {b!r}" for a, b in zip(live, ours, strict=False) if a != b
+        )[:3000]
+        if flat:
+            kernel = [ln for ln in live if "[kernel.kallsyms]" in ln and "[k] 0x" not in ln]
+            brd = [ln for ln in live if "[brd]" in ln and "[k] brd_" in ln]
+            assert len(kernel) >= 10 and brd, live[:30]
