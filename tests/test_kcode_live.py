@@ -5,6 +5,8 @@ refused (not root, perf_event_paranoid, no CAP_BPF)."""
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
 import os
 import re
@@ -169,6 +171,93 @@ def test_a_burst_while_a_step_is_paused_after_its_drain_is_closed_by_the_look_it
     left = [c for c in ours if c.unloaded is None]
     assert not left, left
     assert not [c for c in ours if c.certain_at(Clock.MONOTONIC, span[1])]
+
+
+def test_a_ring_the_kernel_turned_off_is_opened_again_behind_a_cpu_hotplug_window(
+    tmp_path: Path,
+) -> None:
+    """A CPU that goes offline leaves its event OFF for good, even once it is back
+    (tests/vm/test_kcode_vm.py offlines one for real).  Here the event of one CPU
+    is put in that state with PERF_EVENT_IOC_DISABLE: a program loaded on that
+    CPU then goes untold; the checks find the stopped ring, open a new one,
+    record a ``cpu_hotplug`` window over the gap, and the next program loaded
+    there is told by its own records."""
+    need_rings().close()
+    follower = KernelCodeFollower(ROOT, _NullLog())
+    if follower.rings is None:
+        pytest.skip(f"perf_event_open is refused here: {follower.reason}")
+    boot_id = read_boot_id(ROOT)
+    cpu = max(follower.rings.rings)
+    affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})  # the programs' records go to this CPU's ring
+    try:
+        with Store(tmp_path / "st") as store:
+            follower.begin(store, boot_id, KallsymsText.read(ROOT))
+            old = follower.rings.rings[cpu]
+            fcntl.ioctl(old.fd, 0x2401, 0)  # PERF_EVENT_IOC_DISABLE: the event OFF
+            gap = time.monotonic_ns()
+            os.close(need_program("kreldoff"))
+            time.sleep(0.3)  # its unload runs from a work queue
+            follower.check_cpus()  # the event accrued enabled time before the ioctl
+            assert follower.rings.rings[cpu] is old
+            follower.check_cpus()  # and none since the last check: stopped
+            assert follower.rings.rings[cpu] is not old
+            os.close(need_program("kreldback"))
+            time.sleep(0.3)
+            follower.step()
+            losses = store.kernel_code.losses(boot_id)
+            codes = store.kernel_code.codes(boot_id)
+    finally:
+        os.sched_setaffinity(0, affinity)
+        follower.stop()
+    (w,) = [w for w in losses if w.reason is LossReason.CPU_HOTPLUG]
+    assert w.covers(Clock.MONOTONIC, gap), (w, gap)
+    assert not [c for c in codes if c.name.endswith("_kreldoff") and c.seen_by is CodeSeen.KSYMBOL]
+    (back,) = [c for c in codes if c.name.endswith("_kreldback")]
+    assert back.seen_by is CodeSeen.KSYMBOL and back.unload_seen_by is CodeSeen.KSYMBOL
+    assert back.loaded.monotonic > w.end.monotonic
+
+
+def _without_perf_caps() -> None:
+    """In the child before exec: CAP_SYS_ADMIN and CAP_PERFMON out of the bounding
+    set (root's permitted set after exec is the bounding set; CapInh is empty)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (21, 38):  # CAP_SYS_ADMIN, CAP_PERFMON
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
+
+
+def test_where_perf_event_open_is_refused_status_says_why_and_kreld_keeps_serving(
+    daemon_factory: Any, tmp_path: Path, sockdir: Path
+) -> None:
+    """Root without CAP_PERFMON and CAP_SYS_ADMIN at perf_event_paranoid 1 and
+    above (Debian's 3) may not open the side-band events: Status says the source
+    is unavailable with the errno, the paranoid level and the capability it
+    needs; kreld serves."""
+    paranoid = int(Path("/proc/sys/kernel/perf_event_paranoid").read_text())
+    if paranoid < 1:
+        pytest.skip(f"perf_event_paranoid={paranoid}: anyone may open the events")
+    if "CapInh:\t0000000000000000" not in Path("/proc/self/status").read_text():
+        pytest.skip("a non-empty inheritable set would give the capabilities back")
+    need_rings().close()  # as this test runs the events open: the refusal is the caps'
+    sock = str(sockdir / "kreld.sock")
+    d = daemon_factory("--root", "/", "--state-dir", str(tmp_path / "st"), "--socket", sock)
+    d.start(timeout=60, preexec=_without_perf_caps)
+    assert d.proc is not None
+    caps = re.search(r"CapEff:\t([0-9a-f]+)", Path(f"/proc/{d.proc.pid}/status").read_text())
+    assert caps is not None and not int(caps.group(1), 16) & (1 << 21 | 1 << 38)
+    status = ctl_json("status", "--socket", sock)
+    kc = status["kernel_code"]
+    assert kc["state"] == "unavailable" and kc["cpus"] == 0, kc
+    assert "EACCES" in kc["reason"] and f"perf_event_paranoid={paranoid}" in kc["reason"], kc
+    assert "CAP_PERFMON" in kc["reason"], kc
+    assert d.wait_for("kernel_code_unfollowed")["reason"] == kc["reason"]
+    text = next(
+        ln for ln in Path("/proc/kallsyms").read_text().splitlines() if ln.endswith(" _text")
+    )
+    (r,) = ctl_json("resolve", text.split()[0], "--socket", sock)
+    assert (r["image"], r["section"], r["base"]) == ("kernel", ".text", r["address"]), r
+    assert d.stop() == 0
 
 
 def test_a_daemon_on_this_kernel_names_a_bpf_program_at_its_time_and_not_after(

@@ -81,6 +81,7 @@ class LossReason(StrEnum):
     NOT_RUNNING = "not_running"  # kreld was stopped: from its last record to its start
     NOT_FOLLOWED = "not_followed"  # no rings (unavailable): between two looks at kallsyms
     RETENTION = "retention"  # older records were dropped to bound the store
+    CPU_HOTPLUG = "cpu_hotplug"  # a CPU came online (again): until kreld opened its ring
 
 
 def kind_of(name: str) -> CodeKind:

@@ -14,6 +14,15 @@ merged by time (:mod:`kreld.kernel.sideband`).
 records lost so far at once, where ``PERF_RECORD_LOST`` waits for the next
 record that fits; older kernels refuse it (EINVAL) and are opened without.
 
+A CPU that goes offline takes its events off it for good: perf_event_exit_cpu()
+removes them from the CPU's context and leaves them ``OFF``, and when the CPU
+comes back nothing turns them on, so side-band records of that CPU stop
+coming, silently (seen on 6.1 in the QEMU guest: programs loaded on a CPU
+after it went off and on again were never told).  Suspend and resume do the
+same to every CPU but the first.  An ``OFF`` event's enabled time stands
+still (``PERF_FORMAT_TOTAL_TIME_ENABLED``), which is how :meth:`SidebandRings.drop_dead`
+finds such a ring; the caller opens a new one once the CPU is online.
+
 Who may open it: root at every ``perf_event_paranoid``; CAP_PERFMON (or
 CAP_SYS_ADMIN) at 2 and below; only CAP_SYS_ADMIN at Debian's 3.  A refusal
 is a :class:`~kreld.core.errors.KernelReadError` naming the errno and the
@@ -43,6 +52,7 @@ _PAGE = mmap.PAGESIZE
 _PERF_TYPE_SOFTWARE = 1
 _PERF_COUNT_SW_DUMMY = 9
 _PERF_SAMPLE_TIME = 1 << 2
+_PERF_FORMAT_TOTAL_TIME_ENABLED = 1 << 0
 _PERF_FORMAT_LOST = 1 << 4
 _PERF_FLAG_FD_CLOEXEC = 1 << 3
 # perf_event_attr's flag bits (include/uapi/linux/perf_event.h).
@@ -79,7 +89,7 @@ def online_cpus(root: Root) -> list[int]:
 
 def _attr(lost: bool) -> ctypes.Array[ctypes.c_char]:
     buf = bytearray(_ATTR_SIZE)
-    read_format = _PERF_FORMAT_LOST if lost else 0
+    read_format = _PERF_FORMAT_TOTAL_TIME_ENABLED | (_PERF_FORMAT_LOST if lost else 0)
     struct.pack_into(
         "<IIQQQQ",
         buf,
@@ -111,6 +121,7 @@ class PerfRing:
         # data_offset and data_size since Linux 4.1; before, the data follows the first page.
         self.offset, self.size = (offset, size) if size else (_PAGE, pages * _PAGE)
         self.tail = int(_U64.unpack_from(self.map, _TAIL)[0])
+        self.enabled, _ = self.counts()  # the event's enabled time at the last look
 
     def drain(self, layout: IdLayout | None = None) -> Parsed:
         """Parse the records written since the last drain and give their room back."""
@@ -128,16 +139,32 @@ class PerfRing:
         _U64.pack_into(self.map, _TAIL, self.tail)
         return parsed
 
+    def counts(self) -> tuple[int, int]:
+        """The event's enabled time (ns) and the records lost so far (0 where
+        the kernel cannot count them): value, time_enabled[, lost]."""
+        raw = os.read(self.fd, 24 if self.counts_lost else 16)
+        enabled = int(_U64.unpack_from(raw, 8)[0]) if len(raw) >= 16 else 0
+        lost = int(_U64.unpack_from(raw, 16)[0]) if len(raw) >= 24 else 0
+        return enabled, lost
+
     def lost(self) -> int:
         """Records lost so far (0 where the kernel cannot count them)."""
-        if not self.counts_lost:
-            return 0
-        raw = os.read(self.fd, 16)
-        return int(_U64.unpack_from(raw, 8)[0]) if len(raw) >= 16 else 0
+        return self.counts()[1] if self.counts_lost else 0
+
+    def stopped(self) -> bool:
+        """Whether the event stopped since the last call (its enabled time stood
+        still: the kernel turned it off, as when its CPU went offline)."""
+        enabled, _ = self.counts()
+        still, self.enabled = enabled == self.enabled, enabled
+        return still
 
     def close(self) -> None:
         self.map.close()
         os.close(self.fd)
+
+
+class _Offline(Exception):
+    """perf_event_open said ENODEV: the CPU is offline."""
 
 
 def _open(cpu: int, lost: bool) -> int:
@@ -169,9 +196,22 @@ class SidebandRings:
         added = []
         for cpu in online_cpus(self.root):
             if cpu not in self.rings:
-                self.rings[cpu] = self._ring(cpu)
+                try:
+                    self.rings[cpu] = self._ring(cpu)
+                except _Offline:  # gone offline since the list was read: opened once back
+                    continue
                 added.append(cpu)
         return added
+
+    def drop_dead(self) -> list[int]:
+        """Close the rings whose events stopped since the last call (their CPU
+        went offline, even if it is back), and those of CPUs offline now; returns
+        their CPUs.  :meth:`add_online` opens them again once they are online."""
+        online = set(online_cpus(self.root))
+        dead = [cpu for cpu, r in self.rings.items() if cpu not in online or r.stopped()]
+        for cpu in dead:
+            self.rings.pop(cpu).close()
+        return dead
 
     def _ring(self, cpu: int) -> PerfRing:
         try:
@@ -184,6 +224,8 @@ class SidebandRings:
                 fd = _open(cpu, False)
             return PerfRing(fd, cpu, self.pages, self.counts_lost)
         except OSError as e:
+            if e.errno == errno.ENODEV and self.rings:
+                raise _Offline from e
             self.close()
             raise KernelReadError("perf_event_open", self._why(e)) from e
 

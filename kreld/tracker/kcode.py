@@ -48,7 +48,7 @@ CodeListener = Callable[[CodeEvent, KernelCode], None]
 THREAD_NAME = "kreld-kcode"  # the follower thread's OS name
 _BATCH_DELAY = 0.05  # s: records that come together are written together
 _POLL_MS = 1000
-_CPU_CHECK = 10.0  # s between looks for CPUs come online
+_CPU_CHECK = 5.0  # s between looks for CPUs come online and rings stopped
 _UNFOLLOWED_LOOK = 60.0  # s between looks at kallsyms without rings
 _PRUNE_EVERY = 10_000  # records written between two retention passes
 # A line with an owner; the first _OWNED_PROBE of them all at zero: a restricted
@@ -107,6 +107,8 @@ class KernelCodeFollower:
         self._last_look = 0.0
         self._last_write = time.monotonic()
         self._loss_start: Timestamp | None = None
+        opened = Timestamp.now()
+        self._cpus_checked = (opened, opened)  # the looks at the CPUs before last, and last
         self._since_prune = 0
 
     @property
@@ -190,7 +192,7 @@ class KernelCodeFollower:
                     self.look(None)
                 if time.monotonic() - last_cpu_check >= _CPU_CHECK:
                     last_cpu_check = time.monotonic()
-                    self.rings.add_online()
+                    self.check_cpus()
                 if time.monotonic() - self._last_write >= consts.HEARTBEAT_INTERVAL:
                     self._beat()
             except KreldError as e:
@@ -235,6 +237,33 @@ class KernelCodeFollower:
         self._note_losses(ch)
         self._write(ch)
 
+    def check_cpus(self) -> None:
+        """Open a ring for each CPU come online, and a new one where the kernel
+        stopped the event (its CPU went offline, maybe to come back: see
+        :mod:`kreld.kernel.perfring`).  That CPU's records since the last check
+        are lost: a ``cpu_hotplug`` window, and a look at kallsyms."""
+        if self.rings is None or self.state is None:
+            return
+        self.step()  # what the rings hold, first
+        dead = self.rings.drop_dead()
+        added = self.rings.add_online()
+        now = Timestamp.now()
+        # A stopped event accrued no enabled time since the last check, and some
+        # since the one before: it stopped after that one.  A CPU come online
+        # (or back) was offline, or its ring open, at the last check.
+        before, last = self._cpus_checked
+        self._cpus_checked = (last, now)
+        ch = Changes()
+        for cpu in added:
+            self.state.ring_opened(cpu)
+            since = before if cpu in dead else last
+            ch.losses.append(LossWindow(since, now, LossReason.CPU_HOTPLUG))
+            self.state.need_look = True
+        if dead or added:
+            self.log.info("kernel_code_cpus", closed=dead, opened=added, cpus=len(self.rings.rings))
+        self._note_losses(ch)
+        self._write(ch)
+
     def _note_losses(self, ch: Changes) -> None:
         """Keep the earliest start of the losses not yet looked at: what the next
         look finds gone went after it, not after the look's own time."""
@@ -242,7 +271,10 @@ class KernelCodeFollower:
             if self._loss_start is None or w.start.monotonic < self._loss_start.monotonic:
                 self._loss_start = w.start
             self.log.warning(
-                "kernel_code_records_lost", lost=w.lost, since_monotonic=w.start.monotonic
+                "kernel_code_records_lost",
+                lost=w.lost,
+                reason=w.reason.value,
+                since_monotonic=w.start.monotonic,
             )
 
     def look(self, reason: LossReason | None) -> None:

@@ -139,6 +139,11 @@ class CodeState:
             self.last_time[r.cpu] = max(self.last_time.get(r.cpu, 0), r.time)
         return ch
 
+    def ring_opened(self, cpu: int) -> None:
+        """A new event on *cpu* (its CPU came online again): its counts start at 0."""
+        self._lost_in_ring.pop(cpu, None)
+        self._lost_known.pop(cpu, None)
+
     def lost_counted(
         self, cpu: int, total: int, now: Timestamp, stamp: Stamp, opened: int, ch: Changes
     ) -> None:

@@ -8,7 +8,9 @@
 #     same with a kfunc program (a BPF trampoline); perf script of the recording
 #     with this boot's /proc/kallsyms and no other symbols (perf-task.script);
 #  2. a burst of 300 short-lived programs is loaded, kreld stopped (SIGSTOP) for
-#     the middle of it and continued after (guest_burst.py).
+#     the middle of it and continued after (guest_burst.py);
+#  3. CPU 1 goes offline and back; programs are loaded on it before, in the gap
+#     before kreld opens a new ring there, and after.
 #
 # Environment: OUT (facts directory), STATE (kreld's state dir), KRELD_VENV,
 # KRELD_REPO.  Marks are CLOCK_MONOTONIC ns, one "name ns" line each in $OUT/times.
@@ -80,6 +82,32 @@ PYTHONPATH=$KRELD_REPO/tests "$V/python" "$HERE/guest_burst.py" "$KPID" 300 "$OU
     2>"$OUT/burst.err" || fail "burst: $(cat "$OUT/burst.err")"
 mark burst_done
 sleep 3 # the follower's look at kallsyms after the loss (rate-limited to 1 s)
+
+# 3. CPU 1 offline and back: its event stays off for good; kreld opens a new one.
+load() { # CPU NAME: load a socket filter on CPU and close it
+    PYTHONPATH=$KRELD_REPO/tests taskset -c "$1" "$V/python" -c \
+        'import os, sys; from bpfprog import load_socket_filter as f; os.close(f(sys.argv[1]))' \
+        "$2" || fail "load $2 on CPU $1"
+}
+if [ -w /sys/devices/system/cpu/cpu1/online ]; then
+    load 1 kcpu_before
+    echo 0 >/sys/devices/system/cpu/cpu1/online || fail "cpu1 offline"
+    mark cpu1_off
+    sleep 1
+    echo 1 >/sys/devices/system/cpu/cpu1/online || fail "cpu1 online"
+    mark cpu1_on
+    load 1 kcpu_gap # before kreld's next look at its CPUs: untold
+    mark gap_done
+    i=0
+    until grep -F '"event": "kernel_code_cpus"' "$LOG" | grep -qF '"opened": [1]'; do
+        i=$((i + 1))
+        [ $i -gt 300 ] && fail "kreld opened no new ring on CPU 1 in 30 s"
+        sleep 0.1
+    done
+    load 1 kcpu_after
+    sleep 0.5
+    mark cpu_done
+fi
 "$V/kreldctl" --socket "$SOCK" status --json >"$OUT/status-end.json"
 kill -TERM "$KPID"
 wait "$KPID"

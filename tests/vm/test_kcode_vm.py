@@ -2,8 +2,8 @@
 kernel under QEMU (tests/vm/harness.py), one boot running tests/vm/guest_kcode.sh:
 bpftrace loads and unloads a kprobe and a kfunc program on vfs_read during a
 per-task ``perf record -k monotonic`` of a workload, then a burst of 300
-short-lived programs runs with kreld stopped (SIGSTOP) for its middle.  The
-host reads the guest's store with kreldctl.
+short-lived programs runs with kreld stopped (SIGSTOP) for its middle, and CPU 1
+goes offline and back.  The host reads the guest's store with kreldctl.
 
 Opt-in (``-m realkernel``); skips with the reason where QEMU, vng, the kernel
 or bpftrace are missing (``scripts/setup-vm`` installs them).
@@ -205,6 +205,38 @@ def test_a_burst_with_kreld_stopped_shows_its_loss_and_records_nothing_wrong(
         f"{status['lost']} records lost, {status['loss_windows']} loss windows",
         file=sys.stderr,
     )
+
+
+def marks(g: Guest) -> dict[str, int]:
+    return {k: int(v) for k, v in (ln.split() for ln in (g.out / "times").read_text().splitlines())}
+
+
+def test_a_cpu_offline_and_back_gets_a_new_ring_and_its_gap_is_a_window(guest: Guest) -> None:
+    """CPU 1 offline and online again leaves kreld's event on it off for good
+    (perf_event_exit_cpu): kreld finds it stopped, opens a new ring there, and
+    records the gap as a ``cpu_hotplug`` window; the program loaded on CPU 1 in
+    the gap is never certain, the one loaded after is told by its own records."""
+    g = guest
+    t = marks(g)
+    if "cpu1_on" not in t:
+        pytest.skip("the guest cannot take CPU 1 offline")
+    recorded, losses = codes(g)
+    parts = [(c.name.split("_", 3), c) for c in recorded if c.name.startswith("bpf_prog_")]
+    by = {p[3]: c for p, c in parts if len(p) == 4}  # bpf_prog_<tag>_<name>
+    before, after = by.get("kcpu_before"), by.get("kcpu_after")
+    assert before is not None and before.seen_by.value == "ksymbol", recorded[-5:]
+    assert after is not None and after.seen_by.value == "ksymbol", recorded[-5:]
+    assert after.unloaded is not None and after.unload_seen_by is not None
+    assert after.loaded.monotonic > t["gap_done"]
+    hot = [w for w in losses if w["reason"] == LossReason.CPU_HOTPLUG.value]
+    assert any(
+        w["start"]["monotonic"] <= t["cpu1_on"] and t["gap_done"] <= w["end"]["monotonic"]
+        for w in hot
+    ), (hot, t)
+    gap = by.get("kcpu_gap")
+    assert gap is None or not gap.certain_at(Clock.MONOTONIC, gap.loaded.monotonic), gap
+    status = json.loads((g.out / "status-end.json").read_text())["kernel_code"]
+    assert status["state"] == "open" and status["cpus"] == 2, status
 
 
 def test_inject_of_the_per_task_recording_names_every_bpf_frame_in_perf_script(
