@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kreld.core.kcode import CodeEvent, CodeKind, CodeSeen, LossReason
 from kreld.core.model import Clock, Timestamp
+from kreld.kernel.bpfinfo import ProgramInfo
 from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.sideband import BpfEvent, Ksymbol, Lost, merge_by_time
@@ -108,6 +109,28 @@ def test_programs_absent_from_kallsyms_are_not_closed_when_kallsyms_lists_no_pro
     st.apply([reg(100, 0)], stamp, opened=50)
     ch = st.reconcile([], stamp(1000), since=stamp(500), programs_listed=False)
     assert not ch and A in st.live
+
+
+def test_a_program_only_kallsyms_lists_gets_its_length_id_and_tag_from_bpf() -> None:
+    """At a look, bpf(2)'s program info (kreld/kernel/bpfinfo.py) gives what
+    kallsyms does not; a program an earlier look opened without it gets it later."""
+    prog = ProgramInfo(42, "0123456789abcdef", ((A, 0x58),))
+    st = CodeState(BOOT, 0, [])
+    (found,) = st.reconcile(
+        [CodeLine(A, "t", NAME, "bpf")], stamp(1000), ZERO, True
+    ).written.values()
+    assert (found.length, found.prog_id, found.tag) == (None, None, None)
+    ch = st.reconcile(
+        [CodeLine(A, "t", NAME, "bpf")], stamp(2000), stamp(1000), True, {A: (0x58, prog)}
+    )
+    (told,) = ch.written.values()
+    assert told.seq == found.seq and (told.length, told.prog_id, told.tag) == (0x58, 42, prog.tag)
+    assert [e for e, _ in ch.events] == [CodeEvent.UPDATE] and told.loaded == found.loaded
+    other = CodeState(BOOT, 0, [])
+    other_name = "bpf_prog_fedcba9876543210_x"
+    line = CodeLine(A, "t", other_name, "bpf")
+    (new,) = other.reconcile([line], stamp(1000), ZERO, True, {A: (0x58, prog)}).written.values()
+    assert (new.length, new.prog_id, new.tag) == (0x58, 42, None)  # a tag the name does not bear
 
 
 def test_a_load_found_first_by_kallsyms_is_made_exact_by_its_earlier_ksymbol() -> None:

@@ -26,6 +26,7 @@ from kreld.core import consts
 from kreld.core.errors import KernelReadError
 from kreld.core.kcode import CodeSeen, LossReason
 from kreld.core.model import Clock
+from kreld.kernel.bpfinfo import bpf_functions, bpf_programs
 from kreld.kernel.info import Root, read_boot_id
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.perfring import SidebandRings, online_cpus
@@ -258,6 +259,51 @@ def test_where_perf_event_open_is_refused_status_says_why_and_kreld_keeps_servin
     (r,) = ctl_json("resolve", text.split()[0], "--socket", sock)
     assert (r["image"], r["section"], r["base"]) == ("kernel", ".text", r["address"]), r
     assert d.stop() == 0
+
+
+def test_bpf_tells_each_loaded_programs_id_tag_and_function_as_kallsyms_places_it() -> None:
+    fd = need_program("kreldinfo")
+    try:
+        programs = bpf_programs()
+        if programs is None:
+            pytest.skip("bpf(BPF_PROG_GET_NEXT_ID) is refused here")
+        line = next(
+            ln for ln in Path("/proc/kallsyms").read_text().splitlines() if "_kreldinfo\t" in ln
+        )
+    finally:
+        os.close(fd)
+    addr, name = int(line.split()[0], 16), line.split()[2]
+    (prog,) = [p for p in programs if any(a == addr for a, _ in p.funcs)]
+    assert name == f"bpf_prog_{prog.tag}_kreldinfo" and prog.prog_id > 0
+    assert bpf_functions(programs)[addr] == (prog.funcs[0][1], prog) and prog.funcs[0][1] > 0
+
+
+def test_a_program_loaded_before_kreld_started_gets_its_length_id_and_tag_at_the_first_look(
+    tmp_path: Path,
+) -> None:
+    """kallsyms gives a program kreld did not see load an address and no more:
+    the start-up look asks bpf(2) for its length, id and tag, so that Resolve
+    bounds it and inject can map it."""
+    need_rings().close()
+    fd = need_program("kreldearly")
+    try:
+        programs = bpf_programs()
+        if programs is None:
+            pytest.skip("bpf(BPF_PROG_GET_NEXT_ID) is refused here")
+        follower = KernelCodeFollower(ROOT, _NullLog())
+        boot_id = read_boot_id(ROOT)
+        try:
+            with Store(tmp_path / "st") as store:
+                follower.begin(store, boot_id, KallsymsText.read(ROOT))
+                codes = store.kernel_code.open_codes(boot_id)
+        finally:
+            follower.stop()
+    finally:
+        os.close(fd)
+    (c,) = [c for c in codes if c.name.endswith("_kreldearly")]
+    length, prog = bpf_functions(programs)[c.addr]
+    assert c.seen_by is CodeSeen.KALLSYMS and c.loaded_after is not None
+    assert (c.length, c.prog_id, c.tag) == (length, prog.prog_id, prog.tag) and length > 0
 
 
 def test_a_daemon_on_this_kernel_names_a_bpf_program_at_its_time_and_not_after(

@@ -28,8 +28,17 @@ from typing import TYPE_CHECKING, Any
 
 from kreld.core import consts
 from kreld.core.errors import KernelReadError, KreldError
-from kreld.core.kcode import CodeEvent, KernelCode, LossReason, LossWindow
+from kreld.core.kcode import (
+    OWNER_BPF,
+    CodeEvent,
+    CodeKind,
+    KernelCode,
+    LossReason,
+    LossWindow,
+    kind_of,
+)
 from kreld.core.model import Timestamp
+from kreld.kernel.bpfinfo import bpf_functions, bpf_programs
 from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.perfring import SidebandRings
@@ -146,7 +155,19 @@ class KernelCodeFollower:
         if self.state is None or _zeroed_tail(ks):
             return Changes()
         lines = code_lines(ks.data, ks.tail)
-        return self.state.reconcile(lines, look, since, programs_listed(self.root))
+        live = self.state.live
+        unknown = [
+            ln
+            for ln in lines
+            if ln.owner == OWNER_BPF
+            and kind_of(ln.name) is CodeKind.BPF_PROGRAM
+            and (ln.addr not in live or live[ln.addr].length is None)
+        ]
+        funcs = None
+        if unknown:  # programs kallsyms alone would give no length, id or tag
+            programs = bpf_programs()
+            funcs = bpf_functions(programs) if programs is not None else None
+        return self.state.reconcile(lines, look, since, programs_listed(self.root), funcs)
 
     # -- running ----------------------------------------------------------------------
 

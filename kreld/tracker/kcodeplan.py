@@ -29,7 +29,7 @@ What each input means:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from kreld.core.kcode import (
     CodeEvent,
@@ -44,6 +44,7 @@ from kreld.core.kcode import (
 )
 from kreld.core.model import Timestamp
 from kreld.core.record import record, replace
+from kreld.kernel.bpfinfo import ProgramInfo
 from kreld.kernel.sideband import BpfEvent, BpfEventType, Ksymbol, Lost, SideRecord
 
 __all__ = [
@@ -266,11 +267,19 @@ class CodeState:
     # -- a look at kallsyms -----------------------------------------------------
 
     def reconcile(
-        self, lines: list[CodeLine], now: Timestamp, since: Timestamp, programs_listed: bool
+        self,
+        lines: list[CodeLine],
+        now: Timestamp,
+        since: Timestamp,
+        programs_listed: bool,
+        funcs: Mapping[int, tuple[int, ProgramInfo]] | None = None,
     ) -> Changes:
         """Bring the live set in step with kallsyms read at *now*; *since*: the
         last time kreld knew the truth (the loss window's start, or the start
-        of the boot), when anything opened or closed here happened."""
+        of the boot), when anything opened or closed here happened.  *funcs*:
+        the loaded programs' functions by address (:mod:`kreld.kernel.bpfinfo`),
+        which give a program kallsyms lists its length, id and tag."""
+        funcs = funcs or {}
         ch = Changes()
         self._closed_by_look.clear()
         self.written.clear()
@@ -278,6 +287,9 @@ class CodeState:
         for addr, old in list(self.live.items()):
             ln = listed.get(addr)
             if ln is not None and ln.name == old.name:
+                if old.length is None and addr in funcs:
+                    self.live[addr] = _with_info(old, funcs[addr])
+                    ch.put(CodeEvent.UPDATE, self.live[addr])
                 continue
             if ln is None and old.kind is CodeKind.BPF_PROGRAM and not programs_listed:
                 continue
@@ -305,10 +317,19 @@ class CodeState:
                 source=CodeSource.KALLSYMS,
                 loaded_after=since,
             )
+            if kind is CodeKind.BPF_PROGRAM and addr in funcs:
+                new = _with_info(new, funcs[addr])
             self.live[addr] = new
             ch.put(CodeEvent.LOAD, new)
         self.need_look = False
         return ch
+
+
+def _with_info(code: KernelCode, func: tuple[int, ProgramInfo]) -> KernelCode:
+    """*code* with the length of its function and its program's id and tag."""
+    length, prog = func
+    tag = prog.tag if code.name.startswith(f"bpf_prog_{prog.tag}") else code.tag
+    return replace(code, length=length or code.length, prog_id=prog.prog_id, tag=tag)
 
 
 def _found_by_look_before(old: KernelCode, r: Ksymbol) -> bool:
