@@ -154,7 +154,8 @@ class Daemon:
         except BaseException:
             self.lock.release()
             raise
-        self.kcode = KernelCodeFollower(self.root, log)  # rings open before kallsyms is read
+        # The rings open before kallsyms is read.
+        self.kcode = KernelCodeFollower(self.root, log, enabled=cfg.follow_code)
         self.boot: BootSnapshot | None = None
         self.reading: tuple[bool, str | None, AddressSource | None] = (False, None, None)
         self.addresses = ModuleAddresses(self.root, log)  # sysfs, or kernel memory

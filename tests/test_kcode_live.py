@@ -306,6 +306,44 @@ def test_a_program_loaded_before_kreld_started_gets_its_length_id_and_tag_at_the
     assert (c.length, c.prog_id, c.tag) == (length, prog.prog_id, prog.tag) and length > 0
 
 
+def test_follow_code_false_opens_nothing_records_nothing_and_status_says_off(
+    daemon_factory: Any, tmp_path: Path, sockdir: Path
+) -> None:
+    """[kernel] follow_code = false: no perf event is opened (none among the
+    daemon's descriptors), a program loaded meanwhile is not recorded, and Status
+    says ``off`` with the setting; with the default the same daemon opens one per CPU."""
+    need_rings().close()
+    conf = tmp_path / "kreld.toml"
+    conf.write_text("[kernel]\nfollow_code = false\n")
+    sock = str(sockdir / "kreld.sock")
+
+    def perf_fds(pid: int) -> int:
+        fds = Path(f"/proc/{pid}/fd")
+        return sum(1 for f in fds.iterdir() if "perf_event" in os.readlink(f))
+
+    for follow in (False, True):
+        args = ["--root", "/", "--state-dir", str(tmp_path / f"st{follow}"), "--socket", sock]
+        d = daemon_factory(*args, *(() if follow else ("--config", str(conf))))
+        d.start(timeout=60)
+        assert d.proc is not None
+        os.close(need_program("kreldoffcfg"))
+        time.sleep(0.5)
+        kc = ctl_json("status", "--socket", sock)["kernel_code"]
+        codes = ctl_json("code", "--all", "--socket", sock)["code"]
+        ours = [c for c in codes if c["name"].endswith("_kreldoffcfg")]
+        if follow:
+            # (Python's mmap holds a second descriptor of each ring's event)
+            assert kc["state"] == "open" and perf_fds(d.proc.pid) >= kc["cpus"] > 0, kc
+            wait_until("the program recorded", lambda: [
+                c for c in ctl_json("code", "--all", "--socket", sock)["code"]
+                if c["name"].endswith("_kreldoffcfg")
+            ], timeout=10)  # fmt: skip
+        else:
+            assert kc["state"] == "off" and "follow_code" in kc["reason"], kc
+            assert perf_fds(d.proc.pid) == 0 and not ours and kc["records"] == 0, (kc, ours)
+        assert d.stop() == 0
+
+
 def test_a_daemon_on_this_kernel_names_a_bpf_program_at_its_time_and_not_after(
     daemon_factory: Any, tmp_path: Path, sockdir: Path
 ) -> None:

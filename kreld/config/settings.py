@@ -50,6 +50,7 @@ class Config:
     socket: str = field(default=consts.DEFAULT_SOCKET, metadata=_RESTART)
     root: str = field(default=consts.DEFAULT_ROOT, metadata=_RESTART)
     debuginfo_dirs: tuple[str, ...] = field(default=(), metadata=_RESTART)
+    follow_code: bool = field(default=True, metadata=_RESTART)
     poll_interval: float = consts.DEFAULT_POLL_INTERVAL
     watch: str = field(default="auto", metadata=_RESTART)
     uevents: bool = field(default=True, metadata=_RESTART)
@@ -251,6 +252,7 @@ SCHEMA: Mapping[str, Mapping[str, tuple[str, Callable[[Any], Any]]]] = {
     },
     "kernel": {
         "debuginfo_dirs": ("debuginfo_dirs", _paths),
+        "follow_code": ("follow_code", _bool),
     },
     "modules": {
         "poll_interval": ("poll_interval", _interval),

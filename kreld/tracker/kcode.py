@@ -51,7 +51,14 @@ if TYPE_CHECKING:
 
     from kreld.store import Store
 
-__all__ = ["THREAD_NAME", "CodeListener", "KernelCodeFollower", "programs_listed", "stamper"]
+__all__ = [
+    "THREAD_NAME",
+    "CodeListener",
+    "KernelCodeFollower",
+    "programs_listed",
+    "reconcile_with",
+    "stamper",
+]
 
 CodeListener = Callable[[CodeEvent, KernelCode], None]
 THREAD_NAME = "kreld-kcode"  # the follower thread's OS name
@@ -89,13 +96,21 @@ class KernelCodeFollower:
     name = "kernel_code"
 
     def __init__(
-        self, root: Root, log: FilteringBoundLogger, pages: int = consts.KCODE_RING_PAGES
+        self,
+        root: Root,
+        log: FilteringBoundLogger,
+        pages: int = consts.KCODE_RING_PAGES,
+        *,
+        enabled: bool = True,
     ) -> None:
         self.root, self.log = root, log
+        self.enabled = enabled  # [kernel] follow_code: off, nothing is opened, read or kept
         self.rings: SidebandRings | None = None
         # On the real root only, like uevents: a fake tree's kernel is not this one.
-        follow = os.path.realpath(root.path) == "/"
+        follow = enabled and os.path.realpath(root.path) == "/"
         self.reason: str | None = None if follow else "kreld does not run on the real root"
+        if not enabled:
+            self.reason = "turned off in the configuration ([kernel] follow_code = false)"
         self.opened = time.monotonic_ns()
         if follow:
             try:
@@ -132,6 +147,8 @@ class KernelCodeFollower:
 
         The look is timed now, after the read: a record drained later whose
         time is before it refines what the look found (kreld/tracker/kcodeplan.py)."""
+        if not self.enabled:
+            return
         look = Timestamp.now()
         tables = store.kernel_code
         self.tables, self._boots = tables, lambda: {b.boot_id for b in store.list_boots()}
@@ -150,28 +167,15 @@ class KernelCodeFollower:
             self._failed(e)
 
     def _reconcile(self, ks: KallsymsText, look: Timestamp, since: Timestamp) -> Changes:
-        """The look's changes; none where kallsyms shows zeros (kptr_restrict):
-        an absent address then says nothing of what is loaded."""
-        if self.state is None or _zeroed_tail(ks):
+        if self.state is None:
             return Changes()
-        lines = code_lines(ks.data, ks.tail)
-        live = self.state.live
-        unknown = [
-            ln
-            for ln in lines
-            if ln.owner == OWNER_BPF
-            and kind_of(ln.name) is CodeKind.BPF_PROGRAM
-            and (ln.addr not in live or live[ln.addr].length is None)
-        ]
-        funcs = None
-        if unknown:  # programs kallsyms alone would give no length, id or tag
-            programs = bpf_programs()
-            funcs = bpf_functions(programs) if programs is not None else None
-        return self.state.reconcile(lines, look, since, programs_listed(self.root), funcs)
+        return reconcile_with(self.state, ks, look, since, programs_listed(self.root))
 
     # -- running ----------------------------------------------------------------------
 
     def start(self, stop: threading.Event) -> None:
+        if not self.enabled:
+            return
         self._thread = threading.Thread(
             target=self.run, args=(stop,), name="kernel-code", daemon=True
         )
@@ -367,7 +371,7 @@ class KernelCodeFollower:
         """Status's ``kernel_code`` member."""
         st = self.state
         return {
-            "state": "open" if self.rings is not None else "unavailable",
+            "state": "off" if not self.enabled else "open" if self.rings else "unavailable",
             "reason": self.reason,
             "cpus": 0 if self.rings is None else len(self.rings.rings),
             "lost": 0 if st is None else st.lost,
@@ -375,6 +379,30 @@ class KernelCodeFollower:
             "live": 0 if st is None else len(st.live),
             "records": self.records,
         }
+
+
+def reconcile_with(
+    state: CodeState, ks: KallsymsText, look: Timestamp, since: Timestamp, listed: bool
+) -> Changes:
+    """The changes a look at kallsyms (*ks*, read at *look*) makes; none where it
+    shows zeros (kptr_restrict): an absent address then says nothing of what is
+    loaded.  Programs it gives no length of are asked of bpf(2)."""
+    if _zeroed_tail(ks):
+        return Changes()
+    lines = code_lines(ks.data, ks.tail)
+    live = state.live
+    unknown = [
+        ln
+        for ln in lines
+        if ln.owner == OWNER_BPF
+        and kind_of(ln.name) is CodeKind.BPF_PROGRAM
+        and (ln.addr not in live or live[ln.addr].length is None)
+    ]
+    funcs = None
+    if unknown:  # programs kallsyms alone would give no length, id or tag
+        programs = bpf_programs()
+        funcs = bpf_functions(programs) if programs is not None else None
+    return state.reconcile(lines, look, since, listed, funcs)
 
 
 def _zeroed_tail(ks: KallsymsText) -> bool:
