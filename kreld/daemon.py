@@ -266,6 +266,7 @@ class Daemon:
         boot, tracking = self.current_boot(), self.started_tracking()
         tracker = tracking.tracker
         counts = self.store.boots.counts()
+        reading = self.addresses.reading(self.reading)  # as the last module read went
         return {
             "version": __version__,
             "uptime_ns": time.monotonic_ns() - self.started,
@@ -275,9 +276,9 @@ class Daemon:
             "incarnations": counts["incarnations"],
             "loaded_modules": len(tracker.loaded()),
             "store_bytes": self.store.env.size_bytes(),
-            "restricted": self.reading[0],
-            "restricted_reason": self.reading[1],
-            "address_source": None if self.reading[2] is None else self.reading[2].value,
+            "restricted": reading[0],
+            "restricted_reason": reading[1],
+            "address_source": None if reading[2] is None else reading[2].value,
             "damaged_stores": damaged_stores(self.cfg.state_dir),
             "sources": [
                 *map(health, tracking.sources),

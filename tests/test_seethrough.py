@@ -325,7 +325,7 @@ def test_pointers_hidden_while_the_daemon_runs_send_later_loads_to_kernel_memory
 ) -> None:
     """Started at kptr_restrict=0 (sysfs, no kernel memory opened); raised to 2:
     the next load, zeros in sysfs, is read in kernel memory opened then, once;
-    lowered to 0: the next load is read in sysfs again."""
+    lowered to 0: the next load is read in sysfs again.  Status says each."""
     r = Restricted(tmp_path)
     r.kptr_restrict(0)
     r.load("dummy", DUMMY, 0x3000, DUMMY_ID, zero=False)
@@ -342,6 +342,8 @@ def test_pointers_hidden_while_the_daemon_runs_send_later_loads_to_kernel_memory
         "brd's symbols",
         lambda: any(e.get("module") == "brd" for e in d.events() if e["event"] == "module_symbols"),
     )
+    status = json.loads(kreldctl("status", "--json", "--socket", str(sock)).stdout)
+    assert status["restricted"] is False and status["address_source"] == "kcore", status
     export = kreldctl("export", "kallsyms", "--socket", str(sock)).stdout.splitlines()
     assert f"{BRD['.text']:016x} T brd_init\t[brd]" in export
     assert f"{BRD['.data'] + 8:016x} d brd_data\t[brd]" in export
@@ -356,6 +358,8 @@ def test_pointers_hidden_while_the_daemon_runs_send_later_loads_to_kernel_memory
     assert not any(m["restricted"] for m in (dummy, brd, loop))
     opened = [e for e in d.events() if e["event"] == "kernel_memory"]
     assert [e["system_map"] for e in opened] == [str(r.root / f"boot/System.map-{RELEASE}")]
+    status = json.loads(kreldctl("status", "--json", "--socket", str(sock)).stdout)
+    assert status["restricted"] is False and status["address_source"] == "kallsyms", status
     assert d.stop() == 0
 
 
@@ -363,8 +367,8 @@ def test_pointers_hidden_while_running_without_kernel_memory_record_why_and_try_
     tmp_path: Path, daemon_factory: Any, sockdir: Path
 ) -> None:
     """Raised to 2 where /proc/kcore cannot be read: the load is recorded
-    restricted, no address, the reason among its faults; a second load within
-    the minute does not try again (one ``kernel_memory`` event)."""
+    restricted, no address, the reason among its faults (and in Status); a
+    second load within the minute does not try again (one ``kernel_memory`` event)."""
     r = Restricted(tmp_path)
     r.kptr_restrict(0)
     r.kcore.unlink()
@@ -380,4 +384,7 @@ def test_pointers_hidden_while_running_without_kernel_memory_record_why_and_try_
         assert any("kernel memory: cannot read kernel memory" in f for f in m["faults"])
     tries = [e for e in d.events() if e["event"] == "kernel_memory"]
     assert len(tries) == 1 and tries[0]["system_map"] is None and "kcore" in tries[0]["why"]
+    status = json.loads(kreldctl("status", "--json", "--socket", str(sock)).stdout)
+    assert status["restricted"] is True and status["address_source"] is None, status
+    assert status["restricted_reason"].startswith("kernel memory: cannot read"), status
     assert d.stop() == 0

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from kreld.core import consts
 from kreld.core.errors import KernelReadError
-from kreld.core.model import ModuleState
+from kreld.core.model import AddressSource, ModuleState
 from kreld.core.record import replace
 from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
@@ -51,6 +51,9 @@ class ModuleAddresses:
         self.why: str | None = None  # why kernel memory is not open (after a try)
         self._tried: float | None = None  # monotonic seconds of the last failed try
         self._lock = threading.Lock()
+        # How the last read that found a module went: zeros in sysfs or not, and
+        # whether kernel memory answered (None: no read found one yet).
+        self.last: tuple[bool, bool] | None = None
 
     def open(self, kallsyms: bytes | None = None) -> KernelMemory | None:
         """Kernel memory, opened now if it is not yet and no try failed within
@@ -90,8 +93,11 @@ class ModuleAddresses:
         states = {n: read_module(self.root, n, proc) for n in names}
         hidden = {n for n, s in states.items() if s is not None and s.restricted}
         if not hidden:
+            if any(s is not None for s in states.values()):
+                self.last = (False, False)
             return states
         memory = self.open()
+        self.last = (True, memory is not None)
         if memory is None:
             why = f"kernel memory: {self.why}"
             return {
@@ -108,6 +114,22 @@ class ModuleAddresses:
                 for n, s in states.items()
             }
         return {n: None if s is None else see_through(s, found.get(n)) for n, s in states.items()}
+
+    def reading(
+        self, start: tuple[bool, str | None, AddressSource | None]
+    ) -> tuple[bool, str | None, AddressSource | None]:
+        """(restricted, why, source) of reading addresses now, for Status: as at
+        the *start* until a module is read; then as the last module read went
+        (pointers shown: kallsyms; hidden: kernel memory, or restricted and why)."""
+        if self.last is None:
+            return start
+        hidden, through_memory = self.last
+        if not hidden:  # shown again (or all along)
+            shown = not start[0] and start[2] is not AddressSource.KCORE
+            return start if shown else (False, None, AddressSource.KALLSYMS)
+        if through_memory:
+            return (False, None, AddressSource.KCORE)
+        return (True, f"kernel memory: {self.why}", None)
 
     def close(self) -> None:
         with self._lock:
