@@ -287,9 +287,10 @@ class CodeState:
         for addr, old in list(self.live.items()):
             ln = listed.get(addr)
             if ln is not None and ln.name == old.name:
-                if old.length is None and addr in funcs:
-                    self.live[addr] = _with_info(old, funcs[addr])
-                    ch.put(CodeEvent.UPDATE, self.live[addr])
+                told = _with_info(old, funcs[addr]) if old.length is None and addr in funcs else old
+                if told is not old:
+                    self.live[addr] = told
+                    ch.put(CodeEvent.UPDATE, told)
                 continue
             if ln is None and old.kind is CodeKind.BPF_PROGRAM and not programs_listed:
                 continue
@@ -326,10 +327,13 @@ class CodeState:
 
 
 def _with_info(code: KernelCode, func: tuple[int, ProgramInfo]) -> KernelCode:
-    """*code* with the length of its function and its program's id and tag."""
+    """*code* with the length of its function and its program's id and tag, when
+    its name bears that tag: the address may have been reused between the read of
+    kallsyms and the walk of the programs (a tag is a digest of the code)."""
     length, prog = func
-    tag = prog.tag if code.name.startswith(f"bpf_prog_{prog.tag}") else code.tag
-    return replace(code, length=length or code.length, prog_id=prog.prog_id, tag=tag)
+    if not code.name.startswith(f"bpf_prog_{prog.tag}"):
+        return code
+    return replace(code, length=length or code.length, prog_id=prog.prog_id, tag=prog.tag)
 
 
 def _found_by_look_before(old: KernelCode, r: Ksymbol) -> bool:
