@@ -28,7 +28,7 @@ import uuid
 from common import Result, bench_main, log, now_ns
 
 from kreld.client import resolutions
-from kreld.core.model import BootSnapshot, Incarnation
+from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 from kreld.core.symtab import kernel_table, module_table
 from kreld.fleet import layout as fleet
 from kreld.fleet.bucket import BucketStore
@@ -119,7 +119,7 @@ def run(quick: bool) -> list[Result]:
     host = fleet.Host(uuid.uuid4().hex, "web-00001.example.internal")
     incs = incarnations(boot_id, build)
     batch = fleet.encode_batch(boot_id, incs, {})
-    symbols = {"kernel": f"k:{build:040x}", "extras": []}
+    symbols = BootSymbols(f"k:{build:040x}")
     manifest = fleet.encode_manifest(fleet.Manifest(host, snap, symbols, ("batch-00000000",)))
     index = fleet.index_object(snap, host, 0)
     per_boot = len(batch) + len(manifest) + len(index)
@@ -128,7 +128,7 @@ def run(quick: bool) -> list[Result]:
     bucket.put(fleet.manifest_object(boot_id), manifest)
     core = [(0xFFFFFFFF81000000 + i * 64, b"T", f"kernel_fn_{i}".encode()) for i in range(60_000)]
     bucket.put(
-        fleet.table_object(symbols["kernel"]), fleet.encode_table(kernel_table(core, core[0][0]))
+        fleet.table_object(symbols.kernel), fleet.encode_table(kernel_table(core, core[0][0]))
     )
     for inc in incs:
         base = int(inc.state.sections[".text"])
