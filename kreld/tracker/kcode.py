@@ -63,7 +63,8 @@ __all__ = [
 CodeListener = Callable[[CodeEvent, KernelCode], None]
 THREAD_NAME = "kreld-kcode"  # the follower thread's OS name
 _BATCH_DELAY = 0.05  # s: records that come together are written together
-_POLL_MS = 1000
+_POLL_MS = 1000  # ms between wakes while a look or a write is due
+_IDLE_POLL_MS = 5000  # ms idle, as between checks of the CPUs (stop wakes it at once)
 _CPU_CHECK = 5.0  # s between looks for CPUs come online and rings stopped
 _UNFOLLOWED_LOOK = 60.0  # s between looks at kallsyms without rings
 _PRUNE_EVERY = 10_000  # records written between two retention passes
@@ -119,6 +120,8 @@ class KernelCodeFollower:
                 self.reason = e.reason
                 log.warning("kernel_code_unfollowed", reason=e.reason)
         self.listeners: list[CodeListener] = []
+        # stop() wakes the poll through it (closed by stop() once the thread ended)
+        self._wake: tuple[int, int] | None = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.healthy = True
         self.last_error: str | None = None
         self.records = 0
@@ -182,8 +185,17 @@ class KernelCodeFollower:
         self._thread.start()
 
     def stop(self) -> None:
+        """Wake the thread (the daemon set its stop event) and end it; a last
+        look if one is due, and the watch time."""
+        if self._wake is not None:
+            with contextlib.suppress(BlockingIOError):  # full: a wake is pending already
+                os.write(self._wake[1], b"!")
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._wake is not None and (self._thread is None or not self._thread.is_alive()):
+            wake, self._wake = self._wake, None
+            for fd in wake:
+                os.close(fd)
         if self.rings is None:
             return
         if self._thread is None or not self._thread.is_alive():  # else its write is unknown
@@ -234,10 +246,9 @@ class KernelCodeFollower:
         """Wait for records; True when there may be some to read."""
         if self.rings is None:
             return False
-        poller = select.poll()
-        for fd in self.rings.fds():
-            poller.register(fd, select.POLLIN)
-        if not poller.poll(_POLL_MS):
+        busy = self._pending or (self.state is not None and self.state.need_look)
+        wake = self._wake[0] if self._wake is not None else -1
+        if not _poll_rings(self.rings, wake, _POLL_MS if busy else _IDLE_POLL_MS):
             return bool(self._pending)
         stop.wait(_BATCH_DELAY)
         return True
@@ -379,6 +390,22 @@ class KernelCodeFollower:
             "live": 0 if st is None else len(st.live),
             "records": self.records,
         }
+
+
+def _poll_rings(rings: SidebandRings, wake: int, timeout_ms: int) -> bool:
+    """Wait up to *timeout_ms* for records in *rings* or a byte on *wake* (read
+    here: stop() wrote it, the caller then looks at the stop event); True when
+    a ring has records."""
+    poller = select.poll()
+    for fd in rings.fds():
+        poller.register(fd, select.POLLIN)
+    if wake >= 0:
+        poller.register(wake, select.POLLIN)
+    ready = poller.poll(timeout_ms)
+    if any(fd == wake for fd, _ in ready):
+        with contextlib.suppress(BlockingIOError):
+            os.read(wake, 64)
+    return any(fd != wake for fd, _ in ready)
 
 
 def reconcile_with(
