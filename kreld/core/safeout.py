@@ -44,7 +44,7 @@ from kreld.core.errors import OutputError
 __all__ = ["Sink", "safe_output", "write_output"]
 
 # How much of the target's name the temporary name keeps: NAME_MAX is 255, and
-# ".", ".", 16 hex digits and ".tmp" take 22 of them.
+# the two dots, 16 random hex digits and the 4-character suffix take 22 of them.
 _BASE_KEPT = 200
 _TEMP_TRIES = 8
 _OWN_FD = re.compile(r"/(?:dev/fd|proc/self/fd)/(\d{1,9})")

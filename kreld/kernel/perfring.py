@@ -20,7 +20,7 @@ comes back nothing turns them on, so side-band records of that CPU stop
 coming, silently (seen on 6.1 in the QEMU guest: programs loaded on a CPU
 after it went off and on again were never told).  Suspend and resume do the
 same to every CPU but the first.  An ``OFF`` event's enabled time stands
-still (``PERF_FORMAT_TOTAL_TIME_ENABLED``), which is how :meth:`SidebandRings.drop_dead`
+still (``PERF_FORMAT_TOTAL_TIME_ENABLED``), which is how :meth:`SidebandRings.reopen`
 finds such a ring; the caller opens a new one once the CPU is online.
 
 Who may open it: root at every ``perf_event_paranoid``; CAP_PERFMON (or
@@ -191,10 +191,10 @@ class SidebandRings:
         self.counts_lost = True
         self.add_online()
 
-    def add_online(self) -> list[int]:
-        """Open the CPUs online now that have no ring; returns them."""
+    def add_online(self, online: list[int] | None = None) -> list[int]:
+        """Open the CPUs online now (*online*, else read) that have no ring; returns them."""
         added = []
-        for cpu in online_cpus(self.root):
+        for cpu in online if online is not None else online_cpus(self.root):
             if cpu not in self.rings:
                 try:
                     self.rings[cpu] = self._ring(cpu)
@@ -203,15 +203,16 @@ class SidebandRings:
                 added.append(cpu)
         return added
 
-    def drop_dead(self) -> list[int]:
+    def reopen(self) -> tuple[list[int], list[int]]:
         """Close the rings whose events stopped since the last call (their CPU
-        went offline, even if it is back), and those of CPUs offline now; returns
-        their CPUs.  :meth:`add_online` opens them again once they are online."""
-        online = set(online_cpus(self.root))
-        dead = [cpu for cpu, r in self.rings.items() if cpu not in online or r.stopped()]
+        went offline, even if it is back) and those of CPUs offline now, then
+        open one for each online CPU without a ring: (closed, opened) CPUs."""
+        online = online_cpus(self.root)
+        up = set(online)
+        dead = [cpu for cpu, r in self.rings.items() if cpu not in up or r.stopped()]
         for cpu in dead:
             self.rings.pop(cpu).close()
-        return dead
+        return dead, self.add_online(online)
 
     def _ring(self, cpu: int) -> PerfRing:
         try:

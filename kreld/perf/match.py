@@ -237,16 +237,9 @@ def _match_by_time(
     clock = KRELD_CLOCKS[ClockId(cd.clockid)]
     near = []
     for b in same_build:
-        if (
-            h.hostname is not None
-            and hostname is not None
-            and hostname(b.boot_id)
-            not in (
-                None,
-                h.hostname,
-            )
-        ):
-            continue
+        host = hostname(b.boot_id) if hostname is not None else None
+        if h.hostname is not None and host is not None and host != h.hostname:
+            continue  # another host's boot (a fleet bucket)
         since = abs(cd.clock_ns - b.first_seen.on(clock))
         gap = _clock_gap(h, b)
         if b.anchors.text is not None and gap <= RESTRICTED_SLACK_NS + since * SLEW_PPM // 10**6:

@@ -281,8 +281,7 @@ class KernelCodeFollower:
         if self.rings is None or self.state is None:
             return
         self.step()  # what the rings hold, first
-        dead = self.rings.drop_dead()
-        added = self.rings.add_online()
+        dead, added = self.rings.reopen()
         now = Timestamp.now()
         # A stopped event accrued no enabled time since the last check, and some
         # since the one before: it stopped after that one.  A CPU come online
