@@ -106,8 +106,8 @@ done
 
 # perf at kptr_restrict=2 reads zeros: it records no kernel map (brd's code runs under dd)
 HOME=$OUT/perf-home perf record -N -q -k monotonic -e cpu-clock -F 997 -g \
-    -o "$OUT/perf-at-2.data" -- sh -c \
-    'for i in $(seq 40); do dd if=/dev/ram0 of=/dev/null bs=512 iflag=direct 2>/dev/null; done' \
+    -o "$OUT/perf-at-2.data" -- sh -ec \
+    'for i in $(seq 200); do dd if=/dev/ram0 of=/dev/null bs=4k iflag=direct status=none; done' \
     2>"$OUT/perf-at-2.err" || fail "perf record at 2: $(cat "$OUT/perf-at-2.err")"
 
 # -- 3: the truth, at kptr_restrict=0, while kreld still runs ----------------------------------

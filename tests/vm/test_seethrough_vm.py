@@ -216,7 +216,9 @@ def test_perf_report_of_a_recording_at_2_injected_equals_the_live_report_at_0(
     inject`` (the boot told by the recording's clock data) and ``perf report
     --symfs=<empty> --kallsyms=<export --for OUT>`` give, line for line, the
     report the guest made of the same recording at 0 with perf's own kernel maps
-    and /proc/kallsyms, call graphs included; kernel and brd samples named."""
+    and /proc/kallsyms, call graphs included; kernel samples named, and samples
+    in the maps of several modules loaded at the start (virtio's, fuse's; brd's
+    own code takes too few samples under emulation to count on)."""
     if shutil.which("perf") is None:
         pytest.skip("perf is not installed on the host")
     src = out / "perf-at-2.data"
@@ -235,7 +237,11 @@ def test_perf_report_of_a_recording_at_2_injected_equals_the_live_report_at_0(
         assert ours == live, "\n".join(
             f"{a!r} | {b!r}" for a, b in zip(live, ours, strict=False) if a != b
         )[:3000]
-        if flat:
+        if flat:  # named kernel samples, and samples named in several modules' maps
             kernel = [ln for ln in live if "[kernel.kallsyms]" in ln and "[k] 0x" not in ln]
-            brd = [ln for ln in live if "[brd]" in ln and "[k] brd_" in ln]
-            assert len(kernel) >= 10 and brd, live[:30]
+            modules = {
+                m.group(1)
+                for ln in live
+                if (m := re.search(r"\[(\w+)\]\s+\[k\] [A-Za-z_]", ln)) and m.group(1) != "kernel"
+            }
+            assert len(kernel) >= 10 and len(modules) >= 3, live[:30]
