@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 __all__ = [
-    "EPILOG",
+    "SIGNALS",
     "Daemon",
     "build_parser",
     "check_config",
@@ -37,7 +37,7 @@ from kreld.config.options import HelpFormatter, add_common, leave, resolve_confi
 from kreld.config.settings import RESTART_KEYS, Config
 from kreld.core import heap
 from kreld.core import log as klog
-from kreld.core.errors import ExitCode, KernelReadError, KreldError
+from kreld.core.errors import ExitCode, KernelReadError, KreldError, exit_status_help
 from kreld.core.model import AddressSource, BootSnapshot, Timestamp
 from kreld.core.record import fields, replace
 from kreld.ctl.render import status_line
@@ -59,27 +59,25 @@ if TYPE_CHECKING:
 
     from kreld.fleet.publish import Publisher
 
-EPILOG = """\
+SIGNALS = """\
 signals:
   SIGTERM, SIGINT  stop cleanly (exit 0), removing the socket kreld bound
   SIGHUP           reload the configuration; an invalid one is logged and
                    the running configuration kept
-
-exit status:
-  0  stopped cleanly on SIGTERM or SIGINT
-  1  an error kept it from running (logged), e.g. the socket is in use
-  2  the command line is wrong
-  5  the store is unusable: corrupt, truncated, foreign or from a newer kreld
-  6  the configuration is invalid (the message names the file and key)
-  7  another kreld writes to this store (it holds the store's lock)
 """
+
+
+def epilog() -> str:
+    """The help's closing part: signals, then exit codes from the one table in
+    :mod:`kreld.core.errors`."""
+    return SIGNALS + "\n" + exit_status_help("kreld")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kreld",
         description="Record the kernel's and its modules' relocations for profilers.",
-        epilog=EPILOG,
+        epilog=epilog(),
         formatter_class=HelpFormatter,
     )
     add_common(p)

@@ -16,6 +16,7 @@ __all__ = [
     "AmbiguousBoot",
     "BtfError",
     "ConfigError",
+    "EXIT_STATUS",
     "ExitCode",
     "FleetError",
     "FleetObjectInvalid",
@@ -41,11 +42,14 @@ __all__ = [
     "StoreLocked",
     "StoreTooNew",
     "SymbolsUnavailable",
+    "exit_status_help",
 ]
 
 
 class ExitCode(IntEnum):
-    """Exit codes of ``kreld`` and ``kreldctl`` (documented in their --help)."""
+    """Exit codes of ``kreld`` and ``kreldctl``; what each means to each program is
+    :data:`EXIT_STATUS`, the one table their ``--help``, man pages and README are
+    made from (``scripts/gendocs``, checked by tests/test_docs.py)."""
 
     OK = 0
     ERROR = 1
@@ -56,6 +60,84 @@ class ExitCode(IntEnum):
     CONFIG = 6
     STORE_LOCKED = 7
     OUTPUT = 8
+
+
+#: Per program, the exit codes it can end with and what each means: a short
+#: phrase (README) and a sentence (``--help`` and the man page's EXIT STATUS).
+EXIT_STATUS: dict[str, dict[ExitCode, tuple[str, str]]] = {
+    "kreld": {
+        ExitCode.OK: ("stopped cleanly", "Stopped cleanly on SIGTERM or SIGINT."),
+        ExitCode.ERROR: (
+            "an error kept it from running",
+            "An error kept it from running (it is logged), for example the socket is in use.",
+        ),
+        ExitCode.USAGE: ("usage", "The command line is malformed."),
+        ExitCode.STORE: (
+            "store unusable",
+            "The store is unusable: corrupt or truncated before its meta pages, not a kreld"
+            " store, or written by a newer kreld.",
+        ),
+        ExitCode.CONFIG: (
+            "bad configuration",
+            "The configuration is invalid or past one of its bounds; the message names the"
+            " file and the key or line.",
+        ),
+        ExitCode.STORE_LOCKED: (
+            "store locked",
+            "Another kreld writes to this store (it holds the store's lock); the message"
+            " names its pid.",
+        ),
+    },
+    "kreldctl": {
+        ExitCode.OK: ("ok", "Success."),
+        ExitCode.ERROR: (
+            "error",
+            "An error; the message says which. resolve also exits 1 when an address lies"
+            " in no recorded image.",
+        ),
+        ExitCode.USAGE: ("usage", "Usage: a malformed option, address or time."),
+        ExitCode.NO_SUCH_BOOT: (
+            "no such boot",
+            "No such boot is recorded, or a boot prefix matches several.",
+        ),
+        ExitCode.PERMISSION_DENIED: (
+            "permission denied or addresses restricted",
+            "Permission denied by the daemon, or the kernel's addresses were restricted"
+            " when the boot was recorded.",
+        ),
+        ExitCode.STORE: (
+            "store unusable",
+            "The store is unusable: missing, corrupt, not a kreld store, or written by a"
+            " newer kreld.",
+        ),
+        ExitCode.CONFIG: (
+            "bad configuration",
+            "The configuration is invalid; the message names the file and the key.",
+        ),
+        ExitCode.STORE_LOCKED: (
+            "another kreld writes to the store",
+            "snapshot or gc with no daemon answering: another kreld writes to the store"
+            " (it holds the store's lock), so kreldctl does not write beside it.",
+        ),
+        ExitCode.OUTPUT: (
+            "-o FILE cannot be written safely",
+            "An output file (-o) cannot be written safely or at all: a directory, a link"
+            " to a file, a full disk (see OUTPUT FILES in kreldctl(1)).",
+        ),
+    },
+}
+
+
+def exit_status_help(program: str, width: int = 78) -> str:
+    """The ``exit status:`` part of *program*'s ``--help`` epilog."""
+    import textwrap
+
+    lines = ["exit status:"]
+    for code, (_short, sentence) in EXIT_STATUS[program].items():
+        lines += textwrap.wrap(
+            sentence, width, initial_indent=f"  {int(code)}  ", subsequent_indent="     "
+        )
+    return "\n".join(lines) + "\n"
 
 
 class KreldError(Exception):

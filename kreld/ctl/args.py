@@ -8,39 +8,30 @@ import re
 from collections.abc import Callable
 
 from kreld.config.options import HelpFormatter, add_common
-from kreld.core.errors import InvalidArgument
+from kreld.core.errors import InvalidArgument, exit_status_help
 from kreld.core.model import Clock, hexaddr, parse_addr
 
 __all__ = [
-    "EPILOG",
     "add_from",
     "add_queries",
     "addresses_in",
     "at_options",
     "build_parser",
+    "epilog",
     "for_option",
     "parse_time",
 ]
 
-EPILOG = """\
-exit status:
-  0  success
-  1  an error (the message says which)
-  2  usage: a malformed option, address or time
-  3  no such boot is recorded (or a boot prefix is ambiguous)
-  4  permission denied, or kernel addresses restricted
-  5  the store is unusable: missing, corrupt, foreign or from a newer kreld
-  6  the configuration is invalid
-  7  snapshot without a daemon, or gc: another kreld writes to the store (holds its lock)
-  8  -o FILE cannot be written safely or at all (a directory, a link to a file, a full disk)
-"""
+def epilog() -> str:
+    """The help's closing part: exit codes, from the one table in :mod:`kreld.core.errors`."""
+    return exit_status_help("kreldctl")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kreldctl",
         description="Inspect kernel and module relocations recorded by kreld.",
-        epilog=EPILOG,
+        epilog=epilog(),
         formatter_class=HelpFormatter,
     )
     add_common(p)
