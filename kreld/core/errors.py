@@ -11,12 +11,12 @@ from enum import IntEnum
 from typing import Any, ClassVar
 
 __all__ = [
+    "EXIT_STATUS",
     "AddressNotMapped",
     "AddressesRestricted",
     "AmbiguousBoot",
     "BtfError",
     "ConfigError",
-    "EXIT_STATUS",
     "ExitCode",
     "FleetError",
     "FleetObjectInvalid",
