@@ -20,7 +20,7 @@ from kreld.config.options import leave, resolve_config
 from kreld.config.settings import Config
 from kreld.core.errors import ExitCode, InvalidArgument, KreldError
 from kreld.core.model import BootSnapshot, Clock, Incarnation, parse_addr
-from kreld.ctl.args import addresses_in, build_parser, parse_time
+from kreld.ctl.args import FROM_COMMANDS, addresses_in, build_parser, parse_time
 from kreld.ctl.render import (
     event_line,
     fmt_realtime,
@@ -372,13 +372,13 @@ class Ctl:
         store = self.perf_store()
         code = code_ksyms(store, self.err)
         res = inject(store, self.args.input, self.args.output, self.err, code)
-        if self.args.json and self.args.output != "-":
-            self.emit_json(res)
+        if self.args.json:  # stdout carries the perf.data with -o -: the summary goes to stderr
+            summary = self.err if self.args.output == "-" else self.out
+            json.dump(res, summary, indent=2)
+            summary.write("\n")
         return 0
 
     def gc(self) -> int:
-        if self.args.source:
-            raise InvalidArgument("--from", "gc works on a local store; the bucket is read-only")
         keep_boots = self.cfg.keep_boots if self.args.keep_boots is None else self.args.keep_boots
         keep_days = self.cfg.keep_days if self.args.keep_days is None else self.args.keep_days
         if keep_boots < 0 or keep_days < 0:
@@ -415,7 +415,7 @@ class Ctl:
 
     def watch(self) -> int:
         backend = self.backend()
-        if not isinstance(backend, LocalBackend) and not self.args.source:
+        if not isinstance(backend, LocalBackend):
             cast("Client", backend).sock.settimeout(None)  # events may be hours apart
         for msg in backend.stream("Subscribe"):
             if self.args.json:
@@ -438,7 +438,12 @@ def _batches(items: Iterable[str], n: int) -> Iterator[list[str]]:
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.source and args.command not in FROM_COMMANDS:
+        parser.error(
+            f"--from: {args.command} does not read a bucket (only {', '.join(FROM_COMMANDS)})"
+        )
     try:
         cfg = resolve_config(args)
         ctl = Ctl(cfg, args, out, err)

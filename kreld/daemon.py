@@ -458,7 +458,10 @@ def main(argv: list[str] | None = None) -> int:
     except KreldError as e:
         print(f"kreld: {e}", file=sys.stderr)
         return int(e.exit_code)
-    klog.configure(args.log_level or cfg.log_level, args.log_format or cfg.log_format)
+    # --debug: debug-level logs (unless --log-level says otherwise) and the
+    # traceback of an error that stops kreld.
+    level = args.log_level or ("debug" if args.debug else cfg.log_level)
+    klog.configure(level, args.log_format or cfg.log_format)
     log = klog.get()
     heap.tune()  # before the first large buffer: see kreld.core.heap
     # Every journal entry carries the boot; if it cannot be read, the snapshot
@@ -469,12 +472,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         daemon = Daemon(cfg, args, log)
     except KreldError as e:
-        log.error("startup_failed", error=str(e), kind=type(e).__name__)
+        log.error("startup_failed", error=str(e), kind=type(e).__name__, exc_info=args.debug)
         return int(e.exit_code)
     try:
         rc = asyncio.run(daemon.run())
     except KreldError as e:
-        log.error("startup_failed", error=str(e), kind=type(e).__name__)
+        log.error("startup_failed", error=str(e), kind=type(e).__name__, exc_info=args.debug)
         daemon.shutdown()
         return int(e.exit_code)
     log.info("stopped")

@@ -147,6 +147,7 @@ def test_show_without_a_store_exits_5(tree: FakeTree, tmp_path: Path) -> None:
         pytest.param(lambda c: [*c, "snapshot", "--json"], id="before"),
         pytest.param(lambda c: ["snapshot", "--json", *c], id="after"),
         pytest.param(lambda c: [c[0], c[1], "snapshot", c[2], c[3], "--json"], id="split"),
+        pytest.param(lambda c: ["--json", *c, "snapshot"], id="json-first"),
     ],
 )
 def test_common_options_before_or_after_the_subcommand(
@@ -203,3 +204,57 @@ def test_missing_config_file_given_explicitly_exits_6(tree: FakeTree, tmp_path: 
     cp = kreldctl("boots", "--config", str(tmp_path / "nope.toml"), check=False)
     assert cp.returncode == 6
     assert "nope.toml" in cp.stderr
+
+
+@pytest.mark.parametrize("command", ["snapshot", "status", "gc", "watch"])
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_from_is_refused_by_commands_that_cannot_read_a_bucket(
+    tree: FakeTree, state_dir: Path, command: str, where: str
+) -> None:
+    """--from is offered only where it works: elsewhere a usage error, before any
+    store, daemon or bucket is touched."""
+    src = ["--from", "s3://bucket/prefix"]
+    argv = [*src, command] if where == "before" else [command, *src]
+    cp = kreldctl(*argv, *common(tree, state_dir), check=False, timeout=30)
+    assert cp.returncode == 2, cp.stderr
+    assert "--from" in cp.stderr
+    assert not state_dir.exists()
+
+
+def test_help_of_a_command_offers_from_only_where_it_works() -> None:
+    from kreld.ctl.args import FROM_COMMANDS
+
+    for command in ("boots", "show", "modules", "code", "resolve", "symbolize", "export"):
+        assert "--from" in kreldctl(command, "--help").stdout, command
+    assert set(FROM_COMMANDS) >= {"boots", "show", "resolve", "inject"}
+    for command in ("snapshot", "status", "gc", "watch"):
+        assert "--from" not in kreldctl(command, "--help").stdout, command
+
+
+@pytest.mark.parametrize(
+    ("text", "clock", "ns"),
+    [
+        ("1733400000123456789", "realtime", 1733400000123456789),
+        ("1733400000.123456789s", "realtime", 1733400000123456789),
+        ("2.5s", "monotonic", 2_500_000_000),
+        ("-0.000000001s", "boottime", -1),
+        ("2024-12-05T12:00:00.000001Z", "realtime", 1733400000000001000),
+        ("2024-12-05T13:00:00.000001+01:00", "realtime", 1733400000000001000),
+    ],
+)
+def test_at_is_parsed_exactly_as_integers(text: str, clock: str, ns: int) -> None:
+    """No float in between: a realtime time in nanoseconds keeps its last digit."""
+    from kreld.core.model import Clock
+    from kreld.ctl.args import parse_time
+
+    assert parse_time(text, Clock(clock)) == ns
+
+
+@pytest.mark.parametrize("text", ["1.5e9", "1.0000000001s", "s", "12ms", "2024-12-05"])
+def test_at_that_is_not_a_time_is_a_usage_error(text: str) -> None:
+    from kreld.core.errors import InvalidArgument
+    from kreld.core.model import Clock
+    from kreld.ctl.args import parse_time
+
+    with pytest.raises(InvalidArgument):
+        parse_time(text, Clock.MONOTONIC)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -434,3 +436,16 @@ def test_ksymbol_records_name_bpf_code_in_perf_while_it_was_loaded(world: World)
     }, cp.stdout[-2000:]
     raw = run_perf(w, "script", "-i", str(src), "-F", "ip,sym", f"--symfs={w.empty}").stdout
     assert f"{BPF + 0x10:x} [unknown]" in raw
+
+
+def test_json_with_output_to_stdout_puts_the_summary_on_stderr(world: World) -> None:
+    """With -o - stdout carries the (pipe-mode) perf.data, byte for byte what
+    -o FILE writes; --json's summary then goes to stderr instead of being dropped."""
+    w = world
+    exe = str(Path(sys.executable).with_name("kreldctl"))
+    argv = [exe, "inject", "-i", str(w.recs["pipe"]), "-o", "-", "--json"]
+    cp = subprocess.run([*argv, "--state-dir", str(w.m.state)], capture_output=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == inject(w, "pipe").read_bytes()
+    summary = json.loads(cp.stderr[cp.stderr.index(b"{") :])
+    assert summary and isinstance(summary, dict)

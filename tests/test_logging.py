@@ -417,3 +417,30 @@ def test_a_refusing_journal_does_not_stop_kreld(
     lines = log.read_text().splitlines()
     assert f"<6>ready state_dir={state_dir}" in [line.split(" root=")[0] for line in lines]
     assert lines[-1] == "<6>stopped"
+
+
+def test_debug_logs_at_debug_level_and_shows_the_traceback_of_a_fatal_error(
+    tree: FakeTree, state_dir: Path, sockdir: Path, tmp_path: Path
+) -> None:
+    """kreld --debug is not ignored: debug events, and an error that stops kreld
+    carries its traceback (without --debug: the named error alone)."""
+    log = tmp_path / "debug.log"
+    with open(log, "wb") as f:
+        assert run_kreld(tree, state_dir, sockdir, "--debug", stderr=f.fileno()) == 0
+    assert any(e["level"] == "debug" for e in json_lines(log.read_text()))
+    garbage = tmp_path / "garbage"
+    garbage.mkdir(mode=0o700)
+    (garbage / "data.mdb").write_bytes(b"not an LMDB file" * 512)
+    argv = [KRELD, "--root", str(tree.root), "--state-dir", str(garbage),
+            "--socket", str(sockdir / "g.sock")]  # fmt: skip
+    runs = {
+        debug: subprocess.run(
+            argv + (["--debug"] if debug else []), capture_output=True, text=True, timeout=60
+        )
+        for debug in (False, True)
+    }
+    for cp in runs.values():
+        assert cp.returncode == 5, cp.stderr
+        assert "not an LMDB file" in cp.stderr or "truncated" in cp.stderr, cp.stderr
+    assert "Traceback" not in runs[False].stderr
+    assert "Traceback" in runs[True].stderr

@@ -12,7 +12,9 @@ from kreld.core.errors import InvalidArgument, exit_status_help
 from kreld.core.model import Clock, hexaddr, parse_addr
 
 __all__ = [
+    "FROM_COMMANDS",
     "add_from",
+    "add_json",
     "add_queries",
     "addresses_in",
     "at_options",
@@ -21,6 +23,7 @@ __all__ = [
     "for_option",
     "parse_time",
 ]
+
 
 def epilog() -> str:
     """The help's closing part: exit codes, from the one table in :mod:`kreld.core.errors`."""
@@ -36,13 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_common(p)
     add_from(p)
+    add_json(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def cmd(name: str, help: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
         add_common(sp, suppress=True)
-        add_from(sp, suppress=True)
-        sp.add_argument("--json", action="store_true", help="print JSON (addresses as 0x strings)")
+        if name in FROM_COMMANDS:
+            add_from(sp, suppress=True)
+        add_json(sp, suppress=True)
         return sp
 
     cmd("snapshot", "scan the running kernel now, record it, print it")
@@ -58,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
         "watch",
         "print module and kernel code loads and unloads as kreld records them (needs the daemon)",
     )
-    sp = cmd("resolve", "say which image and section holds each address")
+    sp = cmd(
+        "resolve",
+        "say which image and section holds each address (exit 1 when one lies in none)",
+    )
     sp.add_argument("addresses", nargs="+", metavar="ADDR", help="hex address (0x optional)")
     at_options(sp)
     return p
@@ -91,11 +99,16 @@ def add_queries(cmd: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "write a perf.data that maps the modules loaded while it was recorded (as perf inject)",
     )
     sp.add_argument(
-        "-i", "--input", default="-", metavar="IN.data", help="the recording (a regular file)"
+        "-i",
+        "--input",
+        required=True,
+        metavar="IN.data",
+        help="the recording: a regular file, in file or pipe mode (not stdin: it is read twice)",
     )
     sp.add_argument(
         "-o", "--output", default="-", metavar="FILE",
-        help="the new perf.data (default: stdout, for a pipe-mode recording)",
+        help="the new perf.data (default: stdout, for a pipe-mode recording; --json's"
+        " summary then goes to stderr)",
     )  # fmt: skip
 
 
@@ -120,6 +133,11 @@ def for_option(sp: argparse.ArgumentParser, what: str) -> None:
     sp.add_argument("--for", dest="for_perf", metavar="PERF.DATA", help=f"a perf.data: {what}")
 
 
+#: The commands that can read a fleet bucket instead of the store (``--from``);
+#: the others write, or ask the daemon for what only it knows.
+FROM_COMMANDS = ("boots", "show", "modules", "code", "resolve", "symbolize", "export", "inject")
+
+
 def add_from(p: argparse.ArgumentParser, suppress: bool = False) -> None:
     p.add_argument(
         "--from",
@@ -127,21 +145,34 @@ def add_from(p: argparse.ArgumentParser, suppress: bool = False) -> None:
         metavar="s3://BUCKET/PREFIX",
         default=argparse.SUPPRESS if suppress else None,
         help="read the fleet bucket kreld hosts publish to (read-only; docs/FLEET.md): "
-        "boots, show, modules, resolve, symbolize, export, inject",
+        + ", ".join(FROM_COMMANDS),
     )
 
 
+def add_json(p: argparse.ArgumentParser, suppress: bool = False) -> None:
+    p.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="print JSON (addresses as 0x strings)",
+    )
+
+
+_SECONDS = re.compile(r"(-?)(\d+)(?:\.(\d{1,9}))?s")
+
+
 def parse_time(text: str, clock: Clock) -> int:
-    """``--at`` as nanoseconds on *clock*."""
+    """``--at`` as nanoseconds on *clock*, exactly: integer arithmetic throughout
+    (a realtime value in nanoseconds is past 2^53, where a float loses ~256 ns)."""
     import datetime as dt
 
     s = text.strip()
-    try:
-        if s.endswith("s"):
-            return int(float(s[:-1]) * 1e9)
+    if re.fullmatch(r"-?\d+", s):
         return int(s)
-    except ValueError:
-        pass
+    if m := _SECONDS.fullmatch(s):
+        sign, whole, frac = m.groups()
+        ns = int(whole) * 1_000_000_000 + int((frac or "").ljust(9, "0"))
+        return -ns if sign else ns
     if clock is Clock.REALTIME:
         try:
             when = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
@@ -150,7 +181,9 @@ def parse_time(text: str, clock: Clock) -> int:
         else:
             if when.tzinfo is None:
                 when = when.replace(tzinfo=dt.UTC)
-            return int(when.timestamp() * 1e9)
+            since = when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+            seconds = since.days * 86_400 + since.seconds
+            return seconds * 1_000_000_000 + since.microseconds * 1_000
     raise InvalidArgument("--at", f"not a time: {text!r}")
 
 
