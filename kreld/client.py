@@ -22,18 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kreld.core import consts
-from kreld.core.errors import (
-    AddressesRestricted,
-    AmbiguousBoot,
-    InvalidArgument,
-    KreldError,
-    NoSuchBoot,
-    PermissionDenied,
-    StoreCorrupt,
-    StoreError,
-    StoreFull,
-    SymbolsUnavailable,
-)
+from kreld.core.errors import KreldError, error_classes
 from kreld.varlink.wire import encode_call
 
 __all__ = [
@@ -64,31 +53,18 @@ class ConnectError(KreldError):
 
 
 def error_from_reply(name: str, p: dict[str, Any]) -> KreldError:
-    def s(k: str) -> str:
-        return str(p.get(k, ""))
+    """The error family's class for a reply's error name, rebuilt from its
+    parameters; a name the family does not have stays a :class:`RemoteError`."""
+    cls = _ERRORS.get(name)
+    if cls is None:
+        return RemoteError(name, p)
+    try:
+        return cls.from_parameters(p)
+    except (TypeError, ValueError):  # parameters of a shape this kreld does not know
+        return RemoteError(name, p)
 
-    match name:
-        case "io.kreld.NoSuchBoot":
-            return NoSuchBoot(s("boot_id"))
-        case "io.kreld.AmbiguousBoot":
-            return AmbiguousBoot(s("prefix"), list(p.get("matches", [])))
-        case "io.kreld.PermissionDenied":
-            return PermissionDenied(s("message") or "permission denied")
-        case "io.kreld.AddressesRestricted":
-            return AddressesRestricted(s("reason"))
-        case "io.kreld.StoreCorrupt":
-            return StoreCorrupt(s("path"), s("reason"))
-        case "io.kreld.StoreTooNew":
-            return StoreError(s("path"), s("reason"))
-        case "io.kreld.StoreFull":
-            return StoreFull(s("path"), s("reason"))
-        case "io.kreld.StoreError":
-            return StoreError(s("path"), s("reason"))
-        case "io.kreld.SymbolsUnavailable":
-            return SymbolsUnavailable(s("boot_id"), s("reason"))
-        case "org.varlink.service.InvalidParameter":
-            return InvalidArgument(s("parameter"), "rejected by kreld")
-    return RemoteError(name, p)
+
+_ERRORS = error_classes()
 
 
 _CHUNK = 256 << 10  # bytes read at a time

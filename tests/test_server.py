@@ -23,11 +23,16 @@ from test_store import snap
 from kreld.client import (
     Client,
     ConnectError,
-    RemoteError,
     connect_unix,
     resolutions,
 )
-from kreld.core.errors import AddressesRestricted, InvalidArgument, NoSuchBoot, PermissionDenied
+from kreld.core.errors import (
+    AddressesRestricted,
+    InterfaceNotFound,
+    InvalidArgument,
+    NoSuchBoot,
+    PermissionDenied,
+)
 from kreld.core.model import Timestamp
 from kreld.core.record import replace
 from kreld.store import Store
@@ -136,7 +141,7 @@ def test_interface_description_declares_every_method_and_error(served: Any) -> N
     _, _, _, sock = served
     with Client(str(sock)) as c:
         desc = c.call("org.varlink.service.GetInterfaceDescription", interface="io.kreld")
-        with pytest.raises(RemoteError) as e:
+        with pytest.raises(InterfaceNotFound) as e:
             c.call("org.varlink.service.GetInterfaceDescription", interface="no.such")
     text = desc["description"]
     assert text.splitlines()[0].startswith("#") and "\ninterface io.kreld\n" in text

@@ -7,6 +7,7 @@ with and the exit code ``kreld``/``kreldctl`` end with.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import IntEnum
 from typing import Any, ClassVar
 
@@ -22,9 +23,11 @@ __all__ = [
     "FleetObjectInvalid",
     "InterfaceNotFound",
     "InvalidArgument",
+    "InvalidRequest",
     "KernelMemoryError",
     "KernelReadError",
     "KreldError",
+    "MessageTooLarge",
     "MethodNotFound",
     "MethodNotImplemented",
     "ModuleListChanged",
@@ -41,7 +44,11 @@ __all__ = [
     "StoreFull",
     "StoreLocked",
     "StoreTooNew",
+    "SubscriberTooSlow",
     "SymbolsUnavailable",
+    "TooManyConnections",
+    "TooManyConnectionsPerUid",
+    "error_classes",
     "exit_status_help",
 ]
 
@@ -145,6 +152,9 @@ class KreldError(Exception):
 
     varlink_name: ClassVar[str] = "io.kreld.InternalError"
     exit_code: ClassVar[ExitCode] = ExitCode.ERROR
+    #: The varlink error's parameters, each an attribute of the same name: the
+    #: IDL declares the same list (tests/test_errors.py holds the two together).
+    fields: ClassVar[tuple[str, ...]] = ("message",)
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -155,7 +165,25 @@ class KreldError(Exception):
 
     def parameters(self) -> dict[str, Any]:
         """The varlink error parameters."""
-        return {"message": self.message}
+        return {f: getattr(self, f) for f in self.fields}
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, Any]) -> KreldError:
+        """The error a reply names, rebuilt from its parameters: the inverse of
+        :meth:`parameters`.  A class whose constructor takes more than its wire
+        fields comes back with the server's message and its fields."""
+        if cls.fields == ("message",) and cls.__init__ is not KreldError.__init__:
+            return cls._rebuilt(str(params.get("message", "")))
+        return cls(*(params.get(f, "") for f in cls.fields))
+
+    @classmethod
+    def _rebuilt(cls, message: str, **attrs: Any) -> KreldError:
+        """An instance made from a reply whose parameters do not hold all the
+        constructor wants (the message as the server wrote it, the rest as sent)."""
+        e = cls.__new__(cls)
+        KreldError.__init__(e, message)
+        e.__dict__.update(attrs)
+        return e
 
 
 class NoteError(KreldError):
@@ -225,26 +253,22 @@ class BtfError(KernelReadError):
 class NoSuchBoot(KreldError):
     varlink_name = "io.kreld.NoSuchBoot"
     exit_code = ExitCode.NO_SUCH_BOOT
+    fields = ("boot_id",)
 
     def __init__(self, boot_id: str) -> None:
         super().__init__(f"no boot {boot_id!r} is recorded")
         self.boot_id = boot_id
 
-    def parameters(self) -> dict[str, Any]:
-        return {"boot_id": self.boot_id}
-
 
 class AmbiguousBoot(KreldError):
     varlink_name = "io.kreld.AmbiguousBoot"
     exit_code = ExitCode.NO_SUCH_BOOT
+    fields = ("prefix", "matches")
 
     def __init__(self, prefix: str, matches: list[str]) -> None:
         super().__init__(f"boot prefix {prefix!r} matches {len(matches)} boots")
         self.prefix = prefix
         self.matches = matches
-
-    def parameters(self) -> dict[str, Any]:
-        return {"prefix": self.prefix, "matches": self.matches}
 
 
 class AddressesRestricted(KreldError):
@@ -252,27 +276,23 @@ class AddressesRestricted(KreldError):
 
     varlink_name = "io.kreld.AddressesRestricted"
     exit_code = ExitCode.PERMISSION_DENIED
+    fields = ("reason",)
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"kernel addresses are restricted: {reason}")
         self.reason = reason
-
-    def parameters(self) -> dict[str, Any]:
-        return {"reason": self.reason}
 
 
 class SymbolsUnavailable(KreldError):
     """No symbol table is recorded for a boot's kernel."""
 
     varlink_name = "io.kreld.SymbolsUnavailable"
+    fields = ("boot_id", "reason")
 
     def __init__(self, boot_id: str, reason: str) -> None:
         super().__init__(f"no kernel symbols recorded for boot {boot_id}: {reason}")
         self.boot_id = boot_id
         self.reason = reason
-
-    def parameters(self) -> dict[str, Any]:
-        return {"boot_id": self.boot_id, "reason": self.reason}
 
 
 class PermissionDenied(KreldError):
@@ -285,14 +305,12 @@ class StoreError(KreldError):
 
     varlink_name = "io.kreld.StoreError"
     exit_code = ExitCode.STORE
+    fields = ("path", "reason")
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"store {path}: {reason}")
         self.path = path
         self.reason = reason
-
-    def parameters(self) -> dict[str, Any]:
-        return {"path": self.path, "reason": self.reason}
 
 
 class StoreCorrupt(StoreError):
@@ -329,6 +347,11 @@ class StoreTooNew(StoreError):
         )
         self.found = found
         self.supported = supported
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, Any]) -> KreldError:
+        path, reason = str(params.get("path", "")), str(params.get("reason", ""))
+        return cls._rebuilt(f"store {path}: {reason}", path=path, reason=reason)
 
 
 class StoreFull(StoreError):
@@ -421,14 +444,12 @@ class FleetError(KreldError):
     """Object storage (the fleet bucket) cannot be used: unreachable, refused, misnamed."""
 
     varlink_name = "io.kreld.FleetError"
+    fields = ("url", "reason")
 
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(f"{url}: {reason}")
         self.url = url
         self.reason = reason
-
-    def parameters(self) -> dict[str, Any]:
-        return {"url": self.url, "reason": self.reason}
 
 
 class FleetObjectInvalid(FleetError):
@@ -447,14 +468,17 @@ class InvalidArgument(KreldError):
 
     varlink_name = "org.varlink.service.InvalidParameter"
     exit_code = ExitCode.USAGE
+    fields = ("parameter",)
 
     def __init__(self, parameter: str, reason: str) -> None:
         super().__init__(f"{parameter}: {reason}")
         self.parameter = parameter
         self.reason = reason
 
-    def parameters(self) -> dict[str, Any]:
-        return {"parameter": self.parameter}
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, Any]) -> KreldError:
+        # org.varlink.service.InvalidParameter carries the parameter's name alone.
+        return cls(str(params.get("parameter", "")), "rejected by kreld")
 
 
 class MethodNotFound(KreldError):
@@ -462,13 +486,11 @@ class MethodNotFound(KreldError):
 
     varlink_name = "org.varlink.service.MethodNotFound"
     exit_code = ExitCode.USAGE
+    fields = ("method",)
 
     def __init__(self, method: str) -> None:
         super().__init__(f"no such method: {method}")
         self.method = method
-
-    def parameters(self) -> dict[str, Any]:
-        return {"method": self.method}
 
 
 class MethodNotImplemented(MethodNotFound):
@@ -486,10 +508,84 @@ class InterfaceNotFound(KreldError):
 
     varlink_name = "org.varlink.service.InterfaceNotFound"
     exit_code = ExitCode.USAGE
+    fields = ("interface",)
 
     def __init__(self, interface: str | None) -> None:
         super().__init__(f"no such interface: {interface}")
         self.interface = interface
 
-    def parameters(self) -> dict[str, Any]:
-        return {"interface": self.interface}
+
+# -- refusals of the socket's listener: a peer's message or connection, not a call ----
+
+
+class InvalidRequest(KreldError):
+    """A message that is not a varlink call: not JSON, not an object, nested too deep."""
+
+    varlink_name = "io.kreld.InvalidRequest"
+    exit_code = ExitCode.USAGE
+    fields = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"invalid request: {reason}")
+        self.reason = reason
+
+
+class MessageTooLarge(KreldError):
+    """A message longer than ``[limits] max_message_bytes``."""
+
+    varlink_name = "io.kreld.MessageTooLarge"
+    fields = ("limit",)
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a message is limited to {limit} bytes")
+        self.limit = limit
+
+
+class TooManyConnections(KreldError):
+    """kreld holds ``[limits] max_connections`` connections already."""
+
+    varlink_name = "io.kreld.TooManyConnections"
+    fields = ("limit",)
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"kreld holds its limit of {limit} connections")
+        self.limit = limit
+
+
+class TooManyConnectionsPerUid(KreldError):
+    """The peer's uid holds ``[limits] max_connections_per_uid`` connections already."""
+
+    varlink_name = "io.kreld.TooManyConnectionsPerUid"
+    fields = ("uid", "limit")
+
+    def __init__(self, uid: int, limit: int) -> None:
+        super().__init__(f"uid {uid} holds its limit of {limit} connections")
+        self.uid = uid
+        self.limit = limit
+
+
+class SubscriberTooSlow(KreldError):
+    """A subscriber left this many events unread: it is dropped, no one waits on it."""
+
+    varlink_name = "io.kreld.SubscriberTooSlow"
+    fields = ("queued",)
+
+    def __init__(self, queued: int) -> None:
+        super().__init__(f"subscriber too slow: {queued} events unread")
+        self.queued = queued
+
+
+def error_classes() -> dict[str, type[KreldError]]:
+    """Every varlink error name of the family, to the class that names it first
+    (a subclass that keeps its parent's name, as :class:`NoBootForRecording`,
+    travels as the parent): what a client turns a reply back into."""
+    found: dict[str, type[KreldError]] = {KreldError.varlink_name: KreldError}
+
+    def walk(cls: type[KreldError]) -> None:
+        for sub in cls.__subclasses__():
+            if "varlink_name" in vars(sub):
+                found.setdefault(sub.varlink_name, sub)
+            walk(sub)
+
+    walk(KreldError)
+    return found

@@ -29,7 +29,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kreld.core import consts
-from kreld.core.errors import KreldError, SocketError
+from kreld.core.errors import (
+    KreldError,
+    MessageTooLarge,
+    SocketError,
+    SubscriberTooSlow,
+    TooManyConnections,
+    TooManyConnectionsPerUid,
+)
 from kreld.core.kcode import CodeEvent, KernelCode
 from kreld.core.model import Incarnation, ModuleEvent
 from kreld.core.record import record
@@ -43,6 +50,7 @@ from kreld.varlink.wire import (
     Call,
     VarlinkError,
     error_reply,
+    invalid_request,
     parse_call,
     reply,
     reply_encoded,
@@ -273,9 +281,7 @@ class Server:
         """The refusal of a connection over the global or its uid's cap, or None:
         then the connection counts against its uid until :meth:`_let_go`."""
         if len(self.conns) >= self.limits.max_connections:
-            return VarlinkError(
-                f"{INTERFACE}.TooManyConnections", {"limit": self.limits.max_connections}
-            )
+            return VarlinkError.from_kreld(TooManyConnections(self.limits.max_connections))
         if uid in self._exempt:
             return None
         held, cap = self.per_uid.get(uid, 0), self.limits.max_connections_per_uid
@@ -283,7 +289,7 @@ class Server:
             if uid not in self._capped:  # once, not once per connection of a flood
                 self._capped.add(uid)
                 self.log.warning("peer_connection_limit", pid=pid, uid=uid, limit=cap)
-            return VarlinkError(f"{INTERFACE}.TooManyConnectionsPerUid", {"uid": uid, "limit": cap})
+            return VarlinkError.from_kreld(TooManyConnectionsPerUid(uid, cap))
         self.per_uid[uid] = held + 1
         return None
 
@@ -324,17 +330,13 @@ class Server:
                 async with asyncio.timeout(self.limits.idle_timeout):
                     raw = await reader.readuntil(b"\0")
             except asyncio.LimitOverrunError:
-                err = VarlinkError(
-                    f"{INTERFACE}.MessageTooLarge", {"limit": self.limits.max_message_bytes}
-                )
+                err = VarlinkError.from_kreld(MessageTooLarge(self.limits.max_message_bytes))
                 self.log.warning("message_too_large", pid=conn.pid, uid=conn.uid)
                 await self._send(conn, error_reply(err))
                 return
             except asyncio.IncompleteReadError as e:
                 if e.partial.strip():
-                    err = VarlinkError(
-                        f"{INTERFACE}.InvalidRequest", {"reason": "message not ended by NUL"}
-                    )
+                    err = invalid_request("message not ended by NUL")
                     await self._send(conn, error_reply(err))
                 return
             except TimeoutError:
@@ -374,7 +376,7 @@ class Server:
         except KreldError as e:
             return error_reply(VarlinkError.from_kreld(e))
         except RecursionError:
-            return error_reply(VarlinkError(f"{INTERFACE}.InvalidRequest", {"reason": "too deep"}))
+            return error_reply(invalid_request("too deep"))
         except Exception as e:  # a bug must cost one call, never the daemon
             self.log.error("call_failed", method=call.method, error=str(e), kind=type(e).__name__)
             return error_reply(
@@ -421,9 +423,7 @@ class Server:
         finally:
             watcher.cancel()
         if conn.overflowed:
-            too_slow = VarlinkError(
-                f"{INTERFACE}.SubscriberTooSlow", {"queued": self.limits.subscribe_queue}
-            )
+            too_slow = VarlinkError.from_kreld(SubscriberTooSlow(self.limits.subscribe_queue))
             conn.writer.write(error_reply(too_slow))
             async with asyncio.timeout(5):
                 await conn.writer.drain()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kreld.core.errors import KreldError
+from kreld.core.errors import InvalidRequest, KreldError
 from kreld.core.record import field, record
 
 __all__ = [
@@ -59,7 +59,7 @@ def invalid_parameter(name: str) -> VarlinkError:
 
 
 def invalid_request(reason: str) -> VarlinkError:
-    return VarlinkError(f"{INTERFACE}.InvalidRequest", {"reason": reason})
+    return VarlinkError.from_kreld(InvalidRequest(reason))
 
 
 @record
