@@ -157,7 +157,7 @@ def test_good_parameters_become_typed_fields() -> None:
     r = requests.parse(
         requests.Resolve, {"addresses": ["0x10", "ffff"], "at": 7, "clock": "boottime"}
     )
-    assert r == requests.Resolve([0x10, 0xFFFF], None, 7, Clock.BOOTTIME)
+    assert r == requests.Resolve(addresses=[0x10, 0xFFFF], at=7, clock=Clock.BOOTTIME)
     m = requests.parse(requests.GetModules, {"boot_id": None, "all": None})
     assert m == requests.GetModules(None, None, Clock.MONOTONIC, False)
     assert requests.parse(requests.GetModules, {}) == m

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_RESOLVE_ADDRESSES",
     "MAX_STRING",
     "REQUESTS",
+    "AtTime",
     "ExportKallsyms",
     "GetBoot",
     "GetInfo",
@@ -188,38 +189,39 @@ class Snapshot(Request):
 
 
 @record
-class GetModules(Request):
+class AtTime(Request):
+    """What every question about a boot at a time asks: which boot (default the
+    current one), and when, on which clock (default now)."""
+
+    METHOD = ""
+    boot_id: str | None = None
+    at: int | None = None
+    clock: Clock = field(default=Clock.MONOTONIC, metadata=_CLOCK)
+
+
+@record
+class GetModules(AtTime):
     METHOD = "GetModules"
-    boot_id: str | None = None
-    at: int | None = None
-    clock: Clock = field(default=Clock.MONOTONIC, metadata=_CLOCK)
     all: bool = False
 
 
 @record
-class GetKernelCode(Request):
+class GetKernelCode(AtTime):
     METHOD = "GetKernelCode"
-    boot_id: str | None = None
-    at: int | None = None
-    clock: Clock = field(default=Clock.MONOTONIC, metadata=_CLOCK)
     all: bool = False
 
 
 @record
-class Resolve(Request):
+class Resolve(AtTime):
     METHOD = "Resolve"
-    addresses: Addresses = field(metadata=_ADDRESSES)
-    boot_id: str | None = None
-    at: int | None = None
-    clock: Clock = field(default=Clock.MONOTONIC, metadata=_CLOCK)
+    # Declared without a default (the interface requires it): the default here
+    # only lets the field follow AtTime's; parse_addresses refuses a missing one.
+    addresses: Addresses = field(default=(), metadata=_ADDRESSES)
 
 
 @record
-class ExportKallsyms(Request):
+class ExportKallsyms(AtTime):
     METHOD = "ExportKallsyms"
-    boot_id: str | None = None
-    at: int | None = None
-    clock: Clock = field(default=Clock.MONOTONIC, metadata=_CLOCK)
 
 
 @record
@@ -254,12 +256,12 @@ def _spec_of(cls: type[Request]) -> _Spec:
     """The declared parameters of *cls*'s method, which must be its fields."""
     iface = INTERFACES[cls.INTERFACE]
     declared = iface.methods[cls.METHOD].parameters
-    own = fields(cls)
-    if [f.name for f in own] != list(declared):
+    own = {f.name: f for f in fields(cls)}
+    if own.keys() != declared.keys():
         raise TypeError(f"{cls.__name__} does not have the parameters {cls.METHOD} declares")
     spec = _Spec(
         iface,
-        tuple(_Field(f.name, declared[f.name], f.metadata.get("parse")) for f in own),
+        tuple(_Field(n, t, own[n].metadata.get("parse")) for n, t in declared.items()),
         frozenset(declared),
         None,
     )
