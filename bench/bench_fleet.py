@@ -1,6 +1,6 @@
 """Issue 15: the fleet bucket at scale (10,000 hosts x 10 boots x 100 modules, 20 builds).
 
-Objects are generated with kreld's own encoders (:mod:`kreld.fleet.layout`, as the publisher
+Objects are generated with kreld's own encoders (:mod:`kreld.fleet.objects`, as the publisher
 writes them) into obstore's in-memory store, and read back with the real reader
 (:class:`kreld.fleet.bucket.BucketStore` and :class:`kreld.server.service.Service`, as ``kreldctl
 --from`` runs them); what a real server would add is its request latency, so the
@@ -30,7 +30,7 @@ from common import Result, bench_main, log, now_ns
 from kreld.client import resolutions
 from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 from kreld.core.symtab import kernel_table, module_table
-from kreld.fleet import layout as fleet
+from kreld.fleet import objects as fleet
 from kreld.fleet.bucket import BucketStore
 from kreld.fleet.s3 import Bucket
 from kreld.server import methods

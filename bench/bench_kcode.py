@@ -31,7 +31,7 @@ from common import REPO, Kreld, Result, bench_main, log, median, now_ns, venv_to
 sys.path.insert(0, str(REPO / "tests"))
 from bpfprog import load_socket_filter
 
-from kreld.tracker.kcode import THREAD_NAME
+from kreld.tracker.kernel_code import THREAD_NAME
 
 CPU_GOAL_MS = 1.0
 IDLE_GOAL_PCT = 0.5
@@ -119,9 +119,9 @@ def churn(n: int, rate: float | None) -> float:
 def resolve_ratio(quick: bool, programs: int) -> tuple[float, float]:
     """Median ns of a 10,000-address Resolve with *programs* live programs
     recorded, and of the same map built without kernel code (as before issue 21)."""
-    from kreld.core.kcode import CodeKind, CodeSeen, CodeSource, KernelCode
+    from kreld.core.kernel_code import CodeKind, CodeSeen, CodeSource, KernelCode
     from kreld.core.model import Anchors, BootSnapshot, Clock, Timestamp
-    from kreld.symbols.kcodequery import CodeHistory
+    from kreld.symbols.kernel_code import CodeHistory
     from kreld.symbols.queries import AddressMap
 
     text = 0xFFFFFFFF81000000

@@ -30,8 +30,8 @@ from common import Result, bench_main, interleaved, load_faketree, log, median
 from kreld.kernel.btf import Btf
 from kreld.kernel.info import Root
 from kreld.kernel.kcore import Kcore
-from kreld.kernel.modlayout import module_layout
-from kreld.kernel.modules import read_module, read_proc_modules
+from kreld.kernel.module_struct import module_layout
+from kreld.kernel.modules_sysfs import read_module, read_proc_modules
 from kreld.kernel.seethrough import KernelMemory, see_through
 
 OFFSET = 0x2A000000

@@ -50,9 +50,9 @@ from kreld.server.listener import Server, bind_socket, limits_of, raise_fd_limit
 from kreld.server.service import Service
 from kreld.store.lock import WriterLock, damaged_stores, open_writable
 from kreld.symbols.capture import SymbolCapture
-from kreld.tracker.kcode import KernelCodeFollower
+from kreld.tracker.kernel_code import KernelCodeFollower
+from kreld.tracker.modules import ModuleTracker
 from kreld.tracker.sources import EventSource, UeventSource, event_sources, health
-from kreld.tracker.tracker import ModuleTracker
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger

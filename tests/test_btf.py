@@ -12,7 +12,7 @@ from kmodimage import NEW, OLD, new_btf, old_btf
 
 from kreld.core.errors import BtfError
 from kreld.kernel.btf import MAX_DEPTH, Btf, Kind
-from kreld.kernel.modlayout import module_layout
+from kreld.kernel.module_struct import module_layout
 
 
 def test_members_offsets_sizes_through_typedefs_qualifiers_and_anonymous_unions() -> None:

@@ -28,7 +28,7 @@ from perffile import PerfFile
 from s3server import ACCESS_KEY, SECRET_KEY, S3Server, running_s3, weed_binary
 
 from kreld.core.errors import FleetObjectInvalid, KernelReadError
-from kreld.core.kcode import (
+from kreld.core.kernel_code import (
     OWNER_BPF,
     CodeKind,
     CodeSeen,
@@ -39,9 +39,9 @@ from kreld.core.kcode import (
 )
 from kreld.core.log import get as get_log
 from kreld.core.model import Timestamp
-from kreld.fleet import layout as fleet
+from kreld.fleet import objects as fleet
 from kreld.fleet.bucket import BucketStore
-from kreld.fleet.kcodelayout import CodeDelta
+from kreld.fleet.kernel_code_objects import CodeDelta
 from kreld.fleet.publish import Publisher, Target
 from kreld.fleet.s3 import Bucket, open_bucket
 from kreld.kernel.info import Root

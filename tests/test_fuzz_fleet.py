@@ -4,7 +4,7 @@ another exception, within its bounds.
 
 Seeds are the publisher's own encodings of real records: a boot and module
 incarnations a kreld recorded from a fake tree (a real store, read back), their
-manifest and batch as kreld.fleet.layout writes them, a kernel symbol table
+manifest and batch as kreld.fleet.objects writes them, a kernel symbol table
 packed from that store, and index names.  hypothesis mutates them (bytes
 flipped, cut, spliced; JSON values swapped for lists, objects, huge and
 non-finite numbers, deep nesting) and draws JSON of its own.  In process, a few
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from kreld.core.errors import FleetObjectInvalid
 from kreld.core.symtab import SymbolTable
-from kreld.fleet import layout as fleet
+from kreld.fleet import objects as fleet
 from kreld.store import Store
 from kreld.store.pubstate import table_bytes
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from perffile import FINISHED_INIT, PerfFile, compressed, mmap, record
 
 from kreld.core.errors import KreldError
-from kreld.perf import records as perfrecords
+from kreld.perf import formats as perfrecords
 from kreld.perf.reader import PerfHeader, read_perf_header
 
 SETTINGS = settings(

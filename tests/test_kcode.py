@@ -1,20 +1,20 @@
-"""Kernel code followed from side-band records (kreld/tracker/kcodeplan.py),
+"""Kernel code followed from side-band records (kreld/tracker/kernel_code_plan.py),
 reconciled against kallsyms, and kept in the store with bounded retention
-(kreld/store/kcode.py)."""
+(kreld/store/kernel_code.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kreld.core.kcode import CodeEvent, CodeKind, CodeSeen, LossReason
+from kreld.core.kernel_code import CodeEvent, CodeKind, CodeSeen, LossReason
 from kreld.core.model import Clock, Timestamp
 from kreld.kernel.bpfinfo import ProgramInfo
 from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.sideband import BpfEvent, Ksymbol, Lost, merge_by_time
 from kreld.store import Store
-from kreld.tracker.kcode import KernelCodeFollower
-from kreld.tracker.kcodeplan import ZERO, CodeLine, CodeState, code_lines
+from kreld.tracker.kernel_code import KernelCodeFollower
+from kreld.tracker.kernel_code_plan import ZERO, CodeLine, CodeState, code_lines
 
 BOOT = "0d3c5f0e-9a61-4a8e-8f4e-0c1a2b3c4d5e"
 A = 0xFFFFFFFFC0010000

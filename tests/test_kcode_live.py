@@ -24,7 +24,7 @@ from conftest import ctl_json, kreldctl, wait_until
 from kreld.client import Client
 from kreld.core import consts
 from kreld.core.errors import KernelReadError
-from kreld.core.kcode import CodeSeen, LossReason
+from kreld.core.kernel_code import CodeSeen, LossReason
 from kreld.core.model import Clock
 from kreld.kernel.bpfinfo import bpf_functions, bpf_programs
 from kreld.kernel.info import Root, read_boot_id
@@ -32,8 +32,8 @@ from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.perfring import SidebandRings, online_cpus
 from kreld.kernel.sideband import merge_by_time
 from kreld.store import Store
-from kreld.tracker.kcode import KernelCodeFollower, stamper
-from kreld.tracker.kcodeplan import CodeState
+from kreld.tracker.kernel_code import KernelCodeFollower, stamper
+from kreld.tracker.kernel_code_plan import CodeState
 
 ROOT = Root(Path("/"))
 

@@ -1,4 +1,4 @@
-"""Kernel code in Resolve's address map (kreld/symbols/kcodequery.py): a reused
+"""Kernel code in Resolve's address map (kreld/symbols/kernel_code.py): a reused
 address names what was there at the time asked, an unknowable time is
 uncertain and names nothing, and the bulk path answers as the one-by-one path."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kreld.core.kcode import (
+from kreld.core.kernel_code import (
     CodeKind,
     CodeSeen,
     CodeSource,
@@ -15,9 +15,9 @@ from kreld.core.kcode import (
     LossWindow,
 )
 from kreld.core.model import Anchors, BootSnapshot, Clock, Timestamp
-from kreld.symbols.kcodequery import CodeHistory, CodeIndex, kallsyms_lines
+from kreld.symbols.kernel_code import CodeHistory, CodeIndex, kallsyms_lines
 from kreld.symbols.queries import AddressMap
-from kreld.tracker.kcodeplan import ZERO
+from kreld.tracker.kernel_code_plan import ZERO
 
 TEXT = 0xFFFFFFFF81000000
 A = 0xFFFFFFFFC0010000
@@ -161,7 +161,7 @@ def test_candidates_by_bisection_are_the_pieces_possible_at_each_time() -> None:
 
 def test_a_history_read_again_reads_only_the_open_and_the_new_records(tmp_path: Path) -> None:
     from kreld.store import Store
-    from kreld.symbols.kcodequery import code_history
+    from kreld.symbols.kernel_code import code_history
 
     with Store(tmp_path / "s") as store:
         kc = store.kernel_code

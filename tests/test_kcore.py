@@ -1,5 +1,5 @@
 """Kernel memory through a kcore-shaped ELF core (kreld/kernel/kcore.py) and the
-module list walked in it (kreld/kernel/kmodules.py), on files built in
+module list walked in it (kreld/kernel/modules_kcore.py), on files built in
 tests/kmembuild.py and tests/kmodimage.py in both layouts of struct module."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from kreld.core.errors import (
 )
 from kreld.kernel.btf import Btf
 from kreld.kernel.kcore import MAX_READ, Kcore
-from kreld.kernel.kmodules import walk_modules
-from kreld.kernel.modlayout import module_layout
+from kreld.kernel.module_struct import module_layout
+from kreld.kernel.modules_kcore import walk_modules
 
 BTF = {"old": old_btf, "new": new_btf}
 DUMMY = {
@@ -221,7 +221,7 @@ def test_a_modules_symbols_are_read_as_kallsyms_prints_them(tmp_path: Path, layo
     """mod->kallsyms in its order, the empty symbol 0 left out, exported ones
     (in mod->syms: PREL32 offsets in one layout, pointers in the other) upper
     case, the rest lower, whatever case typetab holds."""
-    from kreld.kernel.kmodules import module_symbols
+    from kreld.kernel.modules_kcore import module_symbols
 
     m = ModuleImage(layout)
     syms = [

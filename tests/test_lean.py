@@ -83,7 +83,7 @@ def test_importing_the_daemon_loads_no_fleet_publishing() -> None:
     assert "kreld.daemon" in mods
     assert (
         mods
-        & {"kreld.fleet.publish", "kreld.fleet.layout", "kreld.store.pubstate", "kreld.fleet.s3"}
+        & {"kreld.fleet.publish", "kreld.fleet.objects", "kreld.store.pubstate", "kreld.fleet.s3"}
         == set()
     )
     assert mods & {"zstandard", "configparser", "obstore"} == set()

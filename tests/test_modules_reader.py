@@ -1,4 +1,4 @@
-"""The module reader (kreld.kernel.modules) on fake ``sys/module`` + ``proc/modules`` trees."""
+"""The sysfs module reader (kreld.kernel.modules_sysfs) on fake sys/module + proc/modules trees."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from conftest import fast_tmpdir
 from faketree import FakeTree, build_id_note, note
 
 from kreld.kernel.info import Root
-from kreld.kernel.modules import (
+from kreld.kernel.modules_sysfs import (
     ProcModule,
     list_modules,
     parse_proc_modules,

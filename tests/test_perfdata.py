@@ -388,7 +388,7 @@ def test_module_maps_past_the_cap_are_too_large(
     from perffile import module_maps
 
     from kreld.core.errors import PerfDataTooLarge
-    from kreld.perf import records as perfrecords
+    from kreld.perf import formats as perfrecords
 
     monkeypatch.setattr(perfrecords, "MAX_MODULE_MAPS", 50)
     f = PerfFile()

@@ -2,7 +2,7 @@
 
 No tree, no thread, no store: each test states what the tracker knows (what
 is open, what closed lately), what one look at ``sys/module`` showed and read,
-and which hints came, then checks what :func:`kreld.tracker.reconcile.plan` decides.
+and which hints came, then checks what :func:`kreld.tracker.modules_plan.plan` decides.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from kreld.core import record
 from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.tracker.reconcile import (
+from kreld.tracker.modules_plan import (
     GONE_FAULT,
     Changes,
     Hint,

@@ -12,7 +12,7 @@ import pytest
 from kreld.core import consts, record
 from kreld.core.errors import StoreCorrupt
 from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.store import Store, inc_key, records
+from kreld.store import Store, encoding, inc_key
 
 NAMES = [".text", ".init.text", ".exit.text", ".data", ".rodata", ".gnu.linkonce.this_module",
          "__param", "__mcount_loc", ".bss", ".symtab", ".strtab", ".init.data", ".note.Linux",
@@ -48,9 +48,9 @@ def incarnation(**kw: object) -> Incarnation:
 
 
 def roundtrip(inc: Incarnation) -> Incarnation:
-    raw, key, names = records.encode(inc)
+    raw, key, names = encoding.encode(inc)
     layouts = {key: names}
-    return records.decode(raw, inc.boot_id, inc.seq, layouts.__getitem__)
+    return encoding.decode(raw, inc.boot_id, inc.seq, layouts.__getitem__)
 
 
 def test_every_field_survives() -> None:
@@ -94,8 +94,8 @@ def test_odd_values_survive() -> None:
 
 def test_same_names_share_one_layout_and_the_record_is_a_sixth_of_the_wire_form() -> None:
     a, b = incarnation(), incarnation()
-    assert records.encode(a)[1] == records.encode(b)[1]
-    raw = records.encode(a)[0]
+    assert encoding.encode(a)[1] == encoding.encode(b)[1]
+    raw = encoding.encode(a)[0]
     assert len(raw) * 6 < len(json.dumps(a.to_json()))
 
 
@@ -106,19 +106,19 @@ def test_damaged_records_raise_value_or_index_errors() -> None:
         unloaded=Timestamp(40_121_514_158, 40_121_514_200, 1_796_214_903_491),
         unload_seen_by=SeenBy.POLL,  # the last byte: an index into SeenBy
     )
-    raw, key, names = records.encode(inc)
+    raw, key, names = encoding.encode(inc)
     layouts = {key: names}
     bad = [raw[:n] for n in range(1, len(raw))]
     bad += [raw + b"\0", raw[:1] + b"\xff\xff\x0f" + raw[4:], raw[:-1] + b"\x09"]
     for b in bad:
         with pytest.raises((ValueError, IndexError, KeyError)):
-            records.decode(b, inc.boot_id, inc.seq, layouts.__getitem__)
+            encoding.decode(b, inc.boot_id, inc.seq, layouts.__getitem__)
 
 
 def test_schema_1_records_are_still_read() -> None:
     inc = incarnation()
     old = json.dumps(inc.to_json()).encode()
-    assert records.decode(old, inc.boot_id, inc.seq, {}.__getitem__) == inc
+    assert encoding.decode(old, inc.boot_id, inc.seq, {}.__getitem__) == inc
 
 
 SCHEMA_2_RECORD = {
@@ -140,7 +140,7 @@ def test_a_schema_2_store_is_upgraded_and_its_records_still_read(tmp_path: Path)
     env = lmdb.open(str(state), max_dbs=16)
     meta, incs, lays = (env.open_db(n) for n in (b"meta", b"incarnations", b"layouts"))
     names = [".text", ".data"]
-    lkey = records.layout_key(names)
+    lkey = encoding.layout_key(names)
     with env.begin(write=True) as txn:
         txn.put(b"schema", b"2", db=meta)
         txn.put(lkey, json.dumps(names).encode(), db=lays)
@@ -167,7 +167,7 @@ def test_a_schema_2_store_is_upgraded_and_its_records_still_read(tmp_path: Path)
     assert schema() == str(consts.STORE_SCHEMA_VERSION).encode() == b"4"
     env = lmdb.open(str(state), max_dbs=16)
     with env.begin(write=True, db=env.open_db(b"incarnations")) as txn:
-        txn.put(inc_key(boot, 1), records.encode(second)[0][:-3])
+        txn.put(inc_key(boot, 1), encoding.encode(second)[0][:-3])
     env.close()
     with Store(state, readonly=True) as ro, pytest.raises(StoreCorrupt, match="unreadable"):
         ro.incarnations(boot)

@@ -17,8 +17,8 @@ from kmodimage import KTEXT, MODAREA, MODULES_HEAD, ModuleImage, new_btf, old_bt
 
 from kreld.core.model import AddressSource, Anchors
 from kreld.kernel.info import Root
-from kreld.kernel.kmodules import KernelModule
-from kreld.kernel.modules import read_module
+from kreld.kernel.modules_kcore import KernelModule
+from kreld.kernel.modules_sysfs import read_module
 from kreld.kernel.seethrough import open_kernel_memory, see_through
 
 RELEASE = "6.1.0-fake"

@@ -35,10 +35,10 @@ from faketree import FakeTree, kcore, link_vmlinux
 from kreld.client import resolutions
 from kreld.core.model import BootSymbols, Incarnation, SeenBy, Timestamp
 from kreld.kernel.info import Root
-from kreld.kernel.modules import read_module
+from kreld.kernel.modules_sysfs import read_module
 from kreld.kernel.snapshot import take_snapshot
 from kreld.store import Store
-from kreld.tracker.reconcile import new_incarnation
+from kreld.tracker.modules_plan import new_incarnation
 
 LINK = 0xFFFFFFFF81000000  # where x86-64 links _text
 RELEASE = "6.1.0-fake"

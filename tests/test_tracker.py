@@ -23,7 +23,7 @@ from faketree import FakeTree
 from kreld.core.model import SeenBy
 from kreld.kernel.info import Root
 from kreld.store import Store
-from kreld.tracker.tracker import Hint, ModuleTracker
+from kreld.tracker.modules import Hint, ModuleTracker
 
 BASE_A = 0xFFFFFFFFC0400000
 BASE_B = 0xFFFFFFFFC0900000

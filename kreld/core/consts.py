@@ -70,7 +70,7 @@ MAX_SOCKET_PATH: Final = 108 - 1 - 9
 PROJECT_URL: Final = ""
 
 
-# 2: compact incarnation records (kreld.store.records); schema 1 records still read.
+# 2: compact incarnation records (kreld.store.encoding); schema 1 records still read.
 # 3: binary incarnation records; records of schemas 1 and 2 still read.
 # 4: an incarnation may carry loaded_after and where its sections came from.
 STORE_SCHEMA_VERSION: Final = 4

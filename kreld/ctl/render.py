@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from kreld.core.kcode import KernelCode, LossWindow
+from kreld.core.kernel_code import KernelCode, LossWindow
 from kreld.core.model import AddressSource, BootSnapshot, Clock, Incarnation, hexaddr
 
 __all__ = [

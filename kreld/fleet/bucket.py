@@ -1,7 +1,7 @@
 """Reading the fleet bucket: ``kreldctl --from s3://BUCKET/PREFIX`` (read-only).
 
 :class:`BucketStore` is a :class:`~kreld.store.bootsource.BootSource`: the same read methods
-the local store offers, answered from the bucket's objects (:mod:`kreld.fleet.layout`), so the
+the local store offers, answered from the bucket's objects (:mod:`kreld.fleet.objects`), so the
 CLI's commands run the daemon's own :class:`~kreld.server.service.Service` code on it.  It only
 follows manifests, which are written after everything they name: it never sees a boot
 half published.
@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from kreld.core.errors import AmbiguousBoot, FleetObjectInvalid, InvalidArgument, NoSuchBoot
-from kreld.core.kcode import KernelCode, LossWindow
+from kreld.core.kernel_code import KernelCode, LossWindow
 from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 from kreld.core.symtab import SymbolTable, SymbolTables
-from kreld.fleet import layout as fleet
-from kreld.fleet.kcodelayout import merge_code
+from kreld.fleet import objects as fleet
+from kreld.fleet.kernel_code_objects import merge_code
 from kreld.fleet.s3 import Bucket, open_bucket
 
 __all__ = ["BucketBackend", "BucketStore", "T", "summary_of"]
@@ -40,7 +40,7 @@ class _Tables:
 
 class _KernelCode:
     """A boot's kernel-code records and loss windows as its batches carry them,
-    read as :class:`~kreld.store.kcode.KernelCodeTables` reads the store's."""
+    read as :class:`~kreld.store.kernel_code.KernelCodeTables` reads the store's."""
 
     def __init__(self, owner: BucketStore) -> None:
         self._owner = owner

@@ -37,8 +37,8 @@ from kreld.core.errors import KernelReadError, KreldError
 from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 from kreld.core.record import field, fields, record
 from kreld.core.symtab import module_symbol_key
-from kreld.fleet import layout as fleet
-from kreld.fleet.kcodelayout import CodeDelta
+from kreld.fleet import objects as fleet
+from kreld.fleet.kernel_code_objects import CodeDelta
 from kreld.fleet.s3 import Bucket, open_bucket, require_fleet
 from kreld.kernel.info import Root
 from kreld.store import Store
@@ -146,7 +146,7 @@ def _changed(
 def _code_changes(
     store: Store, state: PubState, boot_id: str, cur: dict[str, Any], quiet: bool
 ) -> tuple[CodeDelta, Callable[[], CodeDelta], dict[str, str | None], str]:
-    """The boot's kernel code (kreld/fleet/kcodelayout.py): what changed since the
+    """The boot's kernel code (kreld/fleet/kernel_code_objects.py): what changed since the
     last round (records, seqs retention dropped from the store, the loss windows
     when they changed), all of it (read when a round compacts), the digests to keep
     (hex by seq, None: forget), and the loss windows' digest.  A record's digest is

@@ -49,7 +49,7 @@ _FROM_FILES: set[str] = set()
 # Requests in flight at once when a reader fetches many objects.
 CONCURRENCY = 64
 # What one GET may bring unless the caller says (the largest object kreld writes is a
-# symbol table, refused past kreld.fleet.layout.MAX_TABLE), and the pieces it comes in.
+# symbol table, refused past kreld.fleet.objects.MAX_TABLE), and the pieces it comes in.
 DEFAULT_LIMIT = 64 << 20
 _CHUNK = 1 << 20
 Fetched = bytes | None | FleetObjectInvalid

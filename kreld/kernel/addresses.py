@@ -24,7 +24,7 @@ from kreld.core.model import AddressSource, ModuleState
 from kreld.core.record import replace
 from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
-from kreld.kernel.modules import ProcModule, read_module
+from kreld.kernel.modules_sysfs import ProcModule, read_module
 from kreld.kernel.seethrough import KernelMemory, not_yet, see_through
 from kreld.kernel.snapshot import kernel_memory_for
 

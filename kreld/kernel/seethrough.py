@@ -11,7 +11,7 @@ reads what it needs where the kernel does not zero it:
   the map's ``_stext`` moved by it; and the names kallsyms still lists, in the
   kernel's order, come in the map's order;
 * every module's sections: its ``struct module`` walked in kernel memory
-  (:mod:`kreld.kernel.kmodules`) from the map's ``modules``, laid out as BTF
+  (:mod:`kreld.kernel.modules_kcore`) from the map's ``modules``, laid out as BTF
   says, cross-checked with ``/sys/module`` (name, build-id note, core size);
   and its symbols, from its own table there (``mod->kallsyms``).
 
@@ -34,8 +34,8 @@ from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.kaslr import parse_system_map
 from kreld.kernel.kcore import Kcore
-from kreld.kernel.kmodules import KernelModule, module_symbols, walk_modules
-from kreld.kernel.modlayout import ModuleLayout, module_layout
+from kreld.kernel.module_struct import ModuleLayout, module_layout
+from kreld.kernel.modules_kcore import KernelModule, module_symbols, walk_modules
 
 __all__ = [
     "KERNEL_BTF",

@@ -22,7 +22,7 @@ from kreld.perf.match import BootMatch, SampleClock, match_boot
 from kreld.perf.reader import KERNEL_MAP_PREFIX, PerfHeader
 from kreld.store.bootsource import BootSource
 from kreld.symbols.export import module_key, render_kallsyms
-from kreld.symbols.kcodequery import CodeIndex, code_history, kallsyms_lines
+from kreld.symbols.kernel_code import CodeIndex, code_history, kallsyms_lines
 from kreld.symbols.queries import Region, init_live_at, is_init_section, module_regions
 
 __all__ = [
@@ -217,7 +217,7 @@ class Symbolizer:
 
     def _code_frame(self, address: int, t: int | None) -> Frame | None:
         """A BPF program, trampoline, ftrace or kprobe page certainly at *address*
-        at the sample's time (kreld/symbols/kcodequery.py): never a guess."""
+        at the sample's time (kreld/symbols/kernel_code.py): never a guess."""
         if self.code is None:
             return None
         c = self.code.at(address, self.clock.clock, t if self.clock.exact else None)

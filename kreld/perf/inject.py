@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from kreld.core.errors import InvalidArgument
-from kreld.core.kcode import OWNER_BPF
+from kreld.core.kernel_code import OWNER_BPF
 from kreld.core.model import Incarnation, hexaddr
 from kreld.core.record import record
 from kreld.core.safeout import safe_output
@@ -57,7 +57,7 @@ from kreld.perf.reader import read_perf_header
 from kreld.perf.rewrite import Added, Recording, write_with
 from kreld.perf.synth import AttrLayout, KsymType, build_id_entry, kernel_mmap, ksymbol
 from kreld.store.bootsource import BootSource
-from kreld.symbols.kcodequery import code_history
+from kreld.symbols.kernel_code import code_history
 from kreld.symbols.queries import module_regions
 
 __all__ = [

@@ -34,7 +34,7 @@ pipe, a FIFO or ``-`` (read once, in order, each wait for data bounded, so a
 FIFO nobody writes to is refused rather than waited on); a compressed record
 inflates in chunks and is refused once it passes :data:`DECOMPRESSED_LIMIT`;
 the scan ends after :data:`RECORD_LIMIT` records or :data:`PREFIX_LIMIT`
-bytes; module maps and build-ids are capped (:mod:`kreld.perf.records`).
+bytes; module maps and build-ids are capped (:mod:`kreld.perf.formats`).
 Whatever the bytes, the result is a :class:`PerfHeader` or a
 :class:`~kreld.core.errors.PerfDataError` (:class:`~kreld.core.errors.PerfDataTooLarge`
 for a bound).
@@ -47,20 +47,20 @@ import struct
 from typing import IO, TYPE_CHECKING, cast
 
 from kreld.core.errors import InvalidArgument, PerfDataError, PerfDataTooLarge
+from kreld.perf.formats import _FEATURES as _FEATURES
+from kreld.perf.formats import _FILE_HEADER_SIZE, _HOST_PID, _MAGIC, _PIPE_HEADER_SIZE, _Collector
+from kreld.perf.formats import KERNEL_MAP_PREFIX as KERNEL_MAP_PREFIX
+from kreld.perf.formats import MAX_BUILD_IDS as MAX_BUILD_IDS
+from kreld.perf.formats import MAX_MODULE_MAPS as MAX_MODULE_MAPS
+from kreld.perf.formats import BuildIdEntry as BuildIdEntry
+from kreld.perf.formats import ClockData as ClockData
+from kreld.perf.formats import ClockId as ClockId
+from kreld.perf.formats import Feature as Feature
+from kreld.perf.formats import ModuleMap as ModuleMap
+from kreld.perf.formats import PerfHeader as PerfHeader
+from kreld.perf.formats import RecordType as RecordType
+from kreld.perf.formats import module_name as module_name
 from kreld.perf.input import Input, is_stdin, open_input
-from kreld.perf.records import _FEATURES as _FEATURES
-from kreld.perf.records import _FILE_HEADER_SIZE, _HOST_PID, _MAGIC, _PIPE_HEADER_SIZE, _Collector
-from kreld.perf.records import KERNEL_MAP_PREFIX as KERNEL_MAP_PREFIX
-from kreld.perf.records import MAX_BUILD_IDS as MAX_BUILD_IDS
-from kreld.perf.records import MAX_MODULE_MAPS as MAX_MODULE_MAPS
-from kreld.perf.records import BuildIdEntry as BuildIdEntry
-from kreld.perf.records import ClockData as ClockData
-from kreld.perf.records import ClockId as ClockId
-from kreld.perf.records import Feature as Feature
-from kreld.perf.records import ModuleMap as ModuleMap
-from kreld.perf.records import PerfHeader as PerfHeader
-from kreld.perf.records import RecordType as RecordType
-from kreld.perf.records import module_name as module_name
 
 if TYPE_CHECKING:
     import zstandard

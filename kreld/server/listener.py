@@ -37,7 +37,7 @@ from kreld.core.errors import (
     TooManyConnections,
     TooManyConnectionsPerUid,
 )
-from kreld.core.kcode import CodeEvent, KernelCode
+from kreld.core.kernel_code import CodeEvent, KernelCode
 from kreld.core.model import Incarnation, ModuleEvent
 from kreld.core.record import record
 from kreld.server.access import Policy, check_socket_dir, group_id, peer_comm, peer_cred

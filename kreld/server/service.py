@@ -25,11 +25,11 @@ from kreld.store.bootsource import BootSource
 from kreld.varlink import requests
 
 if TYPE_CHECKING:
-    from kreld.core.kcode import KernelCode
+    from kreld.core.kernel_code import KernelCode
 
     # Imported by the methods that ask about addresses and times, when they do:
     # kreldctl show, boots and status need neither.
-    from kreld.symbols.kcodequery import CodeHistory
+    from kreld.symbols.kernel_code import CodeHistory
     from kreld.symbols.queries import AddressMap
 
 __all__ = ["MAP_CACHE", "Reply", "Service"]
@@ -111,8 +111,8 @@ class Service:
         return incs
 
     def _code_history(self, boot_id: str) -> CodeHistory:
-        """The boot's kernel code (kreld/symbols/kcodequery.py), cached like its loads."""
-        from kreld.symbols.kcodequery import code_history
+        """The boot's kernel code (kreld/symbols/kernel_code.py), cached like its loads."""
+        from kreld.symbols.kernel_code import code_history
 
         hist = self._code.get(boot_id)
         if hist is None or boot_id in self._code_stale:
@@ -217,7 +217,7 @@ class Service:
         """The address map of *boot* at *t*, from the cache when the same
         incarnations (and init sections) were live then; the cache is dropped
         with every recorded event, so a record updated since is never stale."""
-        from kreld.symbols.kcodequery import in_loss
+        from kreld.symbols.kernel_code import in_loss
         from kreld.symbols.queries import AddressMap, init_live_at, loaded_at
 
         generation = self._generation
@@ -251,7 +251,7 @@ class Service:
 
     def export_kallsyms(self, req: requests.ExportKallsyms) -> Reply:
         from kreld.symbols.export import module_key, render_kallsyms
-        from kreld.symbols.kcodequery import kallsyms_lines
+        from kreld.symbols.kernel_code import kallsyms_lines
         from kreld.symbols.queries import loaded_at
 
         boot, is_current = self._boot(req.boot_id)

@@ -13,13 +13,13 @@ databases (:class:`Table`), each kept by one part of this package:
     first-seen realtime (8 bytes BE) + boot-id -> ``b""``: newest-first listing.
 ``builds`` (:mod:`.boots`)
     build-id (hex text) -> build record (JSON).
-``incarnations`` (:mod:`.incarnations`)
+``incarnations`` (:mod:`.modules_sysfs`)
     boot-id (16 bytes) + seq (8 bytes BE) -> incarnation (:mod:`kreld.records`).
-``open`` (:mod:`.incarnations`)
+``open`` (:mod:`.modules_sysfs`)
     same key -> ``b""`` for incarnations not yet seen unloaded.
-``watch`` (:mod:`.incarnations`)
+``watch`` (:mod:`.modules_sysfs`)
     boot-id (16 bytes) -> last time the daemon saw ``sys/module`` (JSON).
-``layouts`` (:mod:`.incarnations`)
+``layouts`` (:mod:`.modules_sysfs`)
     12-byte key -> the section names an incarnation record's offsets
     follow (:mod:`kreld.records`), JSON.
 ``symtabs`` (:mod:`.symtabs`)
@@ -35,7 +35,7 @@ databases (:class:`Table`), each kept by one part of this package:
     boot-id (16 bytes) + seq (8 bytes BE) -> the values (``<q`` each) one
     load printed for its table's absolute entries, where they differ from
     the load the table came from.
-``kcode`` (:mod:`.kcode`)
+``kcode`` (:mod:`.kernel_code`)
     boot-id (16 bytes) + a letter + seq: BPF programs, trampolines, ftrace
     and kprobe pages, one record per appearance, which are open, the loss
     windows and the last watch time (issue 21), with their retention.
@@ -61,8 +61,8 @@ from kreld.store.boots import BootTables
 from kreld.store.bootsource import T
 from kreld.store.env import StoreEnv, Table, boot_key, inc_key
 from kreld.store.gc import Retention
-from kreld.store.incarnations import IncarnationTables
-from kreld.store.kcode import KernelCodeTables
+from kreld.store.kernel_code import KernelCodeTables
+from kreld.store.modules import IncarnationTables
 from kreld.store.symtabs import KernelTable, SymbolTableStore, TableViews
 
 __all__ = ["KernelTable", "Store", "StoreEnv", "Table", "TableViews", "boot_key", "inc_key"]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 
 if TYPE_CHECKING:
-    from kreld.core.kcode import KernelCode, LossWindow
+    from kreld.core.kernel_code import KernelCode, LossWindow
     from kreld.core.symtab import SymbolTables
 
 __all__ = ["BootSource", "CodeRecords", "T"]

@@ -59,7 +59,7 @@ class Table(bytes, Enum):
     BOOT_SYMBOLS = b"boot_symbols"
     LAYOUTS = b"layouts"
     ABSOLUTES = b"absolutes"
-    KCODE = b"kcode"  # kernel code (issue 21): kept by kreld.store.kcode
+    KCODE = b"kcode"  # kernel code (issue 21): kept by kreld.store.kernel_code
     PUBLISHED = b"published"  # opened by kreld.store.pubstate, only when publishing
 
     @property

@@ -6,7 +6,7 @@ from typing import Any
 
 from kreld.core.symtab import module_symbol_key
 from kreld.store.env import SEQ, StoreEnv, Table, boot_key
-from kreld.store.incarnations import IncarnationTables
+from kreld.store.modules import IncarnationTables
 
 __all__ = ["Retention"]
 

@@ -47,7 +47,7 @@ from kreld.kernel.elf import elf_symbol_entries, elf_symbols, gnu_build_id, modu
 from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText, Line
 from kreld.kernel.kaslr import matching_vmlinux
-from kreld.kernel.modules import list_modules
+from kreld.kernel.modules_sysfs import list_modules
 from kreld.kernel.seethrough import kallsyms_from_map
 from kreld.store import Store
 

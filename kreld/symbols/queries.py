@@ -12,7 +12,7 @@ from kreld.core.consts import FEW_ADDRESSES as FEW
 from kreld.core.model import BootSnapshot, Clock, Incarnation, hexaddr
 from kreld.core.record import record
 from kreld.core.symtab import KEY_SPAN, SymbolTable, SymbolTables, module_symbol_key
-from kreld.symbols.kcodequery import CodeHistory, code_spans
+from kreld.symbols.kernel_code import CodeHistory, code_spans
 from kreld.varlink.wire import JSON_PLAIN
 
 if TYPE_CHECKING:
@@ -401,7 +401,7 @@ def _quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> 
 def code_regions(
     code: CodeHistory, clock: Clock, t: int | None, taken: Sequence[Region]
 ) -> list[Region]:
-    """Kernel code at *t* as regions (kreld/symbols/kcodequery.py)."""
+    """Kernel code at *t* as regions (kreld/symbols/kernel_code.py)."""
     held = sorted((r.base, r.limit) for r in taken)
     return [
         Region(

@@ -30,7 +30,7 @@ from kreldproc import KreldProcess
 from s3server import S3Server, running_s3, weed_binary
 from test_fleet import BUCKET, Host, create_bucket
 
-from kreld.fleet import layout as fleet
+from kreld.fleet import objects as fleet
 from kreld.fleet.s3 import Bucket, open_bucket
 
 pytestmark = [

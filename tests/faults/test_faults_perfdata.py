@@ -32,9 +32,9 @@ from perffile import ROUND, PerfFile, compressed, module_maps, record, zstd_bomb
 
 from kreld.core.errors import ExitCode
 from kreld.core.model import Anchors, BootSnapshot, Timestamp
+from kreld.perf import formats as perfrecords
 from kreld.perf import input as perfinput
 from kreld.perf import reader as perfdata
-from kreld.perf import records as perfrecords
 from kreld.store import Store
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
 
 from kreld.core import consts
-from kreld.core.kcode import KernelCode, LossReason
+from kreld.core.kernel_code import KernelCode, LossReason
 from kreld.core.model import Clock
 
 pytestmark = [pytest.mark.realkernel, pytest.mark.timeout(900)]

@@ -1,5 +1,5 @@
 """The follower of kernel code: reads the side-band rings of every CPU, plans
-with :mod:`kreld.tracker.kcodeplan`, writes to the store's ``kcode`` table and
+with :mod:`kreld.tracker.kernel_code_plan`, writes to the store's ``kcode`` table and
 tells listeners (Subscribe).  An event source like those of
 :mod:`kreld.tracker.sources`: the daemon starts it, stops it and reports on it.
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kreld.core import consts
 from kreld.core.errors import KernelReadError, KreldError
-from kreld.core.kcode import (
+from kreld.core.kernel_code import (
     OWNER_BPF,
     CodeEvent,
     CodeKind,
@@ -43,8 +43,8 @@ from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.perfring import SidebandRings
 from kreld.kernel.sideband import merge_by_time
-from kreld.store.kcode import KernelCodeTables
-from kreld.tracker.kcodeplan import ZERO, Changes, CodeState, Stamp, code_lines
+from kreld.store.kernel_code import KernelCodeTables
+from kreld.tracker.kernel_code_plan import ZERO, Changes, CodeState, Stamp, code_lines
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -149,7 +149,7 @@ class KernelCodeFollower:
         rings opened), and apply retention once (then every _PRUNE_EVERY records).
 
         The look is timed now, after the read: a record drained later whose
-        time is before it refines what the look found (kreld/tracker/kcodeplan.py)."""
+        time is before it refines what the look found (kreld/tracker/kernel_code_plan.py)."""
         if not self.enabled:
             return
         look = Timestamp.now()
@@ -363,7 +363,7 @@ class KernelCodeFollower:
             self.prune()
 
     def prune(self) -> dict[str, int]:
-        """Retention (kreld/store/kcode.py): this boot's old records, and gone boots'."""
+        """Retention (kreld/store/kernel_code.py): this boot's old records, and gone boots'."""
         self._since_prune = 0
         if self.tables is None or self.state is None:
             return {}

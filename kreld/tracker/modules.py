@@ -22,9 +22,9 @@ from kreld.core.model import HintAction, Incarnation, ModuleEvent, SeenBy, Times
 from kreld.core.record import replace
 from kreld.kernel.addresses import ModuleAddresses
 from kreld.kernel.info import Root
-from kreld.kernel.modules import ProcModule, list_modules, read_proc_modules
+from kreld.kernel.modules_sysfs import ProcModule, list_modules, read_proc_modules
 from kreld.store import Store
-from kreld.tracker.reconcile import (
+from kreld.tracker.modules_plan import (
     Changes,
     Hint,
     Tracked,

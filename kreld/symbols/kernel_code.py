@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kreld.core import consts
-from kreld.core.kcode import OWNER_BPF, OWNER_FTRACE, KernelCode, LossWindow
+from kreld.core.kernel_code import OWNER_BPF, OWNER_FTRACE, KernelCode, LossWindow
 from kreld.core.model import Clock
 from kreld.core.record import record
 

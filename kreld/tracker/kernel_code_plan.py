@@ -1,6 +1,6 @@
 """The pure plan of what side-band records and a look at kallsyms change in
 the kernel code kreld knows to be live (issue 21).  No I/O: the follower
-(:mod:`kreld.tracker.kcode`) reads the rings and kallsyms, hands both here,
+(:mod:`kreld.tracker.kernel_code`) reads the rings and kallsyms, hands both here,
 and writes the :class:`Changes` to the store.
 
 What each input means:
@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-from kreld.core.kcode import (
+from kreld.core.kernel_code import (
     CodeEvent,
     CodeKind,
     CodeSeen,

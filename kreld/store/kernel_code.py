@@ -3,11 +3,11 @@
 One named database, keyed by boot-id (16 bytes) and a letter:
 
 ``c`` + seq (8 bytes BE)
-    a :class:`~kreld.core.kcode.KernelCode` record (JSON).
+    a :class:`~kreld.core.kernel_code.KernelCode` record (JSON).
 ``o`` + seq
     ``b""`` while that record is open (not seen unloaded).
 ``l`` + seq
-    a :class:`~kreld.core.kcode.LossWindow` (JSON).
+    a :class:`~kreld.core.kernel_code.LossWindow` (JSON).
 ``w``
     the time of the last records written (JSON): where a restart's
     "kreld was not running" window starts.
@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any
 
 from kreld.core import consts
-from kreld.core.kcode import KernelCode, LossReason, LossWindow
+from kreld.core.kernel_code import KernelCode, LossReason, LossWindow
 from kreld.core.model import Timestamp
 from kreld.store.env import SEQ, StoreEnv, Table, boot_key, decoded, dumps
 

@@ -1,7 +1,7 @@
 """Kernel code in the fleet bucket (issue 21): the shapes of a batch's ``code``,
 ``code_dropped`` and ``losses`` members, and how a reader merges them.
 
-A batch carries the kernel-code records (:class:`~kreld.core.kcode.KernelCode`)
+A batch carries the kernel-code records (:class:`~kreld.core.kernel_code.KernelCode`)
 whose published form changed since the last round, the seqs retention deleted
 from the store since then (``code_dropped``: a reader forgets them, so the
 bucket holds what the store holds), and, when they changed, the boot's loss
@@ -14,7 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kreld.core.jsonin import Int, List, Obj, Opt, Str
-from kreld.core.kcode import CodeKind, CodeSeen, CodeSource, KernelCode, LossReason, LossWindow
+from kreld.core.kernel_code import (
+    CodeKind,
+    CodeSeen,
+    CodeSource,
+    KernelCode,
+    LossReason,
+    LossWindow,
+)
 from kreld.core.record import record
 
 __all__ = [

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping, Set
 from kreld.core.errors import KernelMemoryError, ModuleListChanged, NoteError
 from kreld.core.record import record
 from kreld.kernel.kcore import MAX_READ, Kcore
-from kreld.kernel.modlayout import KallsymsLayout, ModuleLayout
+from kreld.kernel.module_struct import KallsymsLayout, ModuleLayout
 from kreld.kernel.notes import find_build_id
 
 __all__ = [

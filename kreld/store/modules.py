@@ -9,7 +9,7 @@ from kreld.core import uuids
 from kreld.core.errors import StoreCorrupt
 from kreld.core.model import Incarnation, Timestamp
 from kreld.core.record import replace
-from kreld.store import records
+from kreld.store import encoding
 from kreld.store.env import (
     SEQ,
     UNREADABLE,
@@ -108,7 +108,7 @@ class IncarnationTables:
         return self.env.write(fn)
 
     def _encode(self, txn: Any, inc: Incarnation) -> bytes:
-        raw, key, names = records.encode(inc)
+        raw, key, names = encoding.encode(inc)
         txn.put(key, dumps(names), db=self.env.dbs[Table.LAYOUTS], overwrite=False)
         return raw
 
@@ -128,7 +128,7 @@ class IncarnationTables:
 
         boot_id = uuids.to_text(bytes(key[:16]))
         try:
-            return records.decode(raw, boot_id, int(SEQ.unpack(key[16:24])[0]), layout)
+            return encoding.decode(raw, boot_id, int(SEQ.unpack(key[16:24])[0]), layout)
         except UNREADABLE as e:
             raise StoreCorrupt(
                 str(self.env.path), f"unreadable incarnation record {bytes(key).hex()}: {e}"

@@ -6,7 +6,7 @@ Under ``s3://BUCKET/PREFIX``::
     tables/m/<build-id>               a module build's (or m/<name>/<srcversion>)
     tables/b/<boot-id>                a boot whose symbols differ from its build's
     boots/<boot-id>/batch-<n>         incarnations and kernel code published in one round
-                                      (immutable; kernel code: kreld/fleet/kcodelayout.py)
+                                      (immutable; kernel code: kreld/fleet/kernel_code_objects.py)
     boots/<boot-id>/manifest          the boot, its host and its batches: written last
     index/<boot-id>.<machine-id>.<gen>.<version>.<summary>
                                       an empty object whose name is the boot's row in
@@ -32,10 +32,16 @@ import zstandard
 from kreld.core import jsonin
 from kreld.core.errors import FleetObjectInvalid
 from kreld.core.jsonin import Bool, Int, List, Map, Obj, Opt, Str
-from kreld.core.kcode import KernelCode, LossWindow
+from kreld.core.kernel_code import KernelCode, LossWindow
 from kreld.core.model import WIRE_ANCHORS, BootSnapshot, BootSymbols, Incarnation
 from kreld.core.record import record
-from kreld.fleet.kcodelayout import CODES_SHAPE, DROPPED_SHAPE, LOSSES_SHAPE, NO_CODE, CodeDelta
+from kreld.fleet.kernel_code_objects import (
+    CODES_SHAPE,
+    DROPPED_SHAPE,
+    LOSSES_SHAPE,
+    NO_CODE,
+    CodeDelta,
+)
 
 __all__ = [
     "COMPACT_AFTER",
@@ -276,7 +282,7 @@ BATCH_SHAPE = Obj(
         "incarnations": List(INCARNATION_SHAPE, 1 << 20),
         "absolutes": Map(Str(19, r"[0-9]{1,19}"), List(_I64, 1 << 16), 1 << 20),
     },
-    # kernel code (kreld/fleet/kcodelayout.py): absent from batches written before it
+    # kernel code (kreld/fleet/kernel_code_objects.py): absent from batches written before it
     {"code": CODES_SHAPE, "code_dropped": DROPPED_SHAPE, "losses": LOSSES_SHAPE},
 )
 
