@@ -232,7 +232,7 @@ class StoreTail:
             for k, v in cur.iternext():
                 if k[:16] != self.prefix:
                     break
-                out.append(self.store.loads.decode_incarnation(txn, k, v))
+                out.append(self.store.modules.decode_incarnation(txn, k, v))
         if out:
             self.next_key = inc_key(self.boot_id, out[-1].seq + 1)
         return out

@@ -218,13 +218,13 @@ def build_store(path: Path, n_boots: int, seed: int) -> dict[str, Any]:
             t = now_ns()
             _, added, _ = store.boots.record_boot(snap)
             assert added, snap.boot_id
-            store.loads.apply_module_changes(snap.boot_id, incs, [], [], snap.first_seen)
+            store.modules.apply_module_changes(snap.boot_id, incs, [], [], snap.first_seen)
             write_ns += now_ns() - t
             ids.append(snap.boot_id)
             if (i + 1) % 200 == 0:
                 log(f"scale: {path.name}: {i + 1}/{n_boots} boots written")
         t = now_ns()
-        dropped = store.loads.close_other_boots(str(uuid.UUID(int=0)))
+        dropped = store.modules.close_other_boots(str(uuid.UUID(int=0)))
         write_ns += now_ns() - t
         counts = store.boots.counts()
     finally:

@@ -271,7 +271,7 @@ class Ctl:
         render_modules(mods, Clock(params["clock"]), self.out)
         return 0
 
-    def code(self) -> int:
+    def kernel_code(self) -> int:
         params = self._at()
         reply = self.call("GetKernelCode", all=self.args.all or None, **params)
         if self.args.json:
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = 
     try:
         cfg = resolve_config(args)
         ctl = Ctl(cfg, args, out, err)
-        rc = int(getattr(ctl, args.command)())
+        rc = int(getattr(ctl, args.command.replace("-", "_"))())
         ctl.report_skipped()
         return leave(rc)
     except KreldError as e:

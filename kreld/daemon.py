@@ -153,7 +153,7 @@ class Daemon:
             self.lock.release()
             raise
         # The rings open before kallsyms is read.
-        self.kcode = KernelCodeFollower(self.root, log, enabled=cfg.follow_code)
+        self.kernel_code = KernelCodeFollower(self.root, log, enabled=cfg.follow_code)
         self.boot: BootSnapshot | None = None
         self.reading: tuple[bool, str | None, AddressSource | None] = (False, None, None)
         self.addresses = ModuleAddresses(self.root, log)  # sysfs, or kernel memory
@@ -194,13 +194,13 @@ class Daemon:
         if ks is not None and ks.zeroed():  # kptr_restrict=2: kernel memory, where readable
             self.addresses.open(ks.data)
         stored, _, _ = self.record_boot(ks.data if ks else None)
-        self.kcode.begin(self.store, stored.boot_id, ks)
+        self.kernel_code.begin(self.store, stored.boot_id, ks)
         tracker = ModuleTracker(
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
         tracker.addresses = self.addresses  # the same kernel memory for the snapshot and symbols
         watch, sources = event_sources(self.cfg, self.root, tracker.notify, self.log)
-        sources.insert(0, self.kcode)  # opened first of all, started with the others
+        sources.insert(0, self.kernel_code)  # opened first of all, started with the others
         # Sources first, then the scan: see ModuleTracker.startup().
         for src in sources:
             src.start(self.stop_threads)
@@ -289,7 +289,7 @@ class Daemon:
                 },
             ],
             "publish": None if tracking.publisher is None else tracking.publisher.health(),
-            "kernel_code": self.kcode.status(),
+            "kernel_code": self.kernel_code.status(),
         } | ({} if self.server is None else self.server.counts())  # connections, once served
 
     def started_tracking(self) -> Tracking:
@@ -328,7 +328,7 @@ class Daemon:
         )
         await self.server.start(self.listening_socket())
         tracker.listeners.append(self.server.publish)
-        self.kcode.listeners.append(self.server.publish)
+        self.kernel_code.listeners.append(self.server.publish)
         sd.notify(f"READY=1\nSTATUS={status_line(self.status())}")
         self.log.info(
             "ready", state_dir=self.cfg.state_dir, root=self.cfg.root, socket=self.cfg.socket
@@ -424,7 +424,7 @@ class Daemon:
         if self.tracking is not None:
             self.tracking.stop()
             try:
-                self.store.loads.heartbeat(self.tracking.tracker.boot_id, Timestamp.now())
+                self.store.modules.heartbeat(self.tracking.tracker.boot_id, Timestamp.now())
             except KreldError as e:
                 self.log.error("final_heartbeat_failed", error=str(e))
         if self.bound is not None:

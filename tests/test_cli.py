@@ -224,7 +224,7 @@ def test_from_is_refused_by_commands_that_cannot_read_a_bucket(
 def test_help_of_a_command_offers_from_only_where_it_works() -> None:
     from kreld.ctl.args import FROM_COMMANDS
 
-    for command in ("boots", "show", "modules", "code", "resolve", "symbolize", "export"):
+    for command in ("boots", "show", "modules", "kernel-code", "resolve", "symbolize", "export"):
         assert "--from" in kreldctl(command, "--help").stdout, command
     assert set(FROM_COMMANDS) >= {"boots", "show", "resolve", "inject"}
     for command in ("snapshot", "status", "gc", "watch"):

@@ -479,7 +479,7 @@ def test_a_boot_of_many_rounds_is_compacted_into_one_batch_and_reads_the_same(
         for _ in range(fleet.COMPACT_AFTER + 3):
             publisher.publish_round(target)
             # The module loaded again: one more incarnation for the next round.
-            store.loads.apply_module_changes(h.tree.boot_id, [first], [], [], None)
+            store.modules.apply_module_changes(h.tree.boot_id, [first], [], [], None)
         publisher.publish_round(target)
     finally:
         store.close()

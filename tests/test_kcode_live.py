@@ -481,7 +481,7 @@ def filter_recording(daemon_factory: Any, tmp_path: Path, sockdir: Path) -> Reco
     script = subprocess.run(
         [perf, "script", "-i", str(data)], capture_output=True, text=True, env=env, check=True
     ).stdout
-    lo, hi = consts.KCODE_AREA
+    lo, hi = consts.KERNEL_CODE_AREA
     unknown = [
         m[1] for m in _FRAME.finditer(script) if m[2] == "[unknown]" and lo <= int(m[1], 16) < hi
     ]

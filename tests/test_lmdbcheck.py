@@ -58,7 +58,7 @@ def make_short_store(d: Path) -> tuple[list[BootSnapshot], list[Incarnation]]:
         opened = [
             incarnation(f"mod{i}", i, 0xFFFFFFFFC0000000 + i * 0x10000, 0x4000, 0) for i in range(8)
         ]
-        incs = store.loads.apply_module_changes(boots[0].boot_id, opened, [], [], None)
+        incs = store.modules.apply_module_changes(boots[0].boot_id, opened, [], [], None)
         grow_and_free_again(store)
     return boots, incs
 

@@ -117,9 +117,10 @@ def positionals(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each command by its own name (aliases left out: they are documented with it)."""
     for a in parser._actions:
         if isinstance(a, argparse._SubParsersAction):
-            return dict(a.choices)
+            return {c.dest: a.choices[c.dest] for c in a._choices_actions}
     return {}
 
 

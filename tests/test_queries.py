@@ -147,7 +147,7 @@ def test_resolve_on_a_recorded_boot_reuses_its_map_until_an_event(tmp_path: Path
         store.boots.record_boot(old)
         store.boots.record_boot(current)
         dummy = incarnation("dummy", 0, 0xFFFFFFFFC0000000, 0x4000, 0xFFFFFFFFC0100000)
-        (dummy,) = store.loads.apply_module_changes(old.boot_id, [dummy], [], [], None)
+        (dummy,) = store.modules.apply_module_changes(old.boot_id, [dummy], [], [], None)
         svc = Service(
             store, current_boot=lambda: current, current_id=lambda: current.boot_id,
             loaded=lambda: [],
@@ -164,7 +164,7 @@ def test_resolve_on_a_recorded_boot_reuses_its_map_until_an_event(tmp_path: Path
         assert resolve(T2.monotonic) == "dummy" and list(svc._maps.values()) == first
         assert resolve(T0.monotonic - 1) is None and len(svc._maps) == 2
         gone = record.replace(dummy, unloaded=T1, unload_seen_by=SeenBy.POLL)
-        store.loads.apply_module_changes(old.boot_id, [], [], [gone], None)
+        store.modules.apply_module_changes(old.boot_id, [], [], [gone], None)
         assert resolve(T2.monotonic) == "dummy"  # no event told the service yet
         svc.invalidate()
         assert not svc._maps

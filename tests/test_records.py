@@ -162,7 +162,7 @@ def test_a_schema_2_store_is_upgraded_and_its_records_still_read(tmp_path: Path)
     assert first.unloaded == Timestamp(32652141768, 32652141800, 1796214896021961515)
     assert first.unload_seen_by is SeenBy.POLL
     with Store(state) as st:
-        (second,) = st.loads.apply_module_changes(boot, [incarnation()], [], [], None)
+        (second,) = st.modules.apply_module_changes(boot, [incarnation()], [], [], None)
         assert st.incarnations(boot) == [first, second]
     assert schema() == str(consts.STORE_SCHEMA_VERSION).encode() == b"4"
     env = lmdb.open(str(state), max_dbs=16)

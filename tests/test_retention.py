@@ -47,7 +47,7 @@ def test_gc_forgets_a_boots_per_cpu_values_with_its_incarnations(tmp_path: Path)
         old, new = snap(n=1), snap(n=2)
         for b in (old, new):
             store.boots.record_boot(b)
-            (inc,) = store.loads.apply_module_changes(b.boot_id, [incarnation()], [], [], None)
+            (inc,) = store.modules.apply_module_changes(b.boot_id, [incarnation()], [], [], None)
             store.symbols.put_absolutes(b.boot_id, inc.seq, [0x34000, -8, 2**63 - 1])
         assert store.absolutes(old.boot_id) == {0: [0x34000, -8, 2**63 - 1]}
         removed = store.retention.gc(keep_boots=1, keep_days=0, protect=new.boot_id, now_realtime=0)

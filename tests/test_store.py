@@ -477,7 +477,7 @@ def test_a_reader_killed_mid_read_is_cleared_and_its_pages_reused(tmp_path: Path
 
         def churn() -> int:
             for k in range(300):  # each commit frees the pages of the one before
-                writer.loads.heartbeat(snap(n=0).boot_id, Timestamp(k, k, k))
+                writer.modules.heartbeat(snap(n=0).boot_id, Timestamp(k, k, k))
             return int(writer.env.lmdb.info()["last_pgno"])
 
         start = int(writer.env.lmdb.info()["last_pgno"])

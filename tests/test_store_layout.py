@@ -35,7 +35,7 @@ def test_every_table_a_store_holds_is_a_named_handle_and_described(tmp_path: Pat
     the tables :class:`Table` names, and the package docstring describes each."""
     boot_id = str(uuid.uuid4())
     with Store(tmp_path / "st") as store:
-        store.loads.apply_module_changes(boot_id, [one_load("m")], [], [], NOW)
+        store.modules.apply_module_changes(boot_id, [one_load("m")], [], [], NOW)
         store.symbols.record_kernel_table(boot_id, "k:ab", table(b"f"), [])
         store.symbols.put_absolutes(boot_id, 0, [1, 2])
         PubState(store, "s3://bucket/prefix")

@@ -708,7 +708,7 @@ def test_periodic_full_look_finds_what_no_source_reported(
     tree.remove_module("early")
     wait_until(
         "early closed",
-        lambda: [i.name for i in store.loads.open_incarnations(tree.boot_id)] == ["late"],
+        lambda: [i.name for i in store.modules.open_incarnations(tree.boot_id)] == ["late"],
         60,
     )
     early, late = store.incarnations(tree.boot_id)
@@ -727,12 +727,12 @@ def test_heartbeat_goes_on_while_a_module_stays_incomplete(
     )
     [inc] = tracker.loaded()
     assert inc.state.initstate == "coming"
-    first = store.loads.last_watched(tree.boot_id)
+    first = store.modules.last_watched(tree.boot_id)
     assert first is not None
     wait_until(
         "a heartbeat",
         lambda: (
-            (w := store.loads.last_watched(tree.boot_id)) is not None
+            (w := store.modules.last_watched(tree.boot_id)) is not None
             and w.monotonic > first.monotonic
         ),
         15,

@@ -28,12 +28,12 @@ __all__ = [
     "HEARTBEAT_INTERVAL",
     "HOSTNAME",
     "KALLSYMS",
-    "KCODE_AREA",
-    "KCODE_KEEP_CLOSED",
-    "KCODE_KEEP_LOSSES",
-    "KCODE_RECONCILE_INTERVAL",
-    "KCODE_RING_PAGES",
     "KCORE",
+    "KERNEL_CODE_AREA",
+    "KERNEL_CODE_KEEP_CLOSED",
+    "KERNEL_CODE_KEEP_LOSSES",
+    "KERNEL_CODE_RECONCILE_INTERVAL",
+    "KERNEL_CODE_RING_PAGES",
     "KERNEL_MEMORY_RETRY",
     "KERNEL_NOTES",
     "KPTR_RESTRICT",
@@ -123,17 +123,17 @@ CAP_SYSLOG: Final = 34
 # 0xffffffffa0000000 without KASLR, 0xffffffffc0000000 with it; BPF JIT images
 # come from the same allocator).  A time inside a loss window makes an address
 # here that no record names "uncertain", never nothing and never a wrong name.
-KCODE_AREA: Final = (0xFFFFFFFFA0000000, 0xFFFFFFFFFF000000)
+KERNEL_CODE_AREA: Final = (0xFFFFFFFFA0000000, 0xFFFFFFFFFF000000)
 # Per boot, the newest closed records kept (open ones are always kept; the
 # dropped ones become a loss window of reason "retention"), and loss windows
 # (the oldest two merged into one past it).
-KCODE_KEEP_CLOSED: Final = 50_000
-KCODE_KEEP_LOSSES: Final = 1024
+KERNEL_CODE_KEEP_CLOSED: Final = 50_000
+KERNEL_CODE_KEEP_LOSSES: Final = 1024
 # Seconds between two reconciliations against /proc/kallsyms after losses.
-KCODE_RECONCILE_INTERVAL: Final = 1.0
+KERNEL_CODE_RECONCILE_INTERVAL: Final = 1.0
 # Data pages of each CPU's side-band ring (a power of two): 32 KiB holds
 # some 400 KSYMBOL and BPF_EVENT records.
-KCODE_RING_PAGES: Final = 8
+KERNEL_CODE_RING_PAGES: Final = 8
 # Seconds between two tries to open kernel memory (kptr_restrict raised to 2
 # while kreld runs; kreld/kernel/addresses.py) after one failed.
 KERNEL_MEMORY_RETRY: Final = 60.0

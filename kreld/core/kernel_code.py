@@ -44,7 +44,7 @@ OWNER_KPROBES = "__builtin__kprobes"
 
 
 class CodeKind(StrEnum):
-    """What a piece of kernel code is (from its name: the kernel names each kind)."""
+    """What kind of kernel code a record holds (from its name: the kernel names each kind)."""
 
     BPF_PROGRAM = "bpf_program"  # bpf_prog_<tag>[_<name>] (kernel/bpf/core.c)
     BPF_TRAMPOLINE = "bpf_trampoline"  # bpf_trampoline_<key> (kernel/bpf/trampoline.c)
@@ -55,7 +55,7 @@ class CodeKind(StrEnum):
 
 
 class CodeEvent(StrEnum):
-    """What Subscribe tells of a piece of kernel code (its ``code`` member)."""
+    """What Subscribe tells of kernel code (its ``code`` member)."""
 
     LOAD = "code_load"
     UPDATE = "code_update"
@@ -63,7 +63,7 @@ class CodeEvent(StrEnum):
 
 
 class CodeSeen(StrEnum):
-    """How kreld saw a piece of code come or go."""
+    """How kreld saw kernel code come or go."""
 
     KSYMBOL = "ksymbol"  # a PERF_RECORD_KSYMBOL (exact time, address and length)
     KALLSYMS = "kallsyms"  # a reconciliation against /proc/kallsyms (no length)
@@ -121,7 +121,7 @@ def _tj(t: Timestamp | None) -> JSON | None:
 
 @record
 class KernelCode:
-    """One appearance of a piece of kernel code, from its load to its unload.
+    """One appearance of kernel code, from its load to its unload.
 
     ``loaded`` is the first time it was certainly there; ``loaded_after``,
     when set, a time it was not yet there (its load fell between; all zeros:

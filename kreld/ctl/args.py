@@ -42,8 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_json(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def cmd(name: str, help: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
+    def cmd(name: str, help: str, aliases: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+        sp = sub.add_parser(
+            name, aliases=aliases, help=help, description=help, formatter_class=HelpFormatter
+        )
+        sp.set_defaults(command=name)  # the command's own name, whichever alias was typed
         add_common(sp, suppress=True)
         if name in FROM_COMMANDS:
             add_from(sp, suppress=True)
@@ -72,12 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def add_queries(cmd: Callable[[str, str], argparse.ArgumentParser]) -> None:
+def add_queries(cmd: Callable[..., argparse.ArgumentParser]) -> None:
     """The commands that ask about a boot at a time: modules, symbolize, export."""
     sp = cmd("modules", "list module incarnations loaded at a time")
     at_options(sp)
     sp.add_argument("--all", action="store_true", help="the boot's whole module history")
-    sp = cmd("code", "list BPF programs, trampolines, ftrace and kprobe pages live at a time")
+    sp = cmd(
+        "kernel-code",
+        "list BPF programs, trampolines, ftrace and kprobe pages live at a time",
+        aliases=("code",),  # its first name, kept for scripts that use it
+    )
     at_options(sp)
     sp.add_argument("--all", action="store_true", help="the boot's whole history of them")
     sp = cmd(
@@ -135,7 +142,16 @@ def for_option(sp: argparse.ArgumentParser, what: str) -> None:
 
 #: The commands that can read a fleet bucket instead of the store (``--from``);
 #: the others write, or ask the daemon for what only it knows.
-FROM_COMMANDS = ("boots", "show", "modules", "code", "resolve", "symbolize", "export", "inject")
+FROM_COMMANDS = (
+    "boots",
+    "show",
+    "modules",
+    "kernel-code",
+    "resolve",
+    "symbolize",
+    "export",
+    "inject",
+)
 
 
 def add_from(p: argparse.ArgumentParser, suppress: bool = False) -> None:

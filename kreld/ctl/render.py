@@ -122,7 +122,7 @@ def render_modules(mods: list[dict[str, Any]], clock: Clock, out: TextIO) -> Non
 
 
 def render_code(reply: dict[str, Any], clock: Clock, out: TextIO) -> None:
-    """GetKernelCode's pieces, one row each, then its loss windows."""
+    """GetKernelCode's records, one row each, then its loss windows."""
     rows = []
     for c in map(KernelCode.from_json, reply["code"]):
         rows.append(
@@ -151,7 +151,7 @@ def event_line(msg: dict[str, Any]) -> str:
     """A Subscribe reply as ``kreldctl watch`` prints it."""
     if msg.get("event") == "snapshot":
         code = msg.get("kernel_code")
-        live = "" if code is None else f", {len(code)} pieces of kernel code live"
+        live = "" if code is None else f", {len(code)} kernel code records live"
         return f"{len(msg.get('modules') or [])} modules loaded{live}; watching"
     if (c := msg.get("code")) is not None:  # a BPF program, trampoline, ...
         return f"{msg['event']:<11} {c['name']} seq {c['seq']} at {c['address']}"

@@ -6,7 +6,7 @@ whose published form changed since the last round, the seqs retention deleted
 from the store since then (``code_dropped``: a reader forgets them, so the
 bucket holds what the store holds), and, when they changed, the boot's loss
 windows whole (a boot keeps at most
-:data:`~kreld.core.consts.KCODE_KEEP_LOSSES`).  No I/O.
+:data:`~kreld.core.consts.KERNEL_CODE_KEEP_LOSSES`).  No I/O.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ def _open(cpu: int, lost: bool) -> int:
 class SidebandRings:
     """The rings of every online CPU (CPUs coming online are added by :meth:`add_online`)."""
 
-    def __init__(self, root: Root, pages: int = consts.KCODE_RING_PAGES) -> None:
+    def __init__(self, root: Root, pages: int = consts.KERNEL_CODE_RING_PAGES) -> None:
         self.root = root
         self.pages = pages
         self.rings: dict[int, PerfRing] = {}

@@ -32,7 +32,7 @@ when the recording started.
 :func:`ksymbol_records` is the seam for BPF programs, trampolines and other
 out-of-line code: each becomes a ``PERF_RECORD_KSYMBOL`` registered at its load
 and unregistered at its unload.  :func:`code_ksyms` gives it what kreld recorded
-of the boot's kernel code (issue 21): every piece live at some time of the
+of the boot's kernel code (issue 21): every record live at some time of the
 recording whose length is known, from the first to the last time it was
 certainly there, on the sample clock (only an exact sample clock places them;
 a program only kallsyms showed has no length and is left out: perf would have
@@ -268,7 +268,7 @@ def code_ksyms(store: BootSource, err: TextIO) -> Callable[[BootMatch], list[Ksy
             if c.length is None:
                 continue
             load = c.loaded.on(clock.clock)
-            # Where the unload fell in a window, the piece is claimed only up to
+            # Where the unload fell in a window, the code is claimed only up to
             # the last time it was certainly there.
             end = c.unloaded_after or c.unloaded
             unload = None if end is None else end.on(clock.clock)

@@ -62,7 +62,7 @@ from kreld.store.bootsource import T
 from kreld.store.env import StoreEnv, Table, boot_key, inc_key
 from kreld.store.gc import Retention
 from kreld.store.kernel_code import KernelCodeTables
-from kreld.store.modules import IncarnationTables
+from kreld.store.modules import ModuleTables
 from kreld.store.symtabs import KernelTable, SymbolTableStore, TableViews
 
 __all__ = ["KernelTable", "Store", "StoreEnv", "Table", "TableViews", "boot_key", "inc_key"]
@@ -71,7 +71,7 @@ __all__ = ["KernelTable", "Store", "StoreEnv", "Table", "TableViews", "boot_key"
 class Store:
     """A kreld store opened for writing (the daemon) or reading (kreldctl): one
     LMDB environment (:attr:`env`) and the table families kept over it, each an
-    object of its own: :attr:`boots`, :attr:`loads` (module incarnations),
+    object of its own: :attr:`boots`, :attr:`modules` (module incarnations),
     :attr:`symbols`, :attr:`kernel_code` and :attr:`retention`.  The store itself answers the
     read-only :class:`~kreld.store.bootsource.BootSource` protocol, as a fleet
     bucket does, by asking the family that keeps the answer."""
@@ -85,9 +85,9 @@ class Store:
     ) -> None:
         self.env = StoreEnv(path, readonly=readonly, map_size=map_size)
         self.boots = BootTables(self.env)
-        self.loads = IncarnationTables(self.env)
+        self.modules = ModuleTables(self.env)
         self.symbols = SymbolTableStore(self.env)
-        self.retention = Retention(self.env, self.loads)
+        self.retention = Retention(self.env, self.modules)
 
     @property
     def path(self) -> Path:
@@ -124,7 +124,7 @@ class Store:
         return self.boots.list_boots()
 
     def incarnations(self, boot_id: str) -> list[Incarnation]:
-        return self.loads.incarnations(boot_id)
+        return self.modules.incarnations(boot_id)
 
     def absolutes(self, boot_id: str) -> dict[int, list[int]]:
         return self.symbols.absolutes(boot_id)

@@ -59,7 +59,9 @@ class Table(bytes, Enum):
     BOOT_SYMBOLS = b"boot_symbols"
     LAYOUTS = b"layouts"
     ABSOLUTES = b"absolutes"
-    KCODE = b"kcode"  # kernel code (issue 21): kept by kreld.store.kernel_code
+    # Kernel code, kept by kreld.store.kernel_code.  The on-disk name stays "kcode":
+    # stores written before the rename open under it.
+    KERNEL_CODE = b"kcode"
     PUBLISHED = b"published"  # opened by kreld.store.pubstate, only when publishing
 
     @property

@@ -6,7 +6,7 @@ from typing import Any
 
 from kreld.core.symtab import module_symbol_key
 from kreld.store.env import SEQ, StoreEnv, Table, boot_key
-from kreld.store.modules import IncarnationTables
+from kreld.store.modules import ModuleTables
 
 __all__ = ["Retention"]
 
@@ -17,9 +17,9 @@ _PER_LOAD = (Table.INCARNATIONS, Table.OPEN, Table.ABSOLUTES)
 class Retention:
     """The retention policy applied to every table family of one store."""
 
-    def __init__(self, env: StoreEnv, loads: IncarnationTables) -> None:
+    def __init__(self, env: StoreEnv, modules: ModuleTables) -> None:
         self.env = env
-        self.loads = loads
+        self.modules = modules
 
     def gc(
         self, keep_boots: int, keep_days: float, protect: str | None, now_realtime: int
@@ -68,7 +68,7 @@ class Retention:
         for _, v in txn.cursor(db=self.env.dbs[Table.BOOT_SYMBOLS]):
             used.add(str(self.env.json_record(v, "boot symbols record")["kernel"]).encode())
         for k, v in txn.cursor(db=self.env.dbs[Table.INCARNATIONS]):
-            st = self.loads.decode_incarnation(txn, bytes(k), v).state
+            st = self.modules.decode_incarnation(txn, bytes(k), v).state
             key = module_symbol_key(st.build_id, st.name, st.srcversion)
             if key:
                 used.add(key.encode())

@@ -13,11 +13,11 @@ One named database, keyed by boot-id (16 bytes) and a letter:
     "kreld was not running" window starts.
 
 Retention (:meth:`KernelCodeTables.prune`): per boot, every open record and
-the newest :data:`~kreld.core.consts.KCODE_KEEP_CLOSED` closed ones (by seq,
+the newest :data:`~kreld.core.consts.KERNEL_CODE_KEEP_CLOSED` closed ones (by seq,
 which is load order) are kept; the older closed ones are deleted and become
 one loss window of reason ``retention`` (from the boot to the last unload
 dropped), so that their addresses at their times answer as uncertain, not as
-nothing; at most :data:`~kreld.core.consts.KCODE_KEEP_LOSSES` windows are
+nothing; at most :data:`~kreld.core.consts.KERNEL_CODE_KEEP_LOSSES` windows are
 kept, the oldest two merged into one past that.  Boots the store no longer
 holds lose their records.
 """
@@ -46,7 +46,7 @@ class KernelCodeTables:
         self.env = env
         # None: a read-only open of a store from before this table (nothing
         # recorded); a damaged table is StoreCorrupt when read (env.dbs).
-        self.db: Any = env.dbs[Table.KCODE]
+        self.db: Any = env.dbs[Table.KERNEL_CODE]
 
     # -- writing ------------------------------------------------------------------
 
@@ -169,8 +169,8 @@ class KernelCodeTables:
     def prune(
         self,
         boot_id: str,
-        keep_closed: int = consts.KCODE_KEEP_CLOSED,
-        keep_losses: int = consts.KCODE_KEEP_LOSSES,
+        keep_closed: int = consts.KERNEL_CODE_KEEP_CLOSED,
+        keep_losses: int = consts.KERNEL_CODE_KEEP_LOSSES,
     ) -> int:
         """Apply retention to *boot_id* (see the module's docstring); returns
         how many records were deleted."""

@@ -21,10 +21,10 @@ from kreld.store.env import (
     inc_key,
 )
 
-__all__ = ["IncarnationTables"]
+__all__ = ["ModuleTables"]
 
 
-class IncarnationTables:
+class ModuleTables:
     """Every load of a module per boot, which are still open, and when
     ``sys/module`` was last looked at."""
 

@@ -4,14 +4,14 @@ an address map, and for ``symbolize --for``.  Pure functions over the model.
 
 What is answered:
 
-* a piece certainly there at the time (:meth:`KernelCode.certain_at`) is a
+* kernel code certainly there at the time (:meth:`KernelCode.certain_at`) is a
   region named after it, from its address over its length; where only
-  kallsyms showed it (no length), up to the next piece's start and at most a
+  kallsyms showed it (no length), up to the next record's start and at most a
   page;
-* a piece that may or may not have been there (its load or unload fell in a
+* kernel code that may or may not have been there (its load or unload fell in a
   window) is an ``uncertain`` region that names nothing;
 * at a time inside a loss window, every address of the kernel-code area
-  (:data:`~kreld.core.consts.KCODE_AREA`) that no other region holds is
+  (:data:`~kreld.core.consts.KERNEL_CODE_AREA`) that no other region holds is
   ``uncertain`` too: something loaded and gone there is unknowable.
 """
 
@@ -40,7 +40,7 @@ _PAGE = 4096
 
 
 class CodeHistory:
-    """The kernel code of one boot and its loss windows, with the pieces that
+    """The kernel code of one boot and its loss windows, with the records that
     may have been there at a time found by bisection (:meth:`candidates`): a
     boot keeps up to 50,000 closed records, most of them gone long before
     the time asked."""
@@ -53,7 +53,7 @@ class CodeHistory:
         self._by_end: dict[Clock, tuple[list[int], list[KernelCode]]] = {}
 
     def candidates(self, clock: Clock, t: int | None) -> list[KernelCode]:
-        """The pieces that may have been there at *t* (None: now), in seq order."""
+        """The records that may have been there at *t* (None: now), in seq order."""
         if t is None:
             return [c for c in self.codes if c.unloaded is None]
         index = self._by_end.get(clock)
@@ -99,7 +99,7 @@ def in_loss(losses: Sequence[LossWindow], clock: Clock, t: int | None) -> bool:
 @record
 class CodeSpan:
     """A range of kernel code at one time: named (*code* set, not uncertain),
-    uncertain (*code* may be set: the piece that may have been there), or a gap."""
+    uncertain (*code* may be set: the record that may have been there), or a gap."""
 
     base: int
     limit: int
@@ -129,7 +129,7 @@ def code_spans(
             out.append(CodeSpan(span[0], span[1], c, True))
     if in_loss(hist.losses, clock, t):
         held = sorted([*taken, *((s.base, s.limit) for s in out)])
-        out += [CodeSpan(lo, hi, None, True) for lo, hi in _gaps(held, *consts.KCODE_AREA)]
+        out += [CodeSpan(lo, hi, None, True) for lo, hi in _gaps(held, *consts.KERNEL_CODE_AREA)]
     return out
 
 
@@ -167,7 +167,7 @@ class CodeIndex:
         self._holders: dict[int, list[KernelCode]] = {}
 
     def holders(self, address: int) -> list[KernelCode]:
-        """The pieces whose range ever held *address* (unknown lengths: a page)."""
+        """The records whose range ever held *address* (unknown lengths: a page)."""
         found = self._holders.get(address)
         if found is None:
             found = [
@@ -185,10 +185,10 @@ class CodeIndex:
         return i < len(self._starts) and self._starts[i] <= address
 
     def at(self, address: int, clock: Clock, t: int | None) -> KernelCode | None:
-        """The piece certainly at *address* at *t* (None: not known, or uncertain).
+        """The record certainly at *address* at *t* (None: not known, or uncertain).
 
         Without a time, or with a time on no clock kreld keeps (*t* None), a
-        piece is named only when it is the one piece that ever held the
+        record is named only when it is the one record that ever held the
         address and nothing was lost in the boot."""
         holders = self.holders(address)
         if t is None:

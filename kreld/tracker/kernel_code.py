@@ -1,5 +1,5 @@
 """The follower of kernel code: reads the side-band rings of every CPU, plans
-with :mod:`kreld.tracker.kernel_code_plan`, writes to the store's ``kcode`` table and
+with :mod:`kreld.tracker.kernel_code_plan`, writes to the store's kernel-code table and
 tells listeners (Subscribe).  An event source like those of
 :mod:`kreld.tracker.sources`: the daemon starts it, stops it and reports on it.
 
@@ -7,7 +7,7 @@ Start order (the daemon's): the rings are opened (:class:`KernelCodeFollower`'s
 constructor) before kallsyms is read for the start-up look (:meth:`begin`), so
 nothing falls between the look and the first record; records drained after
 the look refine or extend what it found.  After any loss, kallsyms is looked
-at again, at most once a :data:`~kreld.core.consts.KCODE_RECONCILE_INTERVAL`.
+at again, at most once a :data:`~kreld.core.consts.KERNEL_CODE_RECONCILE_INTERVAL`.
 Where the rings cannot be opened (perf_event_paranoid, no CAP_PERFMON, a
 seccomp filter) the follower says why in Status, looks at kallsyms at the
 start and then every :data:`_UNFOLLOWED_LOOK` seconds, and records the time
@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 CodeListener = Callable[[CodeEvent, KernelCode], None]
-THREAD_NAME = "kreld-kcode"  # the follower thread's OS name
+THREAD_NAME = "kreld-kernel-code"  # the follower thread's OS name
 _BATCH_DELAY = 0.05  # s: records that come together are written together
 _POLL_MS = 1000  # ms between wakes while a look or a write is due
 _IDLE_POLL_MS = 5000  # ms idle, as between checks of the CPUs (stop wakes it at once)
@@ -100,7 +100,7 @@ class KernelCodeFollower:
         self,
         root: Root,
         log: FilteringBoundLogger,
-        pages: int = consts.KCODE_RING_PAGES,
+        pages: int = consts.KERNEL_CODE_RING_PAGES,
         *,
         enabled: bool = True,
     ) -> None:
@@ -237,10 +237,10 @@ class KernelCodeFollower:
                 stop.wait(1.0)
 
     def _look_due(self) -> bool:
-        """After a loss, and at most once a KCODE_RECONCILE_INTERVAL."""
+        """After a loss, and at most once a KERNEL_CODE_RECONCILE_INTERVAL."""
         if self.state is None or not self.state.need_look:
             return False
-        return time.monotonic() - self._last_look >= consts.KCODE_RECONCILE_INTERVAL
+        return time.monotonic() - self._last_look >= consts.KERNEL_CODE_RECONCILE_INTERVAL
 
     def _wait(self, stop: threading.Event) -> bool:
         """Wait for records; True when there may be some to read."""

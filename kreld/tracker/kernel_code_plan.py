@@ -5,11 +5,11 @@ and writes the :class:`Changes` to the store.
 
 What each input means:
 
-* a KSYMBOL register opens a piece of code at its exact time, address and
+* a KSYMBOL register opens a record of kernel code at its exact time, address and
   length; a BPF_EVENT load that follows on the same CPU gives the programs
   registered since the last one their program id (the kernel writes the
   KSYMBOLs of a program's functions, then its BPF_EVENT: perf_event_bpf_event());
-* a KSYMBOL unregister closes the piece at that address;
+* a KSYMBOL unregister closes the record at that address;
 * a LOST record (or a lost count that grew) is a :class:`LossWindow` from the
   last record that CPU gave to now, and asks for a reconciliation.  The kernel
   counts a loss twice, in the ring (a LOST record, written before the next
@@ -224,7 +224,7 @@ class CodeState:
             exact = replace(exact, unload_seen_by=CodeSeen.KSYMBOL)
             ch.put(CodeEvent.UPDATE, exact)
             return
-        # A piece kreld never saw come (before it looked, and kallsyms did not list
+        # Kernel code kreld never saw come (before it looked, and kallsyms did not list
         # it): it was there some time before this unregister.
         at = stamp(r.time)
         ghost = self._from_ksymbol(r, at)
@@ -232,7 +232,7 @@ class CodeState:
         ch.put(CodeEvent.UNLOAD, ghost)
 
     def _from_ksymbol(self, r: Ksymbol, at: Timestamp) -> KernelCode:
-        """A new piece as its register record tells it, loaded *at*."""
+        """New kernel code as its register record tells it, loaded *at*."""
         kind = kind_of(r.name)
         return KernelCode(
             boot_id=self.boot_id,

@@ -104,7 +104,7 @@ class ModuleTracker:
         recorded twice.
         """
         now = Timestamp.now()
-        self.store.loads.close_other_boots(self.boot_id)
+        self.store.modules.close_other_boots(self.boot_id)
         present = list_modules(self.root)
         proc = read_proc_modules(self.root)
         closed, continued = self._continue_open(present, proc, now)
@@ -117,7 +117,7 @@ class ModuleTracker:
         for state in states.values():
             if state is not None:
                 opened.append(new_incarnation(state, now, SeenBy.STARTUP))
-        stored = self.store.loads.apply_module_changes(self.boot_id, opened, [], closed, now)
+        stored = self.store.modules.apply_module_changes(self.boot_id, opened, [], closed, now)
         with self.lock:
             for inc in stored:
                 self._open[inc.name] = Tracked(inc, _STARTUP)
@@ -146,10 +146,10 @@ class ModuleTracker:
         """Keep tracking what a previous run left open and is still the same
         load; return the rest closed (unloaded while kreld was down) and how
         many continue."""
-        last = self.store.loads.last_watched(self.boot_id)
+        last = self.store.modules.last_watched(self.boot_id)
         closed: list[Incarnation] = []
         continued = 0
-        incs = self.store.loads.open_incarnations(self.boot_id)
+        incs = self.store.modules.open_incarnations(self.boot_id)
         states = self.addresses.read([i.name for i in incs if i.name in present], proc)
         for inc in incs:
             state = states.get(inc.name)
@@ -211,7 +211,7 @@ class ModuleTracker:
         now = Timestamp.now()
         if now.monotonic - self._last_heartbeat >= self.heartbeat_interval * 1e9:
             self.reconcile([])
-            self.store.loads.heartbeat(self.boot_id, self._last_scan or now)
+            self.store.modules.heartbeat(self.boot_id, self._last_scan or now)
             self._last_heartbeat = now.monotonic
             stale = self.store.env.clear_stale_readers()
             if stale:
@@ -251,7 +251,7 @@ class ModuleTracker:
             self._last_scan = now
             return
         updated, closed = list(changes.updated), [t.inc for t in changes.closed]
-        stored = self.store.loads.apply_module_changes(
+        stored = self.store.modules.apply_module_changes(
             self.boot_id, changes.new, updated, closed, now
         )
         with self.lock:

@@ -55,7 +55,7 @@ def history(state: Path, boot_id: str) -> list[Inc]:
 
 def open_incarnations(state: Path, boot_id: str) -> list[Inc]:
     with Store(state, readonly=True) as store:
-        return [i.to_json() for i in store.loads.open_incarnations(boot_id)]
+        return [i.to_json() for i in store.modules.open_incarnations(boot_id)]
 
 
 IDENTITY = ("seq", "name", "build_id", "sections", "inode", "loaded", "seen_by", "core_base")

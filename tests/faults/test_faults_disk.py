@@ -357,7 +357,7 @@ def test_tiny_map_takes_thousands_of_incarnations_and_a_record_larger_than_it() 
             t.start()
         try:
             for b in range(0, n, 50):
-                store.loads.apply_module_changes(
+                store.modules.apply_module_changes(
                     boot, [_inc(f"m{i}", i) for i in range(b, b + 50)], [], [], Timestamp.now()
                 )
             big = b"\x33" * (3 << 20)  # 48 times the initial map, in one transaction
@@ -371,7 +371,7 @@ def test_tiny_map_takes_thousands_of_incarnations_and_a_record_larger_than_it() 
         assert store.env.lmdb.info()["map_size"] >= 4 << 20
         incs = store.incarnations(boot)
         assert [i.seq for i in incs] == list(range(n))
-        assert len(store.loads.open_incarnations(boot)) == n
+        assert len(store.modules.open_incarnations(boot)) == n
         got = store.env.read(lambda txn: txn.get(b"x:big", db=store.env.dbs[b"symtabs"]))
         assert got == big
         store.close()
@@ -387,12 +387,12 @@ def test_map_at_its_ceiling_is_a_named_error_and_nothing_partial(
     monkeypatch.setattr(consts, "STORE_MAX_MAP_SIZE", 512 << 10)
     boot = str(uuid.uuid4())
     with Store(tmp_path / "st", map_size=64 << 10) as store:
-        store.loads.apply_module_changes(boot, [_inc("first", 0)], [], [], Timestamp.now())
+        store.modules.apply_module_changes(boot, [_inc("first", 0)], [], [], Timestamp.now())
         with pytest.raises(StoreFull) as ei:
-            store.loads.apply_module_changes(
+            store.modules.apply_module_changes(
                 boot, [_inc(f"m{i}", i) for i in range(1, 8000)], [], [], Timestamp.now()
             )
         assert "map size limit" in str(ei.value) and str(tmp_path / "st") in str(ei.value)
         assert [i.name for i in store.incarnations(boot)] == ["first"]  # all or nothing
-        store.loads.apply_module_changes(boot, [_inc("second", 1)], [], [], Timestamp.now())
+        store.modules.apply_module_changes(boot, [_inc("second", 1)], [], [], Timestamp.now())
         assert [(i.seq, i.name) for i in store.incarnations(boot)] == [(0, "first"), (1, "second")]

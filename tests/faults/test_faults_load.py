@@ -444,7 +444,7 @@ ATHERIS_HARNESS = textwrap.dedent(
     boot = store.list_boots()[0]
     service = Service(
         store, current_boot=lambda: boot, current_id=lambda: boot.boot_id,
-        loaded=lambda: store.loads.open_incarnations(boot.boot_id),
+        loaded=lambda: store.modules.open_incarnations(boot.boot_id),
     )
 
     class Log:

@@ -116,7 +116,7 @@ def test_symbolize_for_names_every_unknown_bpf_frame_of_the_per_task_recording(
     trampoline."""
     g = guest
     script = (g.out / "perf-task.script").read_text()
-    lo, hi = consts.KCODE_AREA
+    lo, hi = consts.KERNEL_CODE_AREA
     unknown = [
         m[1] for m in _FRAME.finditer(script) if m[2] == "[unknown]" and lo <= int(m[1], 16) < hi
     ]
@@ -259,7 +259,7 @@ def test_inject_of_the_per_task_recording_names_every_bpf_frame_in_perf_script(
         [perf, "script", "-i", str(out), f"--kallsyms={ks}", f"--symfs={empty}"],
         capture_output=True, text=True, env=env, timeout=300, check=True,
     )  # fmt: skip
-    lo, hi = consts.KCODE_AREA
+    lo, hi = consts.KERNEL_CODE_AREA
     frames = [(m[1], m[2]) for m in _FRAME.finditer(cp.stdout) if lo <= int(m[1], 16) < hi]
     before = (g.out / "perf-task.script").read_text()
     unknown = {m[1] for m in _FRAME.finditer(before) if m[2] == "[unknown]"}
@@ -294,7 +294,7 @@ def test_inject_of_the_per_task_recording_names_every_bpf_sample_in_perf_report(
     data = g.out / "perf-task.data"
     ctl(g, "inject", "-i", str(data), "-o", str(out))
     ctl(g, "export", "kallsyms", "--for", str(out), "-o", str(ks))
-    lo, hi = consts.KCODE_AREA
+    lo, hi = consts.KERNEL_CODE_AREA
 
     def in_code(r: list[str]) -> bool:
         return r[3].startswith("0x") and lo <= int(r[3], 16) < hi
