@@ -7,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from kreld.core.kernel_code import CodeEvent, CodeKind, CodeSeen, LossReason
-from kreld.core.model import Clock, Timestamp
+from kreld.core.model import BOOT_START, Clock, Timestamp
 from kreld.kernel.bpfinfo import ProgramInfo
 from kreld.kernel.info import Root
-from kreld.kernel.kallsyms import KallsymsText
+from kreld.kernel.kallsyms import CodeLine, KallsymsText
 from kreld.kernel.sideband import BpfEvent, Ksymbol, Lost, merge_by_time
 from kreld.store import Store
 from kreld.tracker.kernel_code import KernelCodeFollower
-from kreld.tracker.kernel_code_plan import ZERO, CodeLine, CodeState, code_lines
+from kreld.tracker.kernel_code_plan import CodeState
 
 BOOT = "0d3c5f0e-9a61-4a8e-8f4e-0c1a2b3c4d5e"
 A = 0xFFFFFFFFC0010000
@@ -118,7 +118,7 @@ def test_a_program_only_kallsyms_lists_gets_its_length_id_and_tag_from_bpf() -> 
     prog = ProgramInfo(42, "0123456789abcdef", ((A, 0x58),))
     st = CodeState(BOOT, 0, [])
     (found,) = st.reconcile(
-        [CodeLine(A, "t", NAME, "bpf")], stamp(1000), ZERO, True
+        [CodeLine(A, "t", NAME, "bpf")], stamp(1000), BOOT_START, True
     ).written.values()
     assert (found.length, found.prog_id, found.tag) == (None, None, None)
     ch = st.reconcile(
@@ -130,7 +130,9 @@ def test_a_program_only_kallsyms_lists_gets_its_length_id_and_tag_from_bpf() -> 
     other = CodeState(BOOT, 0, [])
     other_name = "bpf_prog_fedcba9876543210_x"
     line = CodeLine(A, "t", other_name, "bpf")
-    (new,) = other.reconcile([line], stamp(1000), ZERO, True, {A: (0x58, prog)}).written.values()
+    (new,) = other.reconcile(
+        [line], stamp(1000), BOOT_START, True, {A: (0x58, prog)}
+    ).written.values()
     # Another program's tag: the address was reused between kallsyms and bpf(2).
     assert (new.length, new.prog_id, new.tag) == (None, None, None)
 
@@ -139,7 +141,7 @@ def test_a_load_found_first_by_kallsyms_is_made_exact_by_its_earlier_ksymbol() -
     """At the start, the rings open before kallsyms is read: a register drained
     after the look refines the record the look opened, one record, one seq."""
     st = CodeState(BOOT, 0, [])
-    look = st.reconcile([CodeLine(A, "t", NAME, "bpf")], stamp(1000), ZERO, True)
+    look = st.reconcile([CodeLine(A, "t", NAME, "bpf")], stamp(1000), BOOT_START, True)
     (found,) = look.written.values()
     ch = st.apply([reg(900, 0)], stamp, opened=800)
     (exact,) = ch.written.values()
@@ -179,12 +181,16 @@ def test_kallsyms_code_lines_are_the_bpf_and_builtin_owners_only() -> None:
         b"ffffffffc0023918 t bpf_prog_59f4a931744dcdc6_kreldtest\t[bpf]\n"
         b"ffffffffc0300000 t kprobe_insn_page\t[__builtin__kprobes]\n"
     )
-    lines = code_lines(text)
+    ks = KallsymsText.of(text)
+    lines = ks.code_lines()
     assert [(ln.name, ln.owner) for ln in lines] == [
         ("ftrace_trampoline", "__builtin__ftrace"),
         ("bpf_prog_59f4a931744dcdc6_kreldtest", "bpf"),
         ("kprobe_insn_page", "__builtin__kprobes"),
     ]
+    assert not ks.tail_zeroed()
+    zeroed = KallsymsText.of(b"".join(b"0" * 16 + ln[16:] for ln in text.splitlines(True)))
+    assert zeroed.tail_zeroed() and zeroed.zeroed()
 
 
 def test_the_store_keeps_records_losses_and_the_watch_time_and_reopens_the_live(
@@ -255,7 +261,7 @@ def test_a_restart_records_the_time_kreld_was_down_as_a_window_and_closes_what_w
         assert first.status()["state"] == "unavailable" and first.status()["reason"]
         first.begin(store, BOOT, KallsymsText.of(live))
         (found,) = store.kernel_code.open_codes(BOOT)
-        assert found.name == NAME and found.loaded_after == ZERO
+        assert found.name == NAME and found.loaded_after == BOOT_START
         watch = store.kernel_code.watch(BOOT)
         assert watch is not None
         again = _follower(tmp_path)

@@ -14,10 +14,9 @@ from kreld.core.kernel_code import (
     LossReason,
     LossWindow,
 )
-from kreld.core.model import Anchors, BootSnapshot, Clock, Timestamp
+from kreld.core.model import BOOT_START, Anchors, BootSnapshot, Clock, Timestamp
 from kreld.symbols.kernel_code import CodeHistory, CodeIndex, kallsyms_lines
 from kreld.symbols.queries import AddressMap
-from kreld.tracker.kernel_code_plan import ZERO
 
 TEXT = 0xFFFFFFFF81000000
 A = 0xFFFFFFFFC0010000
@@ -124,7 +123,7 @@ def test_symbolize_names_a_sample_only_where_one_piece_certainly_was() -> None:
     assert idx.at(A + 4, Clock.MONOTONIC, 150) == FIRST
     assert idx.at(A + 4, Clock.MONOTONIC, 250) is None
     assert idx.at(A + 4, Clock.MONOTONIC, None) is None  # two held it: no time, no name
-    found = code(0, "bpf_prog_4444444444444444_x", 100, None, loaded_after=ZERO, length=None)
+    found = code(0, "bpf_prog_4444444444444444_x", 100, None, loaded_after=BOOT_START, length=None)
     assert CodeIndex(CodeHistory((found,), ())).at(A + 4, Clock.MONOTONIC, 50) is None
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "KERNEL_CODE_AREA",
     "KERNEL_CODE_KEEP_CLOSED",
     "KERNEL_CODE_KEEP_LOSSES",
+    "KERNEL_CODE_PAGE",
     "KERNEL_CODE_RECONCILE_INTERVAL",
     "KERNEL_CODE_RING_PAGES",
     "KERNEL_MEMORY_RETRY",
@@ -124,6 +125,9 @@ CAP_SYSLOG: Final = 34
 # come from the same allocator).  A time inside a loss window makes an address
 # here that no record names "uncertain", never nothing and never a wrong name.
 KERNEL_CODE_AREA: Final = (0xFFFFFFFFA0000000, 0xFFFFFFFFFF000000)
+# BPF trampolines, dispatchers and kprobe instruction pages are one page each;
+# a record whose length is unknown is taken to span at most this much.
+KERNEL_CODE_PAGE: Final = 4096
 # Per boot, the newest closed records kept (open ones are always kept; the
 # dropped ones become a loss window of reason "retention"), and loss windows
 # (the oldest two merged into one past it).

@@ -16,6 +16,7 @@ from kreld.core.consts import ANCHOR_SYMBOLS
 from kreld.core.record import record
 
 __all__ = [
+    "BOOT_START",
     "JSON",
     "WIRE_ANCHORS",
     "AddressSource",
@@ -90,6 +91,11 @@ class Timestamp:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Timestamp:
         return cls(int(d["monotonic"]), int(d["boottime"]), int(d["realtime"]))
+
+
+#: The boot's first instant on every clock: "since the boot", where a load
+#: happened before kreld looked (or a loss window opens at the start).
+BOOT_START = Timestamp(0, 0, 0)
 
 
 def clock_now(clock: Clock) -> int:

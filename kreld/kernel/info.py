@@ -7,6 +7,7 @@ pointers (zeros) come back as ``None``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -17,8 +18,11 @@ from kreld.core.record import record
 from kreld.kernel.notes import find_build_id
 
 __all__ = [
+    "SYSFS_MAGIC",
     "Root",
+    "bpf_programs_listed",
     "has_cap_syslog",
+    "on_sysfs",
     "read_anchors",
     "read_boot_id",
     "read_int_sysctl",
@@ -27,6 +31,7 @@ __all__ = [
     "read_version",
     "restriction_reason",
     "scan_kallsyms_anchors",
+    "set_thread_name",
 ]
 
 
@@ -143,3 +148,44 @@ def restriction_reason(kptr_restrict: int | None, perf_paranoid: int | None, cap
             "and the process lacks CAP_SYSLOG"
         )
     return f"kernel.kptr_restrict={kptr_restrict}: the kernel showed zero addresses"
+
+
+_JIT_KALLSYMS = "proc/sys/net/core/bpf_jit_kallsyms"
+_JIT_HARDEN = "proc/sys/net/core/bpf_jit_harden"
+
+
+def bpf_programs_listed(root: Root) -> bool:
+    """Whether kallsyms lists BPF programs: ``bpf_jit_kallsyms=1`` and
+    ``bpf_jit_harden=0`` (kernel/bpf/core.c, bpf_prog_kallsyms_candidate())."""
+    try:
+        return root.read_text(_JIT_KALLSYMS) == "1" and root.read_text(_JIT_HARDEN) == "0"
+    except KernelReadError:
+        return False
+
+
+def set_thread_name(name: str) -> None:
+    """The OS name of the calling thread (``top -H``, /proc/PID/task/TID/comm):
+    prctl(PR_SET_NAME), at most 15 bytes; where it fails, the thread keeps its name."""
+    import ctypes  # loaded at start anyway (kreld.core.heap)
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)
+
+
+SYSFS_MAGIC = 0x62656572  # statfs(2)'s f_type of sysfs (include/uapi/linux/magic.h)
+
+
+def on_sysfs(path: str) -> bool:
+    """Whether *path* lies on sysfs (where inotify sees nothing); where statfs(2)
+    fails, True: the caller then polls, which works everywhere."""
+    import ctypes  # ctypes.util's find_library would run ldconfig in a subprocess:
+    # the process's own symbols have statfs.
+
+    class Statfs(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = Statfs()
+    if libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
+        return True
+    return bool((buf.f_type & 0xFFFFFFFF) == SYSFS_MAGIC)

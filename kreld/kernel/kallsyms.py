@@ -32,7 +32,15 @@ from kreld.core.errors import KernelReadError
 from kreld.core.record import record
 from kreld.kernel.info import Root
 
-__all__ = ["TAIL_CHUNK", "Kallsyms", "KallsymsText", "Line", "parse_kallsyms"]
+__all__ = [
+    "TAIL_CHUNK",
+    "CodeLine",
+    "Kallsyms",
+    "KallsymsText",
+    "Line",
+    "is_code_line",
+    "parse_kallsyms",
+]
 
 Line = tuple[int, bytes, bytes]  # (address, type letter, name)
 # The buffer the core lines pass through in KallsymsText.read_tail.
@@ -42,6 +50,28 @@ TAIL_CHUNK = 1 << 18
 _CORE_LINE = re.compile(rb"^([0-9a-fA-F]+) (\S) ([^\t\n]+)$", re.MULTILINE)
 # the same with an owner: "name\t[owner]".
 _OWNED_LINE = re.compile(rb"^([0-9a-fA-F]+) (\S) ([^\t\n]+)\t\[([^\]\n]+)\]", re.MULTILINE)
+# a line of kernel code beyond the image and modules: owner [bpf] or [__builtin__*].
+_CODE_LINE = re.compile(
+    rb"^([0-9a-fA-F]+) (\S) ([^\t\n]+)\t\[(bpf|__builtin__[^\]\n]*)\]", re.MULTILINE
+)
+# How many lines with an owner decide whether the tail shows zeros.
+_OWNED_PROBE = 64
+
+
+@record
+class CodeLine:
+    """A ``[bpf]`` or ``[__builtin__*]`` line of kallsyms: kernel code."""
+
+    addr: int
+    type: str
+    name: str
+    owner: str
+
+
+def is_code_line(line: str) -> bool:
+    """Whether a kallsyms line (as text) is one of kernel code: ``[bpf]`` or
+    ``[__builtin__*]`` (ftrace trampolines, kprobe pages)."""
+    return line.rpartition("\t[")[2].startswith(("bpf]", "__builtin__"))
 
 
 @record
@@ -113,6 +143,26 @@ class KallsymsText:
             if i + 1 >= lines:
                 break
         return True
+
+    def tail_zeroed(self) -> bool:
+        """Whether the lines with an owner show zero addresses (kptr_restrict): an
+        absent line then says nothing of what is loaded.  The first few decide (a
+        module's per-cpu or absolute symbols may be 0 where nothing is)."""
+        seen = 0
+        for m in _OWNED_LINE.finditer(self.data, self.tail):
+            if m[1].strip(b"0"):
+                return False
+            seen += 1
+            if seen >= _OWNED_PROBE:
+                break
+        return seen > 0
+
+    def code_lines(self) -> list[CodeLine]:
+        """The kernel-code lines of the tail, in the kernel's order."""
+        return [
+            CodeLine(int(m[1], 16), m[2].decode(), m[3].decode("utf-8", "replace"), m[4].decode())
+            for m in _CODE_LINE.finditer(self.data, self.tail)
+        ]
 
     def module(self, name: str) -> list[Line]:
         """The lines of *name* (``…\\t[name]``), in the kernel's order; found by

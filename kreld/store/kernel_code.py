@@ -31,12 +31,10 @@ from typing import Any
 
 from kreld.core import consts
 from kreld.core.kernel_code import KernelCode, LossReason, LossWindow
-from kreld.core.model import Timestamp
+from kreld.core.model import BOOT_START, Timestamp
 from kreld.store.env import SEQ, StoreEnv, Table, boot_key, decoded, dumps
 
 __all__ = ["KernelCodeTables"]
-
-_ZERO = Timestamp(0, 0, 0)
 
 
 class KernelCodeTables:
@@ -180,7 +178,7 @@ class KernelCodeTables:
             opened = {k[len(b) + 1 :] for k, _ in self._scan(txn, b + b"o")}
             closed = [(k, v) for k, v in self._scan(txn, b + b"c") if k[len(b) + 1 :] not in opened]
             drop = closed[: max(0, len(closed) - keep_closed)]
-            last = _ZERO
+            last = BOOT_START
             for k, v in drop:
                 code = self._decode(v)
                 if code.unloaded is not None and code.unloaded.monotonic > last.monotonic:
@@ -189,7 +187,7 @@ class KernelCodeTables:
             wins = [(k, LossWindow.from_json(json.loads(v))) for k, v in self._scan(txn, b + b"l")]
             if drop:
                 n = self._next(txn, b + b"l")
-                win = LossWindow(_ZERO, last, LossReason.RETENTION, len(drop))
+                win = LossWindow(BOOT_START, last, LossReason.RETENTION, len(drop))
                 k = b + b"l" + SEQ.pack(n)
                 txn.put(k, dumps(win.to_json()), db=self.db)
                 wins.append((k, win))

@@ -25,6 +25,7 @@ from kreld.core import consts
 from kreld.core.kernel_code import OWNER_BPF, OWNER_FTRACE, KernelCode, LossWindow
 from kreld.core.model import Clock
 from kreld.core.record import record
+from kreld.kernel.kallsyms import is_code_line
 
 __all__ = [
     "CodeHistory",
@@ -35,8 +36,6 @@ __all__ = [
     "in_loss",
     "kallsyms_lines",
 ]
-
-_PAGE = 4096
 
 
 class CodeHistory:
@@ -118,13 +117,13 @@ def code_spans(
     out: list[CodeSpan] = []
     for i, c in enumerate(certain):
         nxt = starts[i + 1] if i + 1 < len(starts) else 1 << 64
-        limit = c.addr + c.length if c.length else min(nxt, c.addr + _PAGE)
+        limit = c.addr + c.length if c.length else min(nxt, c.addr + consts.KERNEL_CODE_PAGE)
         out.append(CodeSpan(c.addr, limit, c, False))
     named = [(s.base, s.limit) for s in out]
     for c in maybe:
         if c.certain_at(clock, t):
             continue
-        span = (c.addr, c.addr + (c.length or _PAGE))
+        span = (c.addr, c.addr + (c.length or consts.KERNEL_CODE_PAGE))
         if not _overlaps(named, starts, span):
             out.append(CodeSpan(span[0], span[1], c, True))
     if in_loss(hist.losses, clock, t):
@@ -173,7 +172,7 @@ class CodeIndex:
             found = [
                 c
                 for c in self.hist.codes
-                if c.addr <= address < c.addr + (c.length or _PAGE)
+                if c.addr <= address < c.addr + (c.length or consts.KERNEL_CODE_PAGE)
                 and (c.length or not self._starts_between(c.addr, address))
             ]
             if len(self._holders) < 1 << 16:
@@ -211,13 +210,8 @@ def kallsyms_lines(
     store from before issue 21) keeps its *extras* as they are."""
     if not hist.codes:
         return list(extras)
-    kept = [x for x in extras if not _code_owner(x)]
+    kept = [x for x in extras if not is_code_line(x)]
     live = [c for c in hist.candidates(clock, t) if c.certain_at(clock, t)]
     rank = {OWNER_FTRACE: 0, OWNER_BPF: 1}
     live.sort(key=lambda c: (rank.get(c.owner, 2), c.owner, c.loaded.monotonic, c.seq))
     return kept + [f"{c.addr:016x} t {c.name}\t[{c.owner}]" for c in live]
-
-
-def _code_owner(line: str) -> bool:
-    owner = line.rpartition("\t[")[2]
-    return owner.startswith(("bpf]", "__builtin__"))

@@ -17,9 +17,7 @@ between two looks as a loss window of reason ``not_followed``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import re
 import select
 import threading
 import time
@@ -37,14 +35,14 @@ from kreld.core.kernel_code import (
     LossWindow,
     kind_of,
 )
-from kreld.core.model import Timestamp
+from kreld.core.model import BOOT_START, Timestamp
 from kreld.kernel.bpfinfo import bpf_functions, bpf_programs
-from kreld.kernel.info import Root
+from kreld.kernel.info import Root, bpf_programs_listed, set_thread_name
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.perfring import SidebandRings
 from kreld.kernel.sideband import merge_by_time
 from kreld.store.kernel_code import KernelCodeTables
-from kreld.tracker.kernel_code_plan import ZERO, Changes, CodeState, Stamp, code_lines
+from kreld.tracker.kernel_code_plan import Changes, CodeState, Stamp
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -55,7 +53,6 @@ __all__ = [
     "THREAD_NAME",
     "CodeListener",
     "KernelCodeFollower",
-    "programs_listed",
     "reconcile_with",
     "stamper",
 ]
@@ -68,20 +65,6 @@ _IDLE_POLL_MS = 5000  # ms idle, as between checks of the CPUs (stop wakes it at
 _CPU_CHECK = 5.0  # s between looks for CPUs come online and rings stopped
 _UNFOLLOWED_LOOK = 60.0  # s between looks at kallsyms without rings
 _PRUNE_EVERY = 10_000  # records written between two retention passes
-# A line with an owner; the first _OWNED_PROBE of them all at zero: a restricted
-# kallsyms (a module's per-cpu or absolute symbols may be 0 where nothing is).
-_OWNED = re.compile(rb"^([0-9a-fA-F]+) \S [^\t\n]+\t\[", re.MULTILINE)
-_OWNED_PROBE = 64
-_JIT_KALLSYMS = "proc/sys/net/core/bpf_jit_kallsyms"
-_JIT_HARDEN = "proc/sys/net/core/bpf_jit_harden"
-
-
-def programs_listed(root: Root) -> bool:
-    """Whether kallsyms lists BPF programs (bpf_prog_kallsyms_candidate())."""
-    try:
-        return root.read_text(_JIT_KALLSYMS) == "1" and root.read_text(_JIT_HARDEN) == "0"
-    except KernelReadError:
-        return False
 
 
 def stamper() -> Stamp:
@@ -161,7 +144,7 @@ class KernelCodeFollower:
         if watch is not None:  # kreld was stopped since: what came and went is unknown
             ch.losses.append(LossWindow(watch, look, LossReason.NOT_RUNNING))
         if ks is not None and not ks.zeroed():
-            ch = _joined(ch, self._reconcile(ks, look, watch or ZERO))
+            ch = _joined(ch, self._reconcile(ks, look, watch or BOOT_START))
         self._last_look = time.monotonic()
         try:
             self._write(ch)
@@ -172,7 +155,7 @@ class KernelCodeFollower:
     def _reconcile(self, ks: KallsymsText, look: Timestamp, since: Timestamp) -> Changes:
         if self.state is None:
             return Changes()
-        return reconcile_with(self.state, ks, look, since, programs_listed(self.root))
+        return reconcile_with(self.state, ks, look, since, bpf_programs_listed(self.root))
 
     # -- running ----------------------------------------------------------------------
 
@@ -214,7 +197,7 @@ class KernelCodeFollower:
         self._last_write = time.monotonic()
 
     def run(self, stop: threading.Event) -> None:
-        _name_thread(THREAD_NAME)
+        set_thread_name(THREAD_NAME)
         last_cpu_check = time.monotonic()
         while not stop.is_set():
             try:
@@ -339,7 +322,7 @@ class KernelCodeFollower:
         if self._loss_start is not None:
             return self._loss_start
         watch = self.tables.watch(self.state.boot_id) if self.tables and self.state else None
-        return watch or ZERO
+        return watch or BOOT_START
 
     def _write(self, ch: Changes) -> None:
         if self.tables is None or self.state is None:
@@ -413,9 +396,9 @@ def reconcile_with(
     """The changes a look at kallsyms (*ks*, read at *look*) makes; none where it
     shows zeros (kptr_restrict): an absent address then says nothing of what is
     loaded.  Programs it gives no length of are asked of bpf(2)."""
-    if _zeroed_tail(ks):
+    if ks.tail_zeroed():
         return Changes()
-    lines = code_lines(ks.data, ks.tail)
+    lines = ks.code_lines()
     live = state.live
     unknown = [
         ln
@@ -429,25 +412,6 @@ def reconcile_with(
         programs = bpf_programs()
         funcs = bpf_functions(programs) if programs is not None else None
     return state.reconcile(lines, look, since, listed, funcs)
-
-
-def _zeroed_tail(ks: KallsymsText) -> bool:
-    """Whether the lines with an owner show zero addresses (kptr_restrict)."""
-    seen = 0
-    for m in _OWNED.finditer(ks.data, ks.tail):
-        if m[1].strip(b"0"):
-            return False
-        seen += 1
-        if seen >= _OWNED_PROBE:
-            break
-    return seen > 0
-
-
-def _name_thread(name: str) -> None:
-    """The OS name of the calling thread (``top -H``, /proc/PID/task/TID/comm):
-    PR_SET_NAME, at most 15 bytes; where it fails, the thread keeps its name."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)
 
 
 def _joined(*parts: Changes) -> Changes:

@@ -28,9 +28,9 @@ What each input means:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 
+from kreld.core import consts
 from kreld.core.kernel_code import (
     CodeEvent,
     CodeKind,
@@ -42,48 +42,22 @@ from kreld.core.kernel_code import (
     kind_of,
     owner_of,
 )
-from kreld.core.model import Timestamp
-from kreld.core.record import record, replace
+from kreld.core.model import BOOT_START, Timestamp
+from kreld.core.record import replace
 from kreld.kernel.bpfinfo import ProgramInfo
+from kreld.kernel.kallsyms import CodeLine
 from kreld.kernel.sideband import BpfEvent, BpfEventType, Ksymbol, Lost, SideRecord
 
 __all__ = [
-    "PAGE",
-    "ZERO",
-    "CodeLine",
     "CodeState",
     "Stamp",
-    "code_lines",
 ]
 
-ZERO = Timestamp(0, 0, 0)  # "since the boot": a load before kreld looked
-PAGE = 4096  # trampolines, dispatchers and kprobe pages are one page each
 _ONE_PAGE = (CodeKind.BPF_TRAMPOLINE, CodeKind.BPF_DISPATCHER, CodeKind.KPROBE_PAGE)
-_CODE_LINE = re.compile(
-    rb"^([0-9a-fA-F]+) (\S) ([^\t\n]+)\t\[(bpf|__builtin__[^\]\n]*)\]", re.MULTILINE
-)
 # Unregisters remembered for a close kallsyms made first (one look's worth).
 _RECENT_CAP = 65536
 
 Stamp = Callable[[int], Timestamp]  # a record's CLOCK_MONOTONIC ns on the three clocks
-
-
-@record
-class CodeLine:
-    """A ``[bpf]`` or ``[__builtin__*]`` line of kallsyms."""
-
-    addr: int
-    type: str
-    name: str
-    owner: str
-
-
-def code_lines(tail: bytes, start: int = 0) -> list[CodeLine]:
-    """The kernel-code lines of a kallsyms text (its bracketed tail from *start*), in order."""
-    return [
-        CodeLine(int(m[1], 16), m[2].decode(), m[3].decode("utf-8", "replace"), m[4].decode())
-        for m in _CODE_LINE.finditer(tail, start)
-    ]
 
 
 class Changes:
@@ -228,7 +202,9 @@ class CodeState:
         # it): it was there some time before this unregister.
         at = stamp(r.time)
         ghost = self._from_ksymbol(r, at)
-        ghost = replace(ghost, loaded_after=ZERO, unloaded=at, unload_seen_by=CodeSeen.KSYMBOL)
+        ghost = replace(
+            ghost, loaded_after=BOOT_START, unloaded=at, unload_seen_by=CodeSeen.KSYMBOL
+        )
         ch.put(CodeEvent.UNLOAD, ghost)
 
     def _from_ksymbol(self, r: Ksymbol, at: Timestamp) -> KernelCode:
@@ -312,7 +288,7 @@ class CodeState:
                 name=ln.name,
                 owner=ln.owner,
                 addr=addr,
-                length=PAGE if kind in _ONE_PAGE else None,
+                length=consts.KERNEL_CODE_PAGE if kind in _ONE_PAGE else None,
                 loaded=now,
                 seen_by=CodeSeen.KALLSYMS,
                 source=CodeSource.KALLSYMS,

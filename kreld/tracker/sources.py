@@ -23,6 +23,7 @@ from watchdog.events import (
 
 from kreld.core.model import HintAction, SeenBy
 from kreld.core.record import record
+from kreld.kernel.info import on_sysfs
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from kreld.kernel.info import Root
 
 __all__ = [
-    "SYSFS_MAGIC",
     "WATCHED",
     "DirentListing",
     "EventSource",
@@ -42,12 +42,9 @@ __all__ = [
     "WatchSource",
     "event_sources",
     "health",
-    "is_sysfs",
     "module_event",
     "parse_uevent",
 ]
-
-SYSFS_MAGIC = 0x62656572  # include/uapi/linux/magic.h
 
 
 class Notify(Protocol):
@@ -194,21 +191,6 @@ class UeventSource:
             self._thread.join(timeout=2)
 
 
-def is_sysfs(path: str) -> bool:
-    """Whether *path* lies on sysfs (where inotify sees nothing)."""
-    import ctypes  # loaded at start anyway (heap.py); ctypes.util's find_library
-    # would run ldconfig in a subprocess: the process's own symbols have statfs.
-
-    class Statfs(ctypes.Structure):
-        _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    buf = Statfs()
-    if libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
-        return True  # unknown: polling works everywhere
-    return bool((buf.f_type & 0xFFFFFFFF) == SYSFS_MAGIC)
-
-
 class DirentListing:
     """``listdir`` and ``stat`` for watchdog's polling snapshot of one directory:
     each entry's inode and type as the listing gave them (``getdents``), not a
@@ -264,7 +246,7 @@ class WatchSource:
         self.path = path
         self.log = log
         if method == "auto":
-            method = "poll" if is_sysfs(path) else "inotify"
+            method = "poll" if on_sysfs(path) else "inotify"
         self.method = method
         self.name = f"watch-{method}"
         self.seen_by = SeenBy.POLL if method == "poll" else SeenBy.INOTIFY
