@@ -119,7 +119,7 @@ ANCHOR_SYMBOLS: Final = ("_text", "_stext", "_etext", "_sinittext", "_einittext"
 CAP_SYSLOG: Final = 34
 
 # Kernel code beyond the image and modules (BPF programs, trampolines,
-# ftrace and kprobe pages; issue 21).  Where x86-64 allocates it: the module
+# ftrace and kprobe pages).  Where x86-64 allocates it: the module
 # area (MODULES_VADDR .. MODULES_END, arch/x86/include/asm/pgtable_64_types.h:
 # 0xffffffffa0000000 without KASLR, 0xffffffffc0000000 with it; BPF JIT images
 # come from the same allocator).  A time inside a loss window makes an address

@@ -1,4 +1,4 @@
-"""The data model of kernel code beyond the image and modules (issue 21).
+"""The data model of kernel code beyond the image and modules.
 
 BPF programs, BPF trampolines and dispatchers, ftrace trampolines and kprobe
 instruction pages are executable kernel memory that comes and goes faster

@@ -1,4 +1,4 @@
-"""Kernel code in the fleet bucket (issue 21): the shapes of a batch's ``code``,
+"""Kernel code in the fleet bucket: the shapes of a batch's ``code``,
 ``code_dropped`` and ``losses`` members, and how a reader merges them.
 
 A batch carries the kernel-code records (:class:`~kreld.core.kernel_code.KernelCode`)

@@ -1,5 +1,5 @@
 """The kernel's side-band records about its code, read live: one perf event
-per online CPU, each with its mmap'd ring (issue 21).
+per online CPU, each with its mmap'd ring.
 
 Each event is a ``PERF_TYPE_SOFTWARE``/``PERF_COUNT_SW_DUMMY`` event opened
 with ``perf_event_open(2)`` for every task (pid -1) on one CPU, asking for

@@ -32,7 +32,7 @@ when the recording started.
 :func:`ksymbol_records` is the seam for BPF programs, trampolines and other
 out-of-line code: each becomes a ``PERF_RECORD_KSYMBOL`` registered at its load
 and unregistered at its unload.  :func:`code_ksyms` gives it what kreld recorded
-of the boot's kernel code (issue 21): every record live at some time of the
+of the boot's kernel code: every record live at some time of the
 recording whose length is known, from the first to the last time it was
 certainly there, on the sample clock (only an exact sample clock places them;
 a program only kallsyms showed has no length and is left out: perf would have

@@ -38,7 +38,7 @@ databases (:class:`Table`), each kept by one part of this package:
 ``kcode`` (:mod:`.kernel_code`)
     boot-id (16 bytes) + a letter + seq: BPF programs, trampolines, ftrace
     and kprobe pages, one record per appearance, which are open, the loss
-    windows and the last watch time (issue 21), with their retention.
+    windows and the last watch time, with their retention.
 ``published`` (:mod:`kreld.pubstate`)
     what has been published to the fleet bucket, per target; made by the
     first publishing round.

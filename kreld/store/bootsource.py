@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 
 class CodeRecords(Protocol):
-    """A boot's kernel code (issue 21): the store's kernel-code table, or a fleet
+    """A boot's kernel code: the store's kernel-code table, or a fleet
     bucket's batches."""
 
     def codes(

@@ -79,7 +79,8 @@ F_UNLOAD_SEEN_BY = 1 << 13
 F_RESTRICTED = 1 << 14  # no payload
 F_INIT_LIVE = 1 << 15  # no payload
 F_LOADED_AFTER = 1 << 16  # since schema 4
-# No payload: where the sections came from (issue 22); neither in older records.
+# No payload: where the sections came from (kptr_restrict=2 reads kernel memory);
+# neither in records written before kreld could.
 F_KCORE = 1 << 17  # kernel memory
 F_SYSFS = 1 << 18  # sys/module/<m>/sections
 _KNOWN_FLAGS = (1 << 19) - 1

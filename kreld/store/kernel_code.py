@@ -1,4 +1,5 @@
-"""Kernel code beyond the image and modules (issue 21): the ``kcode`` table.
+"""Kernel code beyond the image and modules: the ``kcode`` table (its
+on-disk name, kept from the first stores that had it).
 
 One named database, keyed by boot-id (16 bytes) and a letter:
 

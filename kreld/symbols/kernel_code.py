@@ -1,4 +1,4 @@
-"""Kernel code in answers about addresses (issue 21): which BPF program,
+"""Kernel code in answers about addresses: which BPF program,
 trampoline, ftrace or kprobe page held an address at a time, as regions of
 an address map, and for ``symbolize --for``.  Pure functions over the model.
 
@@ -77,9 +77,9 @@ def _end(c: KernelCode, clock: Clock) -> int:
 
 def code_history(store: Any, boot_id: str, known: CodeHistory | None = None) -> CodeHistory:
     """The kernel code of *boot_id* in *store*, the host's or a fleet bucket
-    (none where it keeps none: a store from before issue 21).  With *known*, an earlier
-    read: only the records it held open and those written since are read
-    again (a closed record changes no more, but for an unload a look at kallsyms
+    (none where it keeps none: a store written before kreld followed kernel
+    code).  With *known*, an earlier read: only the records it held open and
+    those written since are read again (a closed record changes no more, but for an unload a look at kallsyms
     bounded and its own record made exact: *known* keeps the bound, never wrong)."""
     tables = getattr(store, "kernel_code", None)
     if tables is None:
@@ -207,7 +207,7 @@ def kallsyms_lines(
     (``[__builtin__ftrace]``, then ``[bpf]`` in load order, then the other
     ``[__builtin__*]``, kernel/kallsyms.c's update_iter_mod()), after the
     recorded *extras* of other owners.  A boot without records of its code (a
-    store from before issue 21) keeps its *extras* as they are."""
+    store written before kreld followed kernel code) keeps its *extras* as they are."""
     if not hist.codes:
         return list(extras)
     kept = [x for x in extras if not is_code_line(x)]

@@ -1,5 +1,5 @@
 """The pure plan of what side-band records and a look at kallsyms change in
-the kernel code kreld knows to be live (issue 21).  No I/O: the follower
+the kernel code kreld knows to be live.  No I/O: the follower
 (:mod:`kreld.tracker.kernel_code`) reads the rings and kallsyms, hands both here,
 and writes the :class:`Changes` to the store.
 
