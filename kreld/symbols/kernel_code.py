@@ -79,8 +79,9 @@ def code_history(store: Any, boot_id: str, known: CodeHistory | None = None) -> 
     """The kernel code of *boot_id* in *store*, the host's or a fleet bucket
     (none where it keeps none: a store written before kreld followed kernel
     code).  With *known*, an earlier read: only the records it held open and
-    those written since are read again (a closed record changes no more, but for an unload a look at kallsyms
-    bounded and its own record made exact: *known* keeps the bound, never wrong)."""
+    those written since are read again (a closed record changes no more, but
+    for an unload a look at kallsyms bounded and its own record made exact:
+    *known* keeps the bound, never wrong)."""
     tables = getattr(store, "kernel_code", None)
     if tables is None:
         return CodeHistory()
