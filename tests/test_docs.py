@@ -17,3 +17,96 @@ def test_generated_parts_of_man_pages_and_readme_are_current() -> None:
         timeout=60,
     )
     assert cp.returncode == 0, cp.stdout + cp.stderr
+
+
+# -- names in the docs exist -------------------------------------------------------
+
+import ast  # noqa: E402
+import importlib  # noqa: E402
+import importlib.util  # noqa: E402
+import re  # noqa: E402
+
+KRELD = REPO / "kreld"
+# Files whose words are documentation: docstrings and comments of kreld/, the
+# README, docs/, the man pages, the shipped configuration and units.
+DOC_FILES = sorted(
+    [*KRELD.rglob("*.py"), REPO / "README.md", REPO / "CHANGELOG.md", *(REPO / "docs").glob("*.md"),
+     *(REPO / "man").iterdir(), *(p for p in (REPO / "etc").rglob("*") if p.is_file()),
+     *(REPO / "systemd").iterdir()]
+)  # fmt: skip
+# kreld.x.y: a module, or an attribute of one.  Not io.kreld.X (a varlink name), not
+# a file name (kreld.toml, kreld.service, kreld.lock, ...), not a call (kreld.resolve(...)
+# in an example, where kreld is a client).
+_DOTTED = re.compile(r"(?<![\w./-])kreld((?:\.[A-Za-z_]\w*)+)(?![\w(-])")
+_NOT_MODULES = {"toml", "service", "socket", "sock", "lock", "sysusers", "conf", "log"}
+# kreld/x/y.py or kreld/x/: a path in the checkout.
+_PATH = re.compile(r"(?<![\w./-])kreld/[\w/]+(?:\.\w+)*")
+
+
+def _exists(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for i in range(len(parts), 1, -1):
+        name = ".".join(parts[:i])
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ModuleNotFoundError, ValueError):
+            found = False
+        if found:
+            obj: object = importlib.import_module(name)
+            for attr in parts[i:]:
+                if not hasattr(obj, attr):
+                    return False
+                obj = getattr(obj, attr)
+            return True
+    return False
+
+
+def test_every_kreld_module_and_path_the_docs_name_exists() -> None:
+    stale = []
+    for path in DOC_FILES:
+        text = path.read_text(errors="replace")
+        for m in _DOTTED.finditer(text):
+            if m[1].split(".")[1] in _NOT_MODULES:
+                continue
+            if not _exists("kreld" + m[1]):
+                stale.append(f"{path.relative_to(REPO)}: kreld{m[1]}")
+        for m in _PATH.finditer(text):
+            rel = m[0].rstrip("/.")
+            if not (REPO / rel).exists():
+                stale.append(f"{path.relative_to(REPO)}: {rel}")
+    assert not stale, "names that do not exist:\n" + "\n".join(sorted(set(stale)))
+
+
+def test_each_folder_docstring_names_every_module_of_its_folder() -> None:
+    missing = []
+    for init in sorted(KRELD.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        for mod in sorted(init.parent.glob("*.py")):
+            if (
+                mod.stem != "__init__"
+                and f"``{mod.stem}``" not in doc
+                and (f":mod:`.{mod.stem}`" not in doc)
+            ):
+                missing.append(f"{init.parent.name}/{mod.name}")
+    assert not missing, f"folder docstrings that do not name these modules: {missing}"
+
+
+def test_readme_names_every_method_of_the_interface() -> None:
+    from kreld.varlink.interface import IO_KRELD
+
+    readme = (REPO / "README.md").read_text()
+    absent = [m for m in IO_KRELD.methods if f"`{m}`" not in readme]
+    assert not absent, f"README does not name these io.kreld methods: {absent}"
+
+
+def test_no_issue_numbers_in_code_or_docs() -> None:
+    """Comments and docs say the reason, never the ticket: the reader next year
+    has no tracker."""
+    ticket = re.compile(r"\b(?:issue|ticket)s? *#?\d+", re.I)
+    found = [
+        f"{p.relative_to(REPO)}:{n}"
+        for p in DOC_FILES
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if ticket.search(line)
+    ]
+    assert not found, f"issue numbers at {found}"

@@ -1,5 +1,7 @@
-"""``kreld.toml`` loaded and checked (``settings``) and the command-line options
-both programs share (``options``).
+"""``kreld.toml`` loaded and checked (``settings``), each file read within
+bounds (``files``) and its nesting and key lengths checked before tomllib
+parses it (``shape``); the command-line options both programs share
+(``options``).
 
 May import: ``core``.
 """

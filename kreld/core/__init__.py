@@ -1,7 +1,11 @@
 """The base every folder stands on: paths, defaults and kernel constants
-(``consts``), the error family (``errors``), the frozen record (``record``), the
-data model (``model``), the packed symbol table (``symtab``), boot-id
-conversion (``uuids``), logging (``log``) and the heap's tuning (``heap``).
+(``consts``), the error family and the exit codes (``errors``), the frozen
+record (``record``), the data model of boots and modules (``model``) and of
+kernel code beyond them (``kernel_code``), the packed symbol table
+(``symtab``), boot-id conversion (``uuids``), logging (``log``), the heap's
+tuning (``heap``), bounded readers of someone else's JSON (``jsonin``) and
+text (``textin``), and files written safely for whoever runs kreldctl
+(``safeout``).
 
 Imports nothing of kreld outside this folder.
 """

@@ -1,7 +1,7 @@
 """A fleet in object storage: the bucket's object names and encodings
-(``layout``), S3 through obstore (``s3``), the daemon's publisher
-(``publish``), and a bucket read back as a boot source for ``kreldctl --from``
-(``bucket``).
+(``objects``, with ``kernel_code_objects`` for kernel code in a batch), S3
+through obstore (``s3``), the daemon's publisher (``publish``), and a bucket
+read back as a boot source for ``kreldctl --from`` (``bucket``).
 
 May import everything below ``server`` and ``server`` itself.
 """

@@ -1,12 +1,16 @@
 """Readers of the running kernel, all under ``--root``: boot-id, release,
-sysctls and build-id (``info``), ``/proc/kallsyms`` (``kallsyms``), the sysfs
-module directories and ``/proc/modules`` (``modules``), the KASLR offset
-(``kaslr``), ELF files and notes (``elf``, ``notes``), and one boot's snapshot
-put together from them (``snapshot``).  Where ``kptr_restrict=2`` zeroes
-those, kernel memory: ``/proc/kcore`` (``kcore``), the types' layouts from BTF
-(``btf``, ``modlayout``), the module list walked there (``kmodules``),
-what of it is believed (``seethrough``), and how a module's addresses are
-read now, sysfs or kernel memory opened when first needed (``addresses``).
+sysctls and build-id (``info``), ``/proc/kallsyms`` (``kallsyms``), the
+loaded modules in sysfs and ``/proc/modules`` (``modules_sysfs``), the KASLR
+offset (``kaslr``), ELF files and notes (``elf``, ``notes``), and one boot's
+snapshot put together from them (``snapshot``).  Where ``kptr_restrict=2``
+zeroes those, kernel memory: ``/proc/kcore`` (``kcore``), the types' layouts
+from BTF (``btf``, and ``module_struct`` for ``struct module``), the module
+list walked there (``modules_kcore``), what of it is believed
+(``seethrough``), and how a module's addresses are read now, sysfs or kernel
+memory opened when first needed (``addresses``).  Kernel code beyond the
+image and modules: perf's side-band records (``sideband``) read live from one
+ring per CPU (``perfring``), and what bpf(2) says of each program
+(``bpfinfo``).
 
 They never write, and never know of the store or the server.
 May import: ``core``, ``config``.

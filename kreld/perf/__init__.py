@@ -1,8 +1,9 @@
-"""perf.data: its formats and the facts they carry (``records``), the header
-reader (``reader``), finding the boot and loads a recording was made on
-(``match``), ``export``/``symbolize --for perf.data`` (``commands``), and
-``kreldctl inject`` (``inject``: the records ``synth`` builds, placed by
-``rewrite`` in a copy of the recording written through ``output``).
+"""perf.data: its formats and the facts they carry (``formats``), the header
+reader (``reader``) and its bounded input, a file or a pipe (``input``),
+finding the boot and loads a recording was made on (``match``),
+``export``/``symbolize --for perf.data`` (``commands``), and ``kreldctl
+inject`` (``inject``: the records ``synth`` builds, placed by ``rewrite`` in
+a copy of the recording).
 
 May import everything below ``server`` and ``server`` itself.
 """

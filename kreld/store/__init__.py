@@ -2,7 +2,7 @@
 
 The state directory (``--state-dir``) holds ``data.mdb`` and ``lock.mdb``
 (one LMDB environment), ``kreld.lock`` (the writer's ``flock``,
-:mod:`kreld.storelock`) and any ``damaged-<UTC>/`` store set aside.  Named
+:mod:`.lock`) and any ``damaged-<UTC>/`` store set aside.  Named
 databases (:class:`Table`), each kept by one part of this package:
 
 ``meta`` (:mod:`.env`)
@@ -13,17 +13,17 @@ databases (:class:`Table`), each kept by one part of this package:
     first-seen realtime (8 bytes BE) + boot-id -> ``b""``: newest-first listing.
 ``builds`` (:mod:`.boots`)
     build-id (hex text) -> build record (JSON).
-``incarnations`` (:mod:`.modules_sysfs`)
-    boot-id (16 bytes) + seq (8 bytes BE) -> incarnation (:mod:`kreld.records`).
-``open`` (:mod:`.modules_sysfs`)
+``incarnations`` (:mod:`.modules`)
+    boot-id (16 bytes) + seq (8 bytes BE) -> incarnation (:mod:`.encoding`).
+``open`` (:mod:`.modules`)
     same key -> ``b""`` for incarnations not yet seen unloaded.
-``watch`` (:mod:`.modules_sysfs`)
+``watch`` (:mod:`.modules`)
     boot-id (16 bytes) -> last time the daemon saw ``sys/module`` (JSON).
-``layouts`` (:mod:`.modules_sysfs`)
+``layouts`` (:mod:`.modules`)
     12-byte key -> the section names an incarnation record's offsets
-    follow (:mod:`kreld.records`), JSON.
+    follow (:mod:`.encoding`), JSON.
 ``symtabs`` (:mod:`.symtabs`)
-    table key -> packed symbol table (:mod:`kreld.symtab`): ``k:<build-id>``
+    table key -> packed symbol table (:mod:`kreld.core.symtab`): ``k:<build-id>``
     a kernel build's from kallsyms, ``v:<build-id>`` a kernel build's from
     its vmlinux (kallsyms unusable), ``b:<boot-id>`` a boot whose table
     differs from its build's (or that has no build-id), ``m:<build-id>`` or
@@ -39,13 +39,16 @@ databases (:class:`Table`), each kept by one part of this package:
     boot-id (16 bytes) + a letter + seq: BPF programs, trampolines, ftrace
     and kprobe pages, one record per appearance, which are open, the loss
     windows and the last watch time, with their retention.
-``published`` (:mod:`kreld.pubstate`)
+``published`` (:mod:`.pubstate`)
     what has been published to the fleet bucket, per target; made by the
     first publishing round.
 
 Every write is one LMDB transaction: committed and synced, or not at all,
 so a killed writer never leaves half a record.  When the map is full it is
 doubled and the write retried (:mod:`.env`).  :mod:`.gc` applies retention.
+Before LMDB maps a file, :mod:`.lmdbcheck` checks that it is whole; the state
+directory must be kreld's own (:mod:`.ownership`); :mod:`.bootsource` is the
+read-only protocol the store and a fleet bucket both answer.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Addresses to names: which image, section and symbol held an address at a
-time (``queries``), a recorded boot rendered back as a kallsyms file
+time (``queries``, and ``kernel_code`` for BPF programs, trampolines, ftrace
+and kprobe pages), a recorded boot rendered back as a kallsyms file
 (``export``), and the worker that captures symbol tables as modules load
 (``capture``).
 
