@@ -125,7 +125,7 @@ def _kallsyms_anchors(
     """The anchors kallsyms shows, whether it shows zeros and why, and its text."""
     try:
         if kallsyms is None:
-            kallsyms = root.read_bytes(consts.KALLSYMS)
+            kallsyms = root.read_bytes(consts.KALLSYMS, consts.MAX_KALLSYMS)
         anchors, zeroed = read_anchors(root, kallsyms)
     except KernelReadError as e:
         faults.append(str(e))
