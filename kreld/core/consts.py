@@ -50,8 +50,10 @@ __all__ = [
     "MAX_KERNEL_NOTES",
     "MAX_KERNEL_OFFSET",
     "MAX_MODULE_FILE",
+    "MAX_MODULE_SECTIONS",
     "MAX_MODULE_SIZE",
     "MAX_MODULE_SYMBOLS",
+    "MAX_PROC_MODULES",
     "MAX_SMALL_FILE",
     "MAX_SOCKET_PATH",
     "MAX_SYSTEM_MAP",
@@ -187,6 +189,8 @@ MAX_MODULE_SIZE: Final = 1 << 32
 MAX_SMALL_FILE: Final = 64 << 10  # a sysctl, a sysfs attribute (a page at most)
 MAX_KERNEL_NOTES: Final = 64 << 10  # /sys/kernel/notes (some 500 bytes)
 MAX_KALLSYMS: Final = 64 << 20  # /proc/kallsyms (6.1 with 1,100 modules: ~15 MB)
+MAX_PROC_MODULES: Final = 4 << 20  # /proc/modules (some 100 bytes a module)
+MAX_MODULE_SECTIONS: Final = 4096  # files in a module's sections/ (a module has 20-60)
 MAX_SYSTEM_MAP: Final = 64 << 20  # a System.map (6.1: 87,000 lines, 4 MB)
 MAX_BTF: Final = 128 << 20  # /sys/kernel/btf/vmlinux (6.1: ~5 MB)
 MAX_MODULE_FILE: Final = 128 << 20  # a .ko, inflated (the largest are some 30 MB)
@@ -195,7 +199,7 @@ MAX_KCORE_NOTES: Final = 1 << 20  # /proc/kcore's PT_NOTE segment (VMCOREINFO is
 # Entries of one ELF symbol table: a module's (the largest have some 60,000), and a
 # vmlinux's (6.1: ~150,000); and ELF section headers of one file.
 MAX_MODULE_SYMBOLS: Final = 1 << 17
-MAX_VMLINUX_SYMBOLS: Final = 1 << 21
+MAX_VMLINUX_SYMBOLS: Final = 1 << 20
 MAX_ELF_SECTIONS: Final = 1 << 16
 
 # Addresses that Resolve looks up one by one rather than with numpy (whose

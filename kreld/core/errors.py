@@ -33,6 +33,7 @@ __all__ = [
     "OutputError",
     "PerfDataError",
     "PermissionDenied",
+    "RecordRefused",
     "SocketError",
     "StoreCorrupt",
     "StoreDamaged",
@@ -247,6 +248,11 @@ class StoreTooNew(StoreError):
         )
         self.found = found
         self.supported = supported
+
+
+class RecordRefused(StoreError):
+    """A record the store's own readers would refuse (a number past what its
+    encoding holds): refused before it is written, the store left as it was."""
 
 
 class StoreFull(StoreError):

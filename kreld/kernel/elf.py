@@ -17,8 +17,11 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import struct
-from collections.abc import Iterator
+import sys
+from array import array
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,6 +58,12 @@ _PARSE_ERRORS: tuple[type[Exception], ...] = (
     TypeError,
     RecursionError,
 )
+# The longest name a string table may hold: kallsyms' names are at most
+# KSYM_NAME_LEN (512) bytes; C++ or Rust names in a module's table are longer.
+MAX_ELF_NAME = 4096
+# A string table holds no more names than kallsyms prints.
+MAX_STRINGS = consts.MAX_KALLSYMS
+_LONG_NAME = re.compile(rb"[^\0]{%d}" % (MAX_ELF_NAME + 1))
 _SHT_SYMTAB = 2
 _SHT_NOBITS = 8
 _EHDR64 = struct.Struct("<4sBBBBB7xHHIQQQIHHHHHH")
@@ -114,22 +123,43 @@ def check_elf(src: _Source, max_symbols: int) -> None:
         if sh_type != _SHT_NOBITS and offset + size > src.size:
             raise ElfFileError(path, f"section {i} at {offset:#x} (+{size:,}) lies past its end")
         if sh_type == _SHT_SYMTAB:
-            if entsize < (24 if wide else 16) or size // entsize > max_symbols:
+            if entsize < (24 if wide else 16) or entsize % 4 or size // entsize > max_symbols:
                 raise ElfFileError(
                     path, f"a symbol table of {size:,} bytes in entries of {entsize} "
                     f"(limit {max_symbols:,} symbols)",
                 )  # fmt: skip
-            _check_strings(src, headers, link, f"section {i}'s string table")
+            names = _name_offsets(src.read(offset, size - size % entsize), entsize, endian)
+            _check_strings(src, headers, link, f"section {i}'s string table", names)
     if shstrndx not in (0, 0xFFFF):
-        _check_strings(src, headers, shstrndx, "the section names")
+        _check_strings(src, headers, shstrndx, "the section names", [h[0] for h in headers])
 
 
-def _check_strings(src: _Source, headers: list[tuple[int, ...]], index: int, what: str) -> None:
+def _name_offsets(table: bytes, entsize: int, endian: str) -> Sequence[int]:
+    """The ``st_name`` of each symbol (the first word of an entry, ELF32 or ELF64)."""
+    words = array("I", table)
+    if (endian == "<") != (sys.byteorder == "little"):
+        words.byteswap()
+    return words[:: entsize // 4]
+
+
+def _check_strings(
+    src: _Source, headers: list[tuple[int, ...]], index: int, what: str, names: Sequence[int]
+) -> None:
+    """That section *index* is a string table every one of *names* (offsets)
+    starts inside, whose strings end: in a NUL, within ``MAX_ELF_NAME`` bytes
+    (pyelftools reads a name until its NUL)."""
     if not 0 < index < len(headers):
         raise ElfFileError(src.path, f"{what}: section {index} does not exist")
     offset, size = headers[index][4], headers[index][5]
-    if size == 0 or src.read(offset + size - 1, 1) != b"\0":
+    if size > MAX_STRINGS:
+        raise ElfFileError(src.path, f"{what} of {size:,} bytes (limit {MAX_STRINGS:,})")
+    table = src.read(offset, size)
+    if not table or table[-1] != 0:
         raise ElfFileError(src.path, f"{what} (section {index}) does not end in a NUL")
+    if names and max(names) >= size:
+        raise ElfFileError(src.path, f"a name at {max(names):#x}, past {what} ({size:,} bytes)")
+    if _LONG_NAME.search(table):
+        raise ElfFileError(src.path, f"{what} holds a name of more than {MAX_ELF_NAME} bytes")
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 from kreld.core import consts
@@ -30,6 +31,7 @@ __all__ = [
     "hex_u64",
     "kernel_offset",
     "module_size",
+    "moved",
     "pread_exact",
     "read_bounded",
 ]
@@ -107,7 +109,7 @@ def hex_address(text: str | bytes) -> int:
         s = s.decode("ascii", "replace")
     if not s or len(s) > _HEX_CHARS or "_" in s:
         raise ValueError(f"not a 64-bit hex address: {s[:40]!r}")
-    value = int(s, 16)
+    value = _int(s, 16, repr(s))
     low, high = consts.KERNEL_HALF
     if value and not low <= value < high:
         raise ValueError(f"{s} is not an address in the kernel's half")
@@ -121,7 +123,7 @@ def hex_u64(text: str | bytes) -> int:
         s = s.decode("ascii", "replace")
     if not s or len(s) > _HEX_CHARS or "_" in s:
         raise ValueError(f"not a 64-bit hex number: {s[:40]!r}")
-    value = int(s, 16)
+    value = _int(s, 16, repr(s))
     if not 0 <= value < 1 << 64:
         raise ValueError(f"{s} is not a 64-bit number")
     return value
@@ -134,7 +136,7 @@ def module_size(text: str | bytes) -> int:
         s = s.decode("ascii", "replace")
     if not s or len(s) > _DEC_CHARS or "_" in s:
         raise ValueError(f"not a number: {s[:40]!r}")
-    value = int(s)
+    value = _int(s, 10, repr(s))
     if not 0 <= value < consts.MAX_MODULE_SIZE:
         raise ValueError(f"{s} is not a size a module can have")
     return value
@@ -146,7 +148,21 @@ def kernel_offset(text: str) -> int:
     s = text.strip()
     if not s or len(s) > _HEX_CHARS or "_" in s:
         raise ValueError(f"KERNELOFFSET={s[:40]!r} is not a 64-bit hex number")
-    value = int(s, 16)
+    value = _int(s, 16, f"KERNELOFFSET={s!r}")
     if not 0 <= value < consts.MAX_KERNEL_OFFSET:
         raise ValueError(f"KERNELOFFSET={s} is not an offset the kernel can have")
     return value
+
+
+def moved(link: Mapping[str, int], offset: int) -> dict[str, int]:
+    """Link-time addresses moved by the KASLR *offset*: those that land in the
+    kernel's half (a vmlinux or System.map may say anything)."""
+    low, high = consts.KERNEL_HALF
+    return {k: v + offset for k, v in link.items() if low <= v + offset < high}
+
+
+def _int(text: str, base: int, what: str) -> int:
+    try:
+        return int(text, base)
+    except ValueError:
+        raise ValueError(f"{what} is not a {'hex ' if base == 16 else ''}number") from None

@@ -55,7 +55,7 @@ def parse_proc_modules(text: str) -> dict[str, ProcModule]:
 
 def read_proc_modules(root: Root) -> dict[str, ProcModule]:
     try:
-        text = root.read_bytes(consts.PROC_MODULES, consts.MAX_KALLSYMS)
+        text = root.read_bytes(consts.PROC_MODULES, consts.MAX_PROC_MODULES)
     except KernelReadError:
         return {}
     return parse_proc_modules(text.decode("ascii", "replace"))
@@ -160,6 +160,9 @@ def _read_sections(sfd: int, faults: list[str]) -> tuple[dict[str, int], bool, b
     sections: dict[str, int] = {}
     restricted = False
     names = sorted(os.listdir(sfd))
+    if len(names) > consts.MAX_MODULE_SECTIONS:
+        faults.append(f"sections/: {len(names):,} files, more than any module has")
+        return {}, False, False
     for sname in names:
         raw = _read_small(sname, sfd)
         if raw is None:

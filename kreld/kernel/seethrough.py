@@ -30,7 +30,7 @@ from kreld.core.errors import BtfError, KernelReadError
 from kreld.core.model import AddressSource, Anchors, ModuleState
 from kreld.core.record import replace
 from kreld.kernel.btf import Btf
-from kreld.kernel.files import hex_u64
+from kreld.kernel.files import hex_u64, moved
 from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.kaslr import read_system_map, system_map_symbols
@@ -73,7 +73,7 @@ class KernelMemory:
 
     def anchors(self) -> Anchors:
         return Anchors.from_symbols(
-            {k: v + self.offset for k, v in self.link.items() if k in consts.ANCHOR_SYMBOLS}
+            moved({k: v for k, v in self.link.items() if k in consts.ANCHOR_SYMBOLS}, self.offset)
         )
 
     def modules(self, wanted: Set[str] | None = None) -> dict[str, KernelModule]:

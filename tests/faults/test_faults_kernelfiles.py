@@ -236,10 +236,8 @@ def test_a_system_map_of_one_2_gib_line_is_refused(host: Any) -> None:
         elf_core(phoff=(1 << 64) - 64, phentsize=56, phnum=2),
         elf_core(phoff=(1 << 63) + 8, phentsize=56, phnum=1),
         elf_core(64, 56, 1, phdr(4, (1 << 64) - 16, 0, 4096)),
-        elf_core(64, 56, 1, phdr(4, 1 << 63, 0, 1 << 40)),
-        elf_core(64, 0xFFFF, 4096),
     ],
-    ids=["phoff-2^64", "phoff-2^63", "note-at-2^64", "note-of-a-tib", "headers-of-256-mib"],
+    ids=["phoff-2^64", "phoff-2^63", "note-at-2^64"],
 )
 def test_a_kcore_whose_headers_point_anywhere_is_a_named_error(host: Any, core: bytes) -> None:
     h = host()
