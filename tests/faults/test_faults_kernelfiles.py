@@ -345,6 +345,42 @@ def test_btf_whose_anonymous_members_repeat_without_end_is_a_named_error(host: A
     h.check(any_event_says("btf/vmlinux", "members"), "BTF refused")
 
 
+def _far_core_line(h: Host) -> None:
+    """A line of the kernel's own, in the kernel's half but 2^47 bytes from _text."""
+    path = h.tree.root / "proc/kallsyms"
+    data = path.read_bytes()
+    owned = data.rfind(b"\n", 0, data.find(b"\t[")) + 1
+    path.write_bytes(data[:owned] + b"ffff800000000000 T far_away\n" + data[owned:])
+
+
+def _absolute_module_line(h: Host) -> None:
+    """Module a's lines, one a per-cpu (absolute) value past 2^63."""
+    h.tree.add_module("a", A)
+    with open(h.tree.root / "proc/kallsyms", "ab") as f:
+        f.write(b"%016x t a_func\t[a]\nffffffffffff0000 a a_pcpu\t[a]\n" % (A + 0x10))
+
+
+@pytest.mark.parametrize(
+    "change,expect",
+    [
+        (_far_core_line, event_says("kernel_symbols", "stored")),
+        (_absolute_module_line, event_says("module_symbols", '"a"', "kallsyms")),
+    ],
+    ids=["core-line-2^47-from-text", "module-absolute-past-2^63"],
+)
+def test_kallsyms_lines_no_table_can_hold_leave_the_symbol_worker_working(
+    host: Any, change: Callable[[Host], None], expect: Callable[[dict[str, Any]], bool]
+) -> None:
+    """The symbol worker's thread ends only on a named error: a value its table's
+    columns cannot hold is left out, and the worker goes on to the next load."""
+    h = host()
+    if change is _far_core_line:
+        change(h)
+        h.check(expect, "kernel table stored")
+    else:
+        h.check(expect, "module table stored", lambda: change(h))
+
+
 # -- numbers the kernel cannot produce -------------------------------------------------------
 
 
