@@ -104,6 +104,7 @@ class Host:
         """The daemon logs the named error *expect* matches within the case's time."""
         left = max(0.1, SECONDS - (time.monotonic() - t0))
         self.d.wait_until(lambda evs: any(expect(e) for e in evs), what, timeout=left)
+        print(f"{what}: {time.monotonic() - t0:.2f} s from start")
 
     def still_working(self) -> None:
         """The daemon answers, tracks a new load, looks for its symbols, and stays small."""
@@ -122,6 +123,7 @@ class Host:
         )
         assert self.d.proc.poll() is None
         hwm = proc_status(self.d.proc.pid, "VmHWM")
+        print(f"kreld's peak resident memory: {hwm >> 10} MiB")
         assert hwm < RSS_BOUND_KIB, f"kreld's peak resident memory {hwm} KiB"
         with Client(str(self.sock)) as c:
             c.call("GetBoot")
