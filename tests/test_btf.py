@@ -135,3 +135,29 @@ def test_this_machines_own_btf_parses_and_gives_struct_module() -> None:
     layout = module_layout(btf)
     assert layout.name_len == 56  # MODULE_NAME_LEN = 64 - sizeof(unsigned long)
     assert layout.list_prev == layout.list_next + 8
+
+
+def test_anonymous_members_that_repeat_without_end_end_in_a_named_error() -> None:
+    """struct module of 2,000 anonymous members of one struct, itself of 2,000 of the
+    next, six deep: a search that looked into each would visit 2000**6 members."""
+    b = BtfBuilder()
+    u64 = b.int("unsigned long", 8)
+    inner = b.struct("leaf", 8, [("x", u64, 0)])
+    for i in range(6):
+        inner = b.struct(f"level{i}", 8, [("", inner, 0)] * 2000)
+    module = b.struct("module", 8, [("", inner, 0)] * 2000)
+    btf = Btf.parse(b.build())
+    with pytest.raises(BtfError, match="members looked at in search of 'name'"):
+        btf.member(module, "name")
+    assert btf.member(module, "x").offset == 0  # the first path down finds it
+
+
+def test_a_member_that_lies_past_the_end_of_its_struct_is_refused() -> None:
+    b = BtfBuilder()
+    u64 = b.int("unsigned long", 8)
+    inner = b.struct("inner", 16, [("a", u64, 0), ("b", u64, 4096)])
+    outer = b.struct("module", 24, [("name", u64, 0), ("in", inner, 8)])
+    btf = Btf.parse(b.build())
+    assert btf.member(outer, "in.a").offset == 8
+    with pytest.raises(BtfError, match="lies past the end of 'module'"):
+        btf.member(outer, "in.b")

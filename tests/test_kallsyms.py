@@ -107,3 +107,39 @@ def test_a_read_of_the_tail_of_a_kallsyms_without_owners_is_empty(tmp_path: Path
 def test_an_unreadable_kallsyms_is_a_kernel_read_error(tmp_path: Path) -> None:
     with pytest.raises(KernelReadError):
         KallsymsText.read_tail(Root(tmp_path))
+
+
+def test_a_real_sized_kallsyms_is_read_whole_by_every_reader(tmp_path: Path) -> None:
+    """120,000 lines (some 4 MB, a real kernel's): within the bound of the whole read,
+    the tail's read and the snapshot's own read."""
+    from faketree import FakeTree
+
+    from kreld.kernel.snapshot import take_snapshot
+
+    tree = FakeTree(tmp_path / "root")
+    tree.grow_kallsyms(120_000)
+    root = Root(tree.root)
+    assert sum(1 for _ in KallsymsText.read(root).core()) == 120_000
+    assert KallsymsText.read_tail(root).module("dummy")
+    snap, _ = take_snapshot(root)
+    assert snap.anchors.text == tree.text and not snap.faults
+
+
+@pytest.mark.parametrize("tail", [False, True], ids=["whole", "tail"])
+def test_a_kallsyms_past_its_bound_is_refused_by_name(tmp_path: Path, tail: bool) -> None:
+    from kreld.core import consts
+
+    path = tmp_path / "proc/kallsyms"
+    path.parent.mkdir(parents=True)
+    with open(path, "wb") as f:
+        f.truncate(consts.MAX_KALLSYMS + 1)  # a hole: no disk
+    read = KallsymsText.read_tail if tail else KallsymsText.read
+    with pytest.raises(KernelReadError, match="larger than"):
+        read(Root(tmp_path))
+
+
+def test_an_address_of_more_than_16_hex_digits_is_no_line() -> None:
+    ks = KallsymsText.of(
+        b"ffffffff81000000 T _text\n1ffffffff81001000 T too_wide\nffffffff81002000 T ok\n"
+    )
+    assert [n for _v, _t, n in ks.core()] == [b"_text", b"ok"]

@@ -5,6 +5,7 @@ tests/kmembuild.py and tests/kmodimage.py in both layouts of struct module."""
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from pathlib import Path
 
@@ -242,3 +243,52 @@ def test_a_modules_symbols_are_read_as_kallsyms_prints_them(tmp_path: Path, layo
         (MODAREA + 0x103000, b"b", b"__key.45"),
         (0x34000, b"a", b"per_cpu_var"),
     ]
+
+
+def _core(phoff: int, phentsize: int, phnum: int, phdrs: bytes = b"") -> bytes:
+    fields = (b"\x7fELF", 2, 1, 1, 0, 0, b"\0" * 7, 4, 62, 1, 0, phoff, 0, 0, 64)
+    return struct.pack("<4sBBBBB7sHHIQQQIHHHHHH", *fields, phentsize, phnum, 0, 0, 0) + phdrs
+
+
+@pytest.mark.parametrize(
+    "core,words",
+    [
+        (_core((1 << 64) - 64, 56, 2), "past any file"),
+        (_core(64, 0xFFFF, 4096), "program headers of"),
+        (_core(64, 56, 1, struct.pack("<IIQQQQQQ", 4, 0, 1 << 63, 0, 0, 1 << 40, 0, 0)),
+         "a note segment of"),
+        (_core(64, 56, 1, struct.pack("<IIQQQQQQ", 4, 0, (1 << 64) - 16, 0, 0, 4096, 0, 0)),
+         "past any file"),
+    ],
+    ids=["phoff-2^64", "headers-of-256-mib", "note-of-a-tib", "note-at-2^64"],
+)  # fmt: skip
+def test_headers_that_point_anywhere_are_refused_before_anything_is_read(
+    tmp_path: Path, core: bytes, words: str
+) -> None:
+    path = tmp_path / "kcore"
+    path.write_bytes(core)
+    with pytest.raises(KernelReadError, match=words):
+        Kcore.open(path)
+
+
+def test_a_segment_that_lies_past_2_63_in_the_file_is_left_out(tmp_path: Path) -> None:
+    load = struct.pack("<IIQQQQQQ", 1, 0, 1 << 63, 0xFFFFFFFF81000000, 0, 4096, 4096, 0)
+    path = tmp_path / "kcore"
+    path.write_bytes(_core(64, 56, 1, load))
+    with Kcore.open(path) as kcore:
+        assert kcore.segments == []
+        with pytest.raises(AddressNotMapped):
+            kcore.read(0xFFFFFFFF81000000, 8)
+
+
+@pytest.mark.parametrize("value", ["-1", f"{1 << 80:x}", "8000000000000000", "12x"])
+def test_a_kerneloffset_the_kernel_cannot_have_is_a_named_error(tmp_path: Path, value: str) -> None:
+    from faketree import kcore
+
+    path = tmp_path / "kcore"
+    path.write_bytes(kcore(f"KERNELOFFSET={value}\nSYMBOL(_stext)=-5\n".encode()))
+    with Kcore.open(path) as k:
+        with pytest.raises(KernelMemoryError, match="KERNELOFFSET"):
+            k.kernel_offset()
+        with pytest.raises(KernelMemoryError, match="_stext"):
+            k.symbol("_stext")

@@ -10,8 +10,9 @@ import lmdb
 import pytest
 
 from kreld.core import consts, record
-from kreld.core.errors import StoreCorrupt
-from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.core.errors import RecordRefused, StoreCorrupt
+from kreld.core.model import Incarnation, KaslrOffset, ModuleState, OffsetSource, SeenBy, Timestamp
+from kreld.core.record import replace
 from kreld.store import Store, encoding, inc_key
 
 NAMES = [".text", ".init.text", ".exit.text", ".data", ".rodata", ".gnu.linkonce.this_module",
@@ -171,3 +172,37 @@ def test_a_schema_2_store_is_upgraded_and_its_records_still_read(tmp_path: Path)
     env.close()
     with Store(state, readonly=True) as ro, pytest.raises(StoreCorrupt, match="unreadable"):
         ro.incarnations(boot)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"sections": {".text": 1 << 68, ".data": 0xFFFFFFFFC03BB000}},
+        {"sections": {".text": int("f" * 60_000, 16)}},
+        {"sections": {".text": -16}},
+        {"coresize": -1},
+    ],
+    ids=["section-2^68", "section-60000-hex-digits", "section-negative", "coresize--1"],
+)
+def test_a_record_its_readers_would_refuse_is_refused_and_the_store_left_readable(
+    tmp_path: Path, change: dict[str, object]
+) -> None:
+    good = incarnation()
+    bad = replace(good, state=replace(good.state, name="bad", **change))
+    with Store(tmp_path / "state") as store:
+        store.modules.apply_module_changes(good.boot_id, [good], [], [], None)
+        with pytest.raises(RecordRefused, match="bad would not read back"):
+            store.modules.apply_module_changes(good.boot_id, [bad], [], [], None)
+    with Store(tmp_path / "state", readonly=True) as store:
+        assert [i.name for i in store.incarnations(good.boot_id)] == ["dummy"]
+
+
+@pytest.mark.parametrize("offset", [-1, 1 << 80])
+def test_a_boot_its_readers_would_refuse_is_refused(tmp_path: Path, offset: int) -> None:
+    from test_store import snap
+
+    bad = snap(kaslr=KaslrOffset(offset, OffsetSource.VMCOREINFO, "/proc/kcore"))
+    with Store(tmp_path / "state") as store:
+        with pytest.raises(RecordRefused, match="would not read back"):
+            store.boots.record_boot(bad)
+        assert store.boots.counts()["boots"] == 0

@@ -35,6 +35,7 @@ __all__ = [
     "KERNEL_CODE_PAGE",
     "KERNEL_CODE_RECONCILE_INTERVAL",
     "KERNEL_CODE_RING_PAGES",
+    "KERNEL_HALF",
     "KERNEL_MEMORY_RETRY",
     "KERNEL_NOTES",
     "KPTR_RESTRICT",
@@ -42,7 +43,22 @@ __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
     "MACHINE_ID",
+    "MAX_BTF",
+    "MAX_ELF_SECTIONS",
+    "MAX_KALLSYMS",
+    "MAX_KCORE_HEADERS",
+    "MAX_KCORE_NOTES",
+    "MAX_KERNEL_NOTES",
+    "MAX_KERNEL_OFFSET",
+    "MAX_MODULE_FILE",
+    "MAX_MODULE_SECTIONS",
+    "MAX_MODULE_SIZE",
+    "MAX_MODULE_SYMBOLS",
+    "MAX_PROC_MODULES",
+    "MAX_SMALL_FILE",
     "MAX_SOCKET_PATH",
+    "MAX_SYSTEM_MAP",
+    "MAX_VMLINUX_SYMBOLS",
     "OSRELEASE",
     "PERF_EVENT_PARANOID",
     "PROC_MODULES",
@@ -157,6 +173,38 @@ SYSTEM_MAP_CANDIDATES: Final = (
     "lib/modules/{release}/build/System.map",
     "usr/lib/debug/boot/System.map-{release}",
 )
+
+# -- What the kernel can produce: every number read from a kernel file is checked
+# against these where it is parsed, and every kernel file is read only up to its
+# bound (kreld/kernel/files.py), so nothing is stored that a reader of the store
+# would refuse, and no file costs more than its bound.
+#
+# Kernel addresses lie in the upper half of the 64-bit space (x86-64 and arm64:
+# the kernel's half starts at 0xffff800000000000 with 48-bit, 0xff00000000000000
+# with 57-bit virtual addresses); zero is "restricted", never an address.
+KERNEL_HALF: Final = (1 << 63, 1 << 64)
+# The KASLR offset moves the image within the kernel's half: less than the widest
+# kernel virtual address space (57 bits, 5-level paging).
+MAX_KERNEL_OFFSET: Final = 1 << 57
+# A module's core and init sizes: ``unsigned int`` in struct module_layout and
+# struct module_memory (include/linux/module.h).
+MAX_MODULE_SIZE: Final = 1 << 32
+# Bytes of each kernel file kind read at most; past it the file is refused by name.
+MAX_SMALL_FILE: Final = 64 << 10  # a sysctl, a sysfs attribute (a page at most)
+MAX_KERNEL_NOTES: Final = 64 << 10  # /sys/kernel/notes (some 500 bytes)
+MAX_KALLSYMS: Final = 64 << 20  # /proc/kallsyms (6.1 with 1,100 modules: ~15 MB)
+MAX_PROC_MODULES: Final = 4 << 20  # /proc/modules (some 100 bytes a module)
+MAX_MODULE_SECTIONS: Final = 4096  # files in a module's sections/ (a module has 20-60)
+MAX_SYSTEM_MAP: Final = 64 << 20  # a System.map (6.1: 87,000 lines, 4 MB)
+MAX_BTF: Final = 128 << 20  # /sys/kernel/btf/vmlinux (6.1: ~5 MB)
+MAX_MODULE_FILE: Final = 128 << 20  # a .ko, inflated (the largest are some 30 MB)
+MAX_KCORE_HEADERS: Final = 1 << 20  # /proc/kcore's program header table
+MAX_KCORE_NOTES: Final = 1 << 20  # /proc/kcore's PT_NOTE segment (VMCOREINFO is ~4 KiB)
+# Entries of one ELF symbol table: a module's (the largest have some 60,000), and a
+# vmlinux's (6.1: ~150,000); and ELF section headers of one file.
+MAX_MODULE_SYMBOLS: Final = 1 << 17
+MAX_VMLINUX_SYMBOLS: Final = 1 << 20
+MAX_ELF_SECTIONS: Final = 1 << 16
 
 # Addresses that Resolve looks up one by one rather than with numpy (whose
 # fixed cost, some 200 us a call, is that of about 50 lookups in Python).

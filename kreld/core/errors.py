@@ -37,6 +37,7 @@ __all__ = [
     "OutputError",
     "PerfDataError",
     "PermissionDenied",
+    "RecordRefused",
     "SocketError",
     "StoreCorrupt",
     "StoreDamaged",
@@ -352,6 +353,11 @@ class StoreTooNew(StoreError):
     def from_parameters(cls, params: Mapping[str, Any]) -> KreldError:
         path, reason = str(params.get("path", "")), str(params.get("reason", ""))
         return cls._rebuilt(f"store {path}: {reason}", path=path, reason=reason)
+
+
+class RecordRefused(StoreError):
+    """A record the store's own readers would refuse (a number past what its
+    encoding holds): refused before it is written, the store left as it was."""
 
 
 class StoreFull(StoreError):

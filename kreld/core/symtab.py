@@ -67,6 +67,8 @@ MODULE_ABSOLUTE = "*absolute*"
 # A kernel symbol more than this far from _text was not relocated (per-cpu
 # symbols of x86-64 print as small absolute values).
 _RELOCATED_RANGE = 1 << 31
+# What an absolute entry holds (a signed 64-bit column).
+_ABSOLUTE_RANGE = (-(1 << 63), 1 << 63)
 
 
 def _pad8(n: int) -> int:
@@ -274,8 +276,10 @@ def kernel_table(
         rel = value - text
         if -_RELOCATED_RANGE <= rel < _RELOCATED_RANGE and typ not in (b"a", b"A"):
             cols.add(0, rel, typ[0], name)
-        else:
+        elif _ABSOLUTE_RANGE[0] <= value < _ABSOLUTE_RANGE[1]:
             cols.add(ABSOLUTE, value, typ[0], name)
+        # else: no symbol of the image lies 2 GiB from _text, nor is a per-cpu
+        # offset that large: a line the table cannot hold is left out.
     return pack_columns(cols, [], source)
 
 
@@ -301,7 +305,8 @@ def module_table(
     entries = []
     for value, typ, sym in lines:
         if typ in (b"a", b"A"):
-            entries.append((absolute, value, typ[0], sym))
+            if _ABSOLUTE_RANGE[0] <= value < _ABSOLUTE_RANGE[1]:  # else left out
+                entries.append((absolute, value, typ[0], sym))
             continue
         i = bisect.bisect_right(bases, value) - 1
         if i < 0:

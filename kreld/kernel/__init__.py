@@ -1,7 +1,10 @@
-"""Readers of the running kernel, all under ``--root``: boot-id, release,
+"""Readers of the running kernel, all under ``--root``, each file read within
+a bound of its kind and every number range-checked where it is parsed
+(``files``): boot-id, release,
 sysctls and build-id (``info``), ``/proc/kallsyms`` (``kallsyms``), the
 loaded modules in sysfs and ``/proc/modules`` (``modules_sysfs``), the KASLR
-offset (``kaslr``), ELF files and notes (``elf``, ``notes``), and one boot's
+offset (``kaslr``), ELF files and notes (``elf``, ``notes``), a module's ``.ko``
+file, compressed or not, and its symbol table (``modfile``), and one boot's
 snapshot put together from them (``snapshot``).  Where ``kptr_restrict=2``
 zeroes those, kernel memory: ``/proc/kcore`` (``kcore``), the types' layouts
 from BTF (``btf``, and ``module_struct`` for ``struct module``), the module

@@ -12,9 +12,11 @@ a whole debugger.
 Reading is in two steps.  :meth:`Btf.parse` checks the header and walks the
 type section once, keeping only where each type starts, its kind and its name
 (a vmlinux has some 130,000 types); a type is decoded when it is asked for.
-Every count is bounded before it is used: the sections by :data:`MAX_SECTION`,
-the types by :data:`MAX_TYPES`, each record by the bytes that remain, a chain
-of typedefs and qualifiers by :data:`MAX_DEPTH`.
+Every count is bounded before it is used: the file by ``consts.MAX_BTF``, the
+sections by :data:`MAX_SECTION`, the types by :data:`MAX_TYPES`, each record by
+the bytes that remain, a chain of typedefs and qualifiers by :data:`MAX_DEPTH`,
+a search for a member by :data:`MAX_VISITS`; a member that lies past the end of
+its struct is refused.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ from array import array
 from enum import IntEnum
 from pathlib import Path
 
-from kreld.core.errors import BtfError
+from kreld.core import consts
+from kreld.core.errors import BtfError, KernelReadError
 from kreld.core.record import record
+from kreld.kernel.files import read_bounded
 
 __all__ = [
     "BTF_MAGIC",
     "MAX_DEPTH",
     "MAX_SECTION",
     "MAX_TYPES",
+    "MAX_VISITS",
     "Btf",
     "Field",
     "Kind",
@@ -42,6 +47,9 @@ BTF_MAGIC = 0xEB9F
 MAX_SECTION = 64 << 20  # bytes of types, or of strings (vmlinux: ~4 MB and ~2 MB)
 MAX_TYPES = 1 << 20  # vmlinux has ~130,000
 MAX_DEPTH = 32  # typedefs, qualifiers and nested members followed in a row
+# Members looked at in one search for a member by name (struct module has ~100,
+# its anonymous unions a few each).
+MAX_VISITS = 1 << 16
 _HDR = struct.Struct("<HBBIIIII")
 _TYPE = struct.Struct("<III")
 _U32 = struct.Struct("<I")
@@ -139,10 +147,9 @@ class Btf:
     def load(cls, path: Path) -> Btf:
         """Read and parse a BTF file (refused past :data:`MAX_SECTION` twice over)."""
         try:
-            with open(path, "rb") as f:
-                data = f.read(2 * MAX_SECTION + 4096)
-        except OSError as e:
-            raise BtfError(str(path), e.strerror or str(e)) from e
+            data = read_bounded(path, consts.MAX_BTF)
+        except KernelReadError as e:
+            raise BtfError(str(path), e.reason) from e
         return cls.parse(data, str(path))
 
     @classmethod
@@ -331,26 +338,45 @@ class Btf:
 
     def member(self, type_id: int, path: str) -> Field:
         """Where member *path* (``"a.b.c"``) lies in *type_id*, looking into
-        anonymous structs and unions as C does."""
-        offset = 0
+        anonymous structs and unions as C does; a member that does not lie
+        inside the type is refused (what is read there would be another's)."""
+        offset, outer = 0, type_id
         for part in path.split("."):
-            found = self._find_member(type_id, part, 0)
+            found = self._find_member(type_id, part, 0, [MAX_VISITS])
             if found is None:
                 raise BtfError(self.path, f"{self.name(self.resolve(type_id))!r} has no {part!r}")
             bits, type_id = found
             if bits % 8:
                 raise BtfError(self.path, f"member {part!r} is a bitfield")
             offset += bits // 8
-        return Field(offset, type_id, self.size_of(type_id))
+        field = Field(offset, type_id, self.size_of(type_id))
+        if field.offset + field.size > self.size_of(outer):
+            raise BtfError(
+                self.path,
+                f"member {path!r} ({field.size} bytes at {field.offset}) lies past the end "
+                f"of {self.name(self.resolve(outer))!r} ({self.size_of(outer)} bytes)",
+            )
+        return field
 
-    def _find_member(self, type_id: int, name: str, depth: int) -> tuple[int, int] | None:
+    def _find_member(
+        self, type_id: int, name: str, depth: int, budget: list[int]
+    ) -> tuple[int, int] | None:
+        """*name* among *type_id*'s members, or inside its anonymous ones; at most
+        :data:`MAX_VISITS` members looked at in all (*budget*: what is left), for
+        anonymous members may repeat the same struct without end."""
         if depth > MAX_DEPTH:
             raise BtfError(self.path, f"anonymous members nested more than {MAX_DEPTH} deep")
-        for m in self.members(type_id):
+        members = self.members(type_id)
+        budget[0] -= len(members)
+        if budget[0] < 0:
+            raise BtfError(
+                self.path, f"more than {MAX_VISITS:,} members looked at in search of {name!r}"
+            )
+        for m in members:
             if m.name == name:
                 return m.bit_offset, m.type_id
             if not m.name and self.kind(self.resolve(m.type_id)) in (Kind.STRUCT, Kind.UNION):
-                inner = self._find_member(m.type_id, name, depth + 1)
+                inner = self._find_member(m.type_id, name, depth + 1, budget)
                 if inner is not None:
                     return m.bit_offset + inner[0], inner[1]
         return None

@@ -1,48 +1,198 @@
-"""ELF files (vmlinux, System.map companions, /proc/kcore) read with pyelftools.
+"""ELF files (vmlinux, ``.ko``) read with pyelftools, after a bounded check.
+
+pyelftools trusts an ELF file's headers: a section header table said to lie
+past 2^63, a symbol table of millions of entries or a string table with no
+NUL would cost it an exception of any kind, or unbounded time.  So every file
+is first checked here (:func:`check_elf`: the headers and sections lie inside
+the file, the counts within ``consts``' bounds, the string tables ended), and
+whatever pyelftools still raises is one named error, :class:`ElfFileError`.
+``/proc/kcore`` is an ELF core too, read by :mod:`kreld.kernel.kcore`.
 
 pyelftools is imported by the functions that use it, not with this module:
-most starts never open an ELF file (kcore's notes are read without it).
+most starts never open an ELF file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import re
 import struct
+import sys
+from array import array
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kreld.core.errors import NoteError
-from kreld.kernel.notes import NoteType, iter_notes, parse_vmcoreinfo
+from kreld.core import consts
+from kreld.core.errors import KernelReadError
+from kreld.kernel.files import pread_exact
 
 if TYPE_CHECKING:
     from elftools.elf.elffile import ELFFile
 
 __all__ = [
+    "ElfFileError",
+    "check_elf",
     "elf_build_id",
+    "elf_of_bytes",
     "elf_symbol_entries",
     "elf_symbols",
     "gnu_build_id",
-    "kcore_vmcoreinfo",
     "module_symbol_letter",
+    "open_elf",
     "symbol_letter",
 ]
 
-_PT_NOTE = 4
+# What pyelftools may raise on a file that is not what its headers say: turned
+# into one named error (ElfFileError) by the functions here.
+_PARSE_ERRORS: tuple[type[Exception], ...] = (
+    struct.error,
+    ValueError,
+    KeyError,
+    IndexError,
+    OverflowError,
+    UnicodeDecodeError,
+    AttributeError,
+    TypeError,
+    RecursionError,
+)
+# The longest name a string table may hold: kallsyms' names are at most
+# KSYM_NAME_LEN (512) bytes; C++ or Rust names in a module's table are longer.
+MAX_ELF_NAME = 4096
+# A string table holds no more names than kallsyms prints.
+MAX_STRINGS = consts.MAX_KALLSYMS
+_LONG_NAME = re.compile(rb"[^\0]{%d}" % (MAX_ELF_NAME + 1))
+_SHT_SYMTAB = 2
+_SHT_NOBITS = 8
+_EHDR64 = struct.Struct("<4sBBBBB7xHHIQQQIHHHHHH")
+_EHDR32 = struct.Struct("<4sBBBBB7xHHIIIIIHHHHHH")
+_SHDR64 = struct.Struct("<IIQQQQIIQQ")
+_SHDR32 = struct.Struct("<IIIIIIIIII")
 
 
-def _open_elf(path: Path) -> tuple[ELFFile, object] | None:
+class ElfFileError(KernelReadError):
+    """An ELF file (a vmlinux, a ``.ko``) whose headers do not hold together, or
+    that is larger than kreld reads of its kind."""
+
+
+class _Source:
+    """Bytes of an ELF file at an offset: of an open file (``pread``) or of bytes."""
+
+    def __init__(self, path: str, size: int, fd: int = -1, data: bytes | None = None) -> None:
+        self.path, self.size, self.fd, self.data = path, size, fd, data
+
+    def read(self, offset: int, length: int) -> bytes:
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise ElfFileError(self.path, f"{length} bytes at {offset:#x}: past its end")
+        if self.data is not None:
+            return self.data[offset : offset + length]
+        return pread_exact(self.fd, length, offset, self.path)
+
+
+def check_elf(src: _Source, max_symbols: int) -> None:
+    """That the section headers, the sections and the symbol tables of an ELF file
+    lie inside it, within ``consts.MAX_ELF_SECTIONS`` sections and *max_symbols*
+    symbols a table, each string table ending in a NUL: what pyelftools then reads
+    is bounded by the file.  :class:`ElfFileError` says what does not hold."""
+    path = src.path
+    ident = src.read(0, 16) if src.size >= 16 else b""
+    if ident[:4] != b"\x7fELF" or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+        raise ElfFileError(path, "not an ELF file")
+    wide, endian = ident[4] == 2, "<" if ident[5] == 1 else ">"
+    ehdr = struct.Struct(endian + (_EHDR64 if wide else _EHDR32).format[1:])
+    shdr = struct.Struct(endian + (_SHDR64 if wide else _SHDR32).format[1:])
+    fields = ehdr.unpack(src.read(0, ehdr.size))
+    shoff, shentsize, shnum, shstrndx = fields[11], fields[16], fields[17], fields[18]
+    if shoff == 0:
+        return  # no section headers: nothing pyelftools would read
+    if shentsize < shdr.size:
+        raise ElfFileError(path, f"section headers of {shentsize} bytes, not {shdr.size}")
+    if shnum == 0:  # extended numbering: the count is section 0's sh_size
+        shnum = shdr.unpack(src.read(shoff, shdr.size))[5]
+    if shnum > consts.MAX_ELF_SECTIONS:
+        raise ElfFileError(path, f"{shnum:,} section headers (limit {consts.MAX_ELF_SECTIONS:,})")
+    if shoff + shnum * shentsize > src.size:
+        raise ElfFileError(
+            path, f"section headers at {shoff:#x} lie past its end ({src.size:,} bytes)"
+        )
+    table = src.read(shoff, shnum * shentsize)
+    headers = [shdr.unpack_from(table, i * shentsize) for i in range(shnum)]
+    for i, (_name, sh_type, _fl, _ad, offset, size, link, _in, _al, entsize) in enumerate(headers):
+        if sh_type != _SHT_NOBITS and offset + size > src.size:
+            raise ElfFileError(path, f"section {i} at {offset:#x} (+{size:,}) lies past its end")
+        if sh_type == _SHT_SYMTAB:
+            if entsize < (24 if wide else 16) or entsize % 4 or size // entsize > max_symbols:
+                raise ElfFileError(
+                    path, f"a symbol table of {size:,} bytes in entries of {entsize} "
+                    f"(limit {max_symbols:,} symbols)",
+                )  # fmt: skip
+            names = _name_offsets(src.read(offset, size - size % entsize), entsize, endian)
+            _check_strings(src, headers, link, f"section {i}'s string table", names)
+    if shstrndx not in (0, 0xFFFF):
+        _check_strings(src, headers, shstrndx, "the section names", [h[0] for h in headers])
+
+
+def _name_offsets(table: bytes, entsize: int, endian: str) -> Sequence[int]:
+    """The ``st_name`` of each symbol (the first word of an entry, ELF32 or ELF64)."""
+    words = array("I", table)
+    if (endian == "<") != (sys.byteorder == "little"):
+        words.byteswap()
+    return words[:: entsize // 4]
+
+
+def _check_strings(
+    src: _Source, headers: list[tuple[int, ...]], index: int, what: str, names: Sequence[int]
+) -> None:
+    """That section *index* is a string table every one of *names* (offsets)
+    starts inside, whose strings end: in a NUL, within ``MAX_ELF_NAME`` bytes
+    (pyelftools reads a name until its NUL)."""
+    if not 0 < index < len(headers):
+        raise ElfFileError(src.path, f"{what}: section {index} does not exist")
+    offset, size = headers[index][4], headers[index][5]
+    if size > MAX_STRINGS:
+        raise ElfFileError(src.path, f"{what} of {size:,} bytes (limit {MAX_STRINGS:,})")
+    table = src.read(offset, size)
+    if not table or table[-1] != 0:
+        raise ElfFileError(src.path, f"{what} (section {index}) does not end in a NUL")
+    if names and max(names) >= size:
+        raise ElfFileError(src.path, f"a name at {max(names):#x}, past {what} ({size:,} bytes)")
+    if _LONG_NAME.search(table):
+        raise ElfFileError(src.path, f"{what} holds a name of more than {MAX_ELF_NAME} bytes")
+
+
+@contextlib.contextmanager
+def open_elf(path: Path, max_symbols: int = consts.MAX_VMLINUX_SYMBOLS) -> Iterator[ELFFile]:
+    """An ELF file checked (:func:`check_elf`) and opened with pyelftools; what
+    goes wrong reading it, then or inside the ``with``, is :class:`ElfFileError`."""
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the caller through the tuple
-    except OSError:
-        return None
+        f = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError as e:
+        raise ElfFileError(str(path), e.strerror or str(e)) from e
     try:
-        return ELFFile(f), f
-    except (ELFError, struct.error, ValueError):
+        check_elf(_Source(str(path), os.fstat(f.fileno()).st_size, fd=f.fileno()), max_symbols)
+        yield ELFFile(f)
+    except (ELFError, *_PARSE_ERRORS) as e:  # type: ignore[misc]
+        raise ElfFileError(str(path), f"{type(e).__name__}: {e}") from e
+    finally:
         f.close()
-        return None
+
+
+@contextlib.contextmanager
+def elf_of_bytes(data: bytes, path: str, max_symbols: int) -> Iterator[ELFFile]:
+    """:func:`open_elf` of an ELF file already in memory (an inflated ``.ko``)."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        check_elf(_Source(path, len(data), data=data), max_symbols)
+        yield ELFFile(io.BytesIO(data))
+    except (ELFError, *_PARSE_ERRORS) as e:  # type: ignore[misc]
+        raise ElfFileError(path, f"{type(e).__name__}: {e}") from e
 
 
 def gnu_build_id(elf: ELFFile) -> str | None:
@@ -57,89 +207,35 @@ def gnu_build_id(elf: ELFFile) -> str | None:
     return None
 
 
-def elf_build_id(path: Path) -> str | None:
-    """The GNU build-id of an ELF file, or ``None`` if unreadable or absent."""
-    from elftools.common.exceptions import ELFError
-
-    opened = _open_elf(path)
-    if opened is None:
-        return None
-    elf, f = opened
+def elf_build_id(path: Path, *, strict: bool = False) -> str | None:
+    """The GNU build-id of an ELF file, or ``None`` if absent (or, unless
+    *strict*, unreadable: strict, that is :class:`ElfFileError`)."""
     try:
-        return gnu_build_id(elf)
-    except (ELFError, struct.error, ValueError, UnicodeDecodeError):
+        with open_elf(path) as elf:
+            return gnu_build_id(elf)
+    except KernelReadError:
+        if strict:
+            raise
         return None
-    finally:
-        f.close()  # type: ignore[attr-defined]
 
 
 def elf_symbols(path: Path, names: set[str]) -> dict[str, int]:
     """Values of the named symbols from the ELF's ``.symtab``."""
-    from elftools.common.exceptions import ELFError
     from elftools.elf.sections import SymbolTableSection
 
-    opened = _open_elf(path)
-    if opened is None:
-        return {}
-    elf, f = opened
     found: dict[str, int] = {}
     try:
-        symtab = elf.get_section_by_name(".symtab")
-        if isinstance(symtab, SymbolTableSection):
-            for sym in symtab.iter_symbols():
-                if sym.name in names and sym.name not in found:
-                    found[sym.name] = int(sym["st_value"])
-                    if len(found) == len(names):
-                        break
-    except (ELFError, struct.error, ValueError, UnicodeDecodeError):
+        with open_elf(path) as elf:
+            symtab = elf.get_section_by_name(".symtab")
+            if isinstance(symtab, SymbolTableSection):
+                for sym in symtab.iter_symbols():
+                    if sym.name in names and sym.name not in found:
+                        found[sym.name] = int(sym["st_value"])
+                        if len(found) == len(names):
+                            break
+    except KernelReadError:
         pass
-    finally:
-        f.close()  # type: ignore[attr-defined]
     return found
-
-
-def kcore_vmcoreinfo(path: Path) -> dict[str, str] | None:
-    """VMCOREINFO from the PT_NOTE segment of ``/proc/kcore`` (an ELF core).
-
-    Reads only the ELF and program headers and the note segment with
-    ``pread``: the rest of kcore is the kernel's memory.  ``None`` when the
-    file cannot be opened (needs CAP_SYS_RAWIO) or carries no VMCOREINFO
-    (added to kcore in Linux 4.19, commit 23c85094fe18).
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        ident = os.pread(fd, 64, 0)
-        if len(ident) < 64 or ident[:4] != b"\x7fELF" or ident[4] != 2:
-            return None
-        endian = "<" if ident[5] == 1 else ">"
-        (phoff,) = struct.unpack_from(endian + "Q", ident, 32)
-        phentsize, phnum = struct.unpack_from(endian + "HH", ident, 54)
-        if phentsize < 56 or phnum > 4096:
-            return None
-        phdrs = os.pread(fd, phentsize * phnum, phoff)
-        for i in range(phnum):
-            base = i * phentsize
-            if base + 56 > len(phdrs):
-                break
-            p_type, _flags, p_offset = struct.unpack_from(endian + "IIQ", phdrs, base)
-            (p_filesz,) = struct.unpack_from(endian + "Q", phdrs, base + 32)
-            if p_type != _PT_NOTE or p_filesz > 1 << 24:
-                continue
-            blob = os.pread(fd, p_filesz, p_offset)
-            try:
-                for note in iter_notes(blob, "little" if endian == "<" else "big"):
-                    if note.name == b"VMCOREINFO" and note.type == NoteType.NT_VMCOREINFO:
-                        return parse_vmcoreinfo(note.desc)
-            except NoteError:
-                continue
-        return None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def symbol_letter(section: str, flags: int, bind: str) -> int:
@@ -185,33 +281,27 @@ def module_symbol_letter(
 def elf_symbol_entries(path: Path) -> list[tuple[int, bytes, bytes]]:
     """Every named function/object symbol of a linked ELF (vmlinux), in symtab
     order, as ``(value, type letter, name)`` like parsed kallsyms lines."""
-    from elftools.common.exceptions import ELFError
     from elftools.elf.sections import SymbolTableSection
 
-    opened = _open_elf(path)
-    if opened is None:
-        return []
-    elf, f = opened
     out: list[tuple[int, bytes, bytes]] = []
     try:
-        symtab = elf.get_section_by_name(".symtab")
-        if not isinstance(symtab, SymbolTableSection):
-            return []
-        names = {}
-        for sym in symtab.iter_symbols():
-            shndx = sym["st_shndx"]
-            if not sym.name or not isinstance(shndx, int) or shndx == 0:
-                continue
-            if sym["st_info"]["type"] in ("STT_SECTION", "STT_FILE"):
-                continue
-            if shndx not in names:
-                sec = elf.get_section(shndx)
-                names[shndx] = (sec.name, sec["sh_flags"])
-            sec_name, flags = names[shndx]
-            letter = symbol_letter(sec_name, flags, sym["st_info"]["bind"])
-            out.append((int(sym["st_value"]), bytes([letter]), sym.name.encode()))
-    except (ELFError, struct.error, ValueError, UnicodeDecodeError):
+        with open_elf(path) as elf:
+            symtab = elf.get_section_by_name(".symtab")
+            if not isinstance(symtab, SymbolTableSection):
+                return []
+            names = {}
+            for sym in symtab.iter_symbols():
+                shndx = sym["st_shndx"]
+                if not sym.name or not isinstance(shndx, int) or shndx == 0:
+                    continue
+                if sym["st_info"]["type"] in ("STT_SECTION", "STT_FILE"):
+                    continue
+                if shndx not in names:
+                    sec = elf.get_section(shndx)
+                    names[shndx] = (sec.name, sec["sh_flags"])
+                sec_name, flags = names[shndx]
+                letter = symbol_letter(sec_name, flags, sym["st_info"]["bind"])
+                out.append((int(sym["st_value"]), bytes([letter]), sym.name.encode()))
+    except KernelReadError:
         return []
-    finally:
-        f.close()  # type: ignore[attr-defined]
     return out

@@ -15,6 +15,7 @@ from kreld.core import consts, uuids
 from kreld.core.errors import KernelReadError, NoteError
 from kreld.core.model import Anchors
 from kreld.core.record import record
+from kreld.kernel.files import hex_address, read_bounded
 from kreld.kernel.notes import find_build_id
 
 __all__ = [
@@ -44,12 +45,9 @@ class Root:
     def __truediv__(self, rel: object) -> Path:
         return self.path / str(rel)
 
-    def read_bytes(self, rel: object) -> bytes:
-        p = self / rel
-        try:
-            return p.read_bytes()
-        except OSError as e:
-            raise KernelReadError(str(p), e.strerror or str(e)) from e
+    def read_bytes(self, rel: object, limit: int = consts.MAX_SMALL_FILE) -> bytes:
+        """The file at *rel*, at most *limit* bytes of it (a named error past it)."""
+        return read_bounded(self / rel, limit)
 
     def read_text(self, rel: object) -> str:
         return self.read_bytes(rel).decode("utf-8", "replace").strip()
@@ -80,7 +78,7 @@ def read_int_sysctl(root: Root, rel: object) -> int | None:
 
 def read_kernel_build_id(root: Root) -> str | None:
     """Build-id from the GNU note in ``/sys/kernel/notes``; ``None`` if it has none."""
-    data = root.read_bytes(consts.KERNEL_NOTES)
+    data = root.read_bytes(consts.KERNEL_NOTES, consts.MAX_KERNEL_NOTES)
     try:
         return find_build_id(data)
     except NoteError as e:
@@ -106,9 +104,9 @@ def scan_kallsyms_anchors(data: bytes) -> dict[str, int]:
         if len(fields) != 2:
             continue
         try:
-            addr = int(fields[0], 16)
+            addr = hex_address(fields[0])
         except ValueError:
-            continue
+            continue  # not an address the kernel can have: no anchor rather than a wrong one
         if addr:
             found[name] = addr
     return found
@@ -118,7 +116,7 @@ def read_anchors(root: Root, data: bytes | None = None) -> tuple[Anchors, bool]:
     """The anchors, and whether kallsyms showed zeros where addresses belong
     (from *data*, a read of kallsyms already made, if given)."""
     if data is None:
-        data = root.read_bytes(consts.KALLSYMS)
+        data = root.read_bytes(consts.KALLSYMS, consts.MAX_KALLSYMS)
     anchors = Anchors.from_symbols(scan_kallsyms_anchors(data))
     # Zeros throughout: the first field of the first line is all zeros.
     first = data.split(b" ", 1)[0]

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from kreld.core import consts
 from kreld.core.errors import KernelReadError
 from kreld.core.record import record
+from kreld.kernel.files import KernelFileTooLarge
 from kreld.kernel.info import Root
 
 __all__ = [
@@ -47,12 +48,14 @@ Line = tuple[int, bytes, bytes]  # (address, type letter, name)
 TAIL_CHUNK = 1 << 18
 
 # address, type letter, name (a core line: no tab), one line at a time.
-_CORE_LINE = re.compile(rb"^([0-9a-fA-F]+) (\S) ([^\t\n]+)$", re.MULTILINE)
+# An address of more than 16 hex digits is none the kernel prints: such a line
+# does not match, and is left out rather than parsed into a number no reader takes.
+_CORE_LINE = re.compile(rb"^([0-9a-fA-F]{1,16}) (\S) ([^\t\n]+)$", re.MULTILINE)
 # the same with an owner: "name\t[owner]".
-_OWNED_LINE = re.compile(rb"^([0-9a-fA-F]+) (\S) ([^\t\n]+)\t\[([^\]\n]+)\]", re.MULTILINE)
+_OWNED_LINE = re.compile(rb"^([0-9a-fA-F]{1,16}) (\S) ([^\t\n]+)\t\[([^\]\n]+)\]", re.MULTILINE)
 # a line of kernel code beyond the image and modules: owner [bpf] or [__builtin__*].
 _CODE_LINE = re.compile(
-    rb"^([0-9a-fA-F]+) (\S) ([^\t\n]+)\t\[(bpf|__builtin__[^\]\n]*)\]", re.MULTILINE
+    rb"^([0-9a-fA-F]{1,16}) (\S) ([^\t\n]+)\t\[(bpf|__builtin__[^\]\n]*)\]", re.MULTILINE
 )
 # How many lines with an owner decide whether the tail shows zeros.
 _OWNED_PROBE = 64
@@ -92,7 +95,7 @@ class KallsymsText:
     def read(cls, root: Root) -> KallsymsText:
         """Read ``/proc/kallsyms`` under *root* (:class:`KernelReadError` if it cannot)."""
         taken = time.monotonic_ns()
-        return cls.of(root.read_bytes(consts.KALLSYMS), taken)
+        return cls.of(root.read_bytes(consts.KALLSYMS, consts.MAX_KALLSYMS), taken)
 
     @classmethod
     def read_tail(cls, root: Root, chunk: int = TAIL_CHUNK) -> KallsymsText:
@@ -110,9 +113,13 @@ class KallsymsText:
         view = memoryview(buf)
         kept: list[bytes] = []
         partial = b""  # the start of a line that runs into the next chunk
+        total = 0
         try:
             with open(path, "rb", buffering=0) as f:
                 while n := f.readinto(buf):
+                    total += n
+                    if total > consts.MAX_KALLSYMS:
+                        raise KernelFileTooLarge(str(path), consts.MAX_KALLSYMS)
                     if kept:
                         kept.append(bytes(view[:n]))
                         continue

@@ -12,11 +12,21 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from kreld.core import consts
+from kreld.core.errors import KernelReadError
 from kreld.core.model import Anchors, KaslrOffset, OffsetSource
-from kreld.kernel.elf import elf_build_id, elf_symbols, kcore_vmcoreinfo
+from kreld.kernel.elf import elf_build_id, elf_symbols
+from kreld.kernel.files import hex_address, read_bounded
 from kreld.kernel.info import Root
+from kreld.kernel.kcore import Kcore
 
-__all__ = ["find_offset", "matching_vmlinux", "parse_system_map", "vmlinux_candidates"]
+__all__ = [
+    "find_offset",
+    "matching_vmlinux",
+    "parse_system_map",
+    "read_system_map",
+    "system_map_symbols",
+    "vmlinux_candidates",
+]
 
 
 def _fill(template: str, release: str, build_id: str | None) -> str | None:
@@ -63,25 +73,35 @@ def matching_vmlinux(
     return None
 
 
-def parse_system_map(path: Path, names: Iterable[str]) -> dict[str, int]:
-    wanted = set(names)
+def read_system_map(path: Path) -> bytes:
+    """A System.map's text, at most ``consts.MAX_SYSTEM_MAP`` bytes of it."""
+    return read_bounded(path, consts.MAX_SYSTEM_MAP)
+
+
+def system_map_symbols(text: bytes, names: Iterable[str]) -> dict[str, int]:
+    """The link-time values of *names* (the first of each) in a System.map's text;
+    a value that is no kernel address is left out."""
+    wanted = {n.encode() for n in names}
     found: dict[str, int] = {}
-    try:
-        with open(path, "rb") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) >= 3:
-                    name = fields[2].decode("ascii", "replace")
-                    if name in wanted and name not in found:
-                        try:
-                            found[name] = int(fields[0], 16)
-                        except ValueError:
-                            continue
-                        if len(found) == len(wanted):
-                            break
-    except OSError:
-        return {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] in wanted:
+            name = fields[2].decode()
+            if name in found:
+                continue
+            try:
+                found[name] = hex_address(fields[0])
+            except ValueError:
+                continue
+            if len(found) == len(wanted):
+                break
     return found
+
+
+def parse_system_map(path: Path, names: Iterable[str]) -> dict[str, int]:
+    """:func:`system_map_symbols` of the System.map at *path* (a named error when it
+    cannot be read, or is larger than any)."""
+    return system_map_symbols(read_system_map(path), names)
 
 
 def _consistent_offset(runtime: dict[str, int], link: dict[str, int]) -> int | None:
@@ -89,7 +109,7 @@ def _consistent_offset(runtime: dict[str, int], link: dict[str, int]) -> int | N
     if "_text" not in runtime or "_text" not in link:
         return None
     offset = runtime["_text"] - link["_text"]
-    if offset < 0:
+    if not 0 <= offset < consts.MAX_KERNEL_OFFSET:
         return None
     for name, value in runtime.items():
         if name in link and value - link[name] != offset:
@@ -106,19 +126,9 @@ def find_offset(
 ) -> tuple[KaslrOffset | None, list[str]]:
     """The offset and, for the log, why each source that was tried gave none."""
     notes: list[str] = []
-    kcore = root / consts.KCORE
-    info = kcore_vmcoreinfo(kcore)
-    if info is None:
-        notes.append(f"{kcore}: unreadable or without VMCOREINFO")
-    elif "KERNELOFFSET" in info:
-        try:
-            return KaslrOffset(
-                int(info["KERNELOFFSET"], 16), OffsetSource.VMCOREINFO, str(kcore)
-            ), notes
-        except ValueError:
-            notes.append(f"{kcore}: KERNELOFFSET={info['KERNELOFFSET']!r} is not hex")
-    else:
-        notes.append(f"{kcore}: VMCOREINFO has no KERNELOFFSET")
+    from_kcore = _vmcoreinfo_offset(root, notes)
+    if from_kcore is not None:
+        return from_kcore, notes
 
     runtime = anchors.known()
     if "_text" not in runtime:
@@ -127,7 +137,11 @@ def find_offset(
 
     extra = list(extra_dirs)
     for path in vmlinux_candidates(root, release, build_id, extra):
-        found = elf_build_id(path)
+        try:
+            found = elf_build_id(path, strict=True)
+        except KernelReadError as e:
+            notes.append(str(e))
+            continue
         if build_id is None or found != build_id:
             notes.append(f"{path}: build-id {found} does not match the kernel's {build_id}")
             continue
@@ -142,7 +156,11 @@ def find_offset(
         path = root / template.format(release=release)
         if not path.is_file():
             continue
-        link = parse_system_map(path, consts.ANCHOR_SYMBOLS)
+        try:
+            link = parse_system_map(path, consts.ANCHOR_SYMBOLS)
+        except KernelReadError as e:
+            notes.append(str(e))
+            continue
         offset = _consistent_offset(runtime, link)
         if offset is None:
             notes.append(f"{path}: its anchors do not match the running kernel")
@@ -150,3 +168,18 @@ def find_offset(
         return KaslrOffset(offset, OffsetSource.SYSTEM_MAP, str(path)), notes
     notes.append("no matching vmlinux or System.map found")
     return None, notes
+
+
+def _vmcoreinfo_offset(root: Root, notes: list[str]) -> KaslrOffset | None:
+    """``KERNELOFFSET=`` read through ``/proc/kcore``, or ``None`` with why among *notes*."""
+    path = root / consts.KCORE
+    try:
+        with Kcore.open(path) as kcore:
+            offset = kcore.kernel_offset()
+    except KernelReadError as e:
+        notes.append(str(e))
+        return None
+    if offset is None:
+        notes.append(f"{path}: VMCOREINFO has no KERNELOFFSET")
+        return None
+    return KaslrOffset(offset, OffsetSource.VMCOREINFO, str(path))

@@ -24,15 +24,16 @@ import struct
 from pathlib import Path
 from types import TracebackType
 
+from kreld.core import consts
 from kreld.core.errors import AddressNotMapped, KernelMemoryError, KernelReadError, NoteError
 from kreld.core.record import record
+from kreld.kernel.files import hex_address, kernel_offset, pread_exact
 from kreld.kernel.notes import NoteType, iter_notes, parse_vmcoreinfo
 
 __all__ = ["MAX_READ", "MAX_SEGMENTS", "Kcore", "Segment"]
 
 MAX_READ = 1 << 20  # one read of kernel memory (a struct, a table of section attributes)
 MAX_SEGMENTS = 4096  # PT_LOADs (one per memory range; hundreds on a large NUMA machine)
-MAX_NOTE = 1 << 20  # the PT_NOTE segment (VMCOREINFO is some 4 KiB)
 MAX_STRING = 512  # a C string read from kernel memory (a section name, a module name)
 _PT_LOAD = 1
 _PT_NOTE = 4
@@ -124,6 +125,7 @@ class Kcore:
         if seg is None or address + length > seg.end:
             raise AddressNotMapped(self.path, address, length)
         try:
+            # Offsets past 2^63 are dropped with their segment (_read_headers).
             data = os.pread(self._fd, length, seg.offset + (address - seg.vaddr))
         except OSError as e:
             raise KernelReadError(self.path, f"read at {address:#x}: {e.strerror}") from e
@@ -163,21 +165,27 @@ class Kcore:
     # -- VMCOREINFO ---------------------------------------------------------------
 
     def kernel_offset(self) -> int | None:
-        """``KERNELOFFSET=`` (hex), or ``None`` where VMCOREINFO has none."""
-        return _hex(self.vmcoreinfo.get("KERNELOFFSET"))
+        """``KERNELOFFSET=`` (hex), or ``None`` where VMCOREINFO has none; one the
+        kernel cannot have (negative, past the kernel's half) is
+        :class:`KernelMemoryError`."""
+        text = self.vmcoreinfo.get("KERNELOFFSET")
+        if text is None:
+            return None
+        try:
+            return kernel_offset(text)
+        except ValueError as e:
+            raise KernelMemoryError(self.path, f"VMCOREINFO: {e}") from e
 
     def symbol(self, name: str) -> int | None:
-        """``SYMBOL(name)=`` (the runtime address), or ``None``."""
-        return _hex(self.vmcoreinfo.get(f"SYMBOL({name})"))
-
-
-def _hex(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text, 16)
-    except ValueError:
-        return None
+        """``SYMBOL(name)=`` (the runtime address), or ``None``; a value that is no
+        kernel address is :class:`KernelMemoryError`."""
+        text = self.vmcoreinfo.get(f"SYMBOL({name})")
+        if text is None:
+            return None
+        try:
+            return hex_address(text) or None
+        except ValueError as e:
+            raise KernelMemoryError(self.path, f"VMCOREINFO SYMBOL({name}): {e}") from e
 
 
 def _why_not(e: OSError) -> str:
@@ -190,8 +198,17 @@ def _why_not(e: OSError) -> str:
 
 
 def _read_headers(fd: int, path: str) -> tuple[list[Segment], dict[str, str]]:
-    """The PT_LOAD segments and VMCOREINFO of an ELF64 little-endian core."""
-    ehdr = os.pread(fd, _EHDR.size, 0)
+    """The PT_LOAD segments and VMCOREINFO of an ELF64 little-endian core.
+
+    Every offset and count is checked before it is used: the header table is at
+    most ``consts.MAX_KCORE_HEADERS`` bytes, the note at most
+    ``consts.MAX_KCORE_NOTES``, and nothing is read past the 2^63 bytes a file
+    can have (a segment that lies there cannot be read, and is left out).
+    """
+    try:
+        ehdr = os.pread(fd, _EHDR.size, 0)
+    except OSError as e:
+        raise KernelReadError(path, e.strerror or str(e)) from e
     if len(ehdr) < _EHDR.size:
         raise KernelMemoryError(path, "too short for an ELF header")
     fields = _EHDR.unpack(ehdr)
@@ -203,9 +220,12 @@ def _read_headers(fd: int, path: str) -> tuple[list[Segment], dict[str, str]]:
         raise KernelMemoryError(path, f"ELF type {e_type}, not a core file")
     if phentsize < _PHDR.size or not 0 < phnum <= MAX_SEGMENTS + 1:
         raise KernelMemoryError(path, f"{phnum} program headers of {phentsize} bytes")
-    table = os.pread(fd, phentsize * phnum, phoff)
-    if len(table) < phentsize * phnum:
-        raise KernelMemoryError(path, "program headers cut short")
+    if phentsize * phnum > consts.MAX_KCORE_HEADERS:
+        raise KernelMemoryError(
+            path,
+            f"program headers of {phentsize * phnum:,} bytes (limit {consts.MAX_KCORE_HEADERS:,})",
+        )
+    table = pread_exact(fd, phentsize * phnum, phoff, path)
     segments: list[Segment] = []
     info: dict[str, str] = {}
     for i in range(phnum):
@@ -215,9 +235,14 @@ def _read_headers(fd: int, path: str) -> tuple[list[Segment], dict[str, str]]:
         if p_type == _PT_LOAD and p_filesz:
             if p_vaddr + p_filesz > 1 << 64:
                 raise KernelMemoryError(path, f"segment {i} wraps around the address space")
-            segments.append(Segment(p_vaddr, p_offset, p_filesz))
+            if p_offset + p_filesz < 1 << 63:
+                segments.append(Segment(p_vaddr, p_offset, p_filesz))
         elif p_type == _PT_NOTE and not info:
-            info = _vmcoreinfo(os.pread(fd, min(p_filesz, MAX_NOTE), p_offset))
+            if p_filesz > consts.MAX_KCORE_NOTES:
+                raise KernelMemoryError(
+                    path, f"a note segment of {p_filesz:,} bytes (limit {consts.MAX_KCORE_NOTES:,})"
+                )
+            info = _vmcoreinfo(pread_exact(fd, p_filesz, p_offset, path))
     if len(segments) > MAX_SEGMENTS:
         raise KernelMemoryError(path, f"more than {MAX_SEGMENTS} PT_LOAD segments")
     return segments, info

@@ -3,8 +3,10 @@
 A loadable module's directory has ``initstate`` (and, when the reader may
 see it, ``sections/``); a built-in module's has neither and is skipped.
 Section files hold the hex base of each ELF section; zeros mean the reader
-may not see kernel pointers.  Sysfs files appear one by one while the module
-loads (``mod_sysfs_setup()`` adds sections and notes after the kobject), so
+may not see kernel pointers.  Every number is checked as it is read
+(:mod:`kreld.kernel.files`): a base outside the kernel's half, a size no module
+can have, is a fault of the read, never a value kept.  Sysfs files appear one
+by one while the module loads (``mod_sysfs_setup()`` adds sections and notes after the kobject), so
 a read may find a directory that is not yet complete: what is missing is
 recorded as a fault and read again later.
 """
@@ -18,6 +20,7 @@ from kreld.core import consts
 from kreld.core.errors import KernelReadError, NoteError
 from kreld.core.model import AddressSource, ModuleState
 from kreld.core.record import record
+from kreld.kernel.files import hex_address, module_size
 from kreld.kernel.info import Root
 from kreld.kernel.notes import find_build_id
 
@@ -39,11 +42,11 @@ def parse_proc_modules(text: str) -> dict[str, ProcModule]:
         if len(f) < 6:
             continue
         try:
-            size: int | None = int(f[1])
+            size: int | None = module_size(f[1])
         except ValueError:
             size = None
         try:
-            base: int | None = int(f[5], 16) or None
+            base: int | None = hex_address(f[5]) or None
         except ValueError:
             base = None
         out[f[0]] = ProcModule(size, f[4], base)
@@ -52,10 +55,10 @@ def parse_proc_modules(text: str) -> dict[str, ProcModule]:
 
 def read_proc_modules(root: Root) -> dict[str, ProcModule]:
     try:
-        with open(root / consts.PROC_MODULES, encoding="ascii", errors="replace") as f:
-            return parse_proc_modules(f.read())
-    except OSError:
+        text = root.read_bytes(consts.PROC_MODULES, consts.MAX_PROC_MODULES)
+    except KernelReadError:
         return {}
+    return parse_proc_modules(text.decode("ascii", "replace"))
 
 
 def list_modules(root: Root) -> dict[str, int]:
@@ -116,14 +119,16 @@ def _text(path: str, dir_fd: int) -> str | None:
     return None if raw is None else raw.decode("utf-8", "replace").strip()
 
 
-def _int(path: str, dir_fd: int, faults: list[str]) -> int | None:
+def _size(path: str, dir_fd: int, faults: list[str]) -> int | None:
+    """A module's size attribute (``coresize``, ``initsize``): one it can have, or
+    ``None`` and a fault saying why."""
     s = _text(path, dir_fd)
     if s is None:
         return None
     try:
-        return int(s)
-    except ValueError:
-        faults.append(f"{os.path.basename(path)}: not a number: {s[:40]!r}")
+        return module_size(s)
+    except ValueError as e:
+        faults.append(f"{os.path.basename(path)}: {e}")
         return None
 
 
@@ -155,16 +160,18 @@ def _read_sections(sfd: int, faults: list[str]) -> tuple[dict[str, int], bool, b
     sections: dict[str, int] = {}
     restricted = False
     names = sorted(os.listdir(sfd))
+    if len(names) > consts.MAX_MODULE_SECTIONS:
+        faults.append(f"sections/: {len(names):,} files, more than any module has")
+        return {}, False, False
     for sname in names:
         raw = _read_small(sname, sfd)
         if raw is None:
             faults.append(f"sections/{sname}: unreadable")
             continue
-        s = raw.strip().decode("ascii", "replace")
         try:
-            addr = int(s, 16)
-        except ValueError:
-            faults.append(f"sections/{sname}: not a hex address: {s[:40]!r}")
+            addr = hex_address(raw)
+        except ValueError as e:
+            faults.append(f"sections/{sname}: {e}")
             continue
         if addr == 0:
             restricted = True
@@ -219,8 +226,8 @@ def _read_module_at(
         name=name,
         build_id=build_id,
         sections=sections,
-        coresize=_int("coresize", dfd, faults),
-        initsize=_int("initsize", dfd, faults),
+        coresize=_size("coresize", dfd, faults),
+        initsize=_size("initsize", dfd, faults),
         initstate=initstate,
         srcversion=_text("srcversion", dfd),
         taint=_text("taint", dfd),

@@ -23,16 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Set
 from itertools import pairwise
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from kreld.core import consts
 from kreld.core.errors import BtfError, KernelReadError
 from kreld.core.model import AddressSource, Anchors, ModuleState
 from kreld.core.record import replace
 from kreld.kernel.btf import Btf
+from kreld.kernel.files import hex_u64, moved
 from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
-from kreld.kernel.kaslr import parse_system_map
+from kreld.kernel.kaslr import read_system_map, system_map_symbols
 from kreld.kernel.kcore import Kcore
 from kreld.kernel.module_struct import ModuleLayout, module_layout
 from kreld.kernel.modules_kcore import KernelModule, module_symbols, walk_modules
@@ -52,7 +53,6 @@ KERNEL_BTF = PurePosixPath("sys/kernel/btf/vmlinux")
 LOCKDOWN = PurePosixPath("sys/kernel/security/lockdown")
 MAP_SYMBOLS = (*consts.ANCHOR_SYMBOLS, "modules", "__start_notes", "__stop_notes")
 MAX_NOTES = 1 << 16  # the kernel's .notes section (some 500 bytes)
-MAX_SYSTEM_MAP = 64 << 20  # a System.map (6.1: 87,000 lines, 4 MB)
 MIN_ORDER = 0.99  # share of kallsyms' neighbouring names the map must order alike
 
 
@@ -73,7 +73,7 @@ class KernelMemory:
 
     def anchors(self) -> Anchors:
         return Anchors.from_symbols(
-            {k: v + self.offset for k, v in self.link.items() if k in consts.ANCHOR_SYMBOLS}
+            moved({k: v for k, v in self.link.items() if k in consts.ANCHOR_SYMBOLS}, self.offset)
         )
 
     def modules(self, wanted: Set[str] | None = None) -> dict[str, KernelModule]:
@@ -127,7 +127,7 @@ def open_kernel_memory(
             layout = module_layout(Btf.load(root / KERNEL_BTF))
         except BtfError as e:
             raise KernelReadError(str(root / KERNEL_BTF), f"no usable BTF: {e}") from e
-        notes = root.read_bytes(consts.KERNEL_NOTES)
+        notes = root.read_bytes(consts.KERNEL_NOTES, consts.MAX_KERNEL_NOTES)
         link, path = _matching_map(root, release, kcore, offset, notes, kallsyms)
     except KernelReadError as e:
         kcore.close()
@@ -160,10 +160,15 @@ def _matching_map(
         path = root / template.format(release=release)
         if not path.is_file():
             continue
-        link = parse_system_map(path, MAP_SYMBOLS)
+        try:
+            text = read_system_map(path)
+        except KernelReadError as e:
+            why.append(str(e))
+            continue
+        link = system_map_symbols(text, MAP_SYMBOLS)
         problem = _check_map(link, kcore, offset, notes)
         if problem is None and names is not None:
-            order = system_map_order(path, names)
+            order = system_map_order(text, names)
             if order < MIN_ORDER:
                 problem = f"orders only {order:.1%} of kallsyms' neighbouring names alike"
         if problem is None:
@@ -192,22 +197,18 @@ def _check_map(link: Mapping[str, int], kcore: Kcore, offset: int, notes: bytes)
     return None
 
 
-def system_map_order(path: object, names: list[bytes]) -> float:
+def system_map_order(text: bytes, names: list[bytes]) -> float:
     """The share of neighbouring *names* (kallsyms' core names, in its order)
-    that the System.map at *path* lists in the same order; names the map
-    lists twice or not at all are left out.  Linear in both."""
+    that a System.map's *text* lists in the same order; names the map lists
+    twice or not at all are left out.  Linear in both."""
     index: dict[bytes, int] = {}
     twice: set[bytes] = set()
-    try:
-        with open(str(path), "rb") as f:
-            for i, line in enumerate(f):
-                fields = line.split()
-                if len(fields) >= 3:
-                    if fields[2] in index:
-                        twice.add(fields[2])
-                    index[fields[2]] = i
-    except OSError:
-        return 0.0
+    for i, line in enumerate(text.splitlines()):
+        fields = line.split()
+        if len(fields) >= 3:
+            if fields[2] in index:
+                twice.add(fields[2])
+            index[fields[2]] = i
     positions = [index[n] for n in names if n in index and n not in twice]
     if len(positions) < 2 or len(positions) < len(names) // 2:
         return 0.0
@@ -227,16 +228,12 @@ def kallsyms_from_map(ks: KallsymsText, kmem: KernelMemory) -> tuple[KallsymsTex
     are left out: they are not the kernel image's.
     """
     by_name: dict[bytes, list[int]] = {}
-    try:
-        with open(kmem.system_map, "rb") as f:
-            text = f.read(MAX_SYSTEM_MAP)
-    except OSError as e:
-        raise KernelReadError(kmem.system_map, e.strerror or str(e)) from e
+    text = read_system_map(Path(kmem.system_map))
     for line in text.splitlines():
         fields = line.split()
         if len(fields) >= 3:
             try:
-                by_name.setdefault(fields[2], []).append(int(fields[0], 16))
+                by_name.setdefault(fields[2], []).append(hex_u64(fields[0]))
             except ValueError:
                 continue
     taken: dict[bytes, int] = {}

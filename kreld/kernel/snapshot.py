@@ -9,6 +9,7 @@ from kreld.core import consts
 from kreld.core.errors import KernelReadError
 from kreld.core.model import AddressSource, Anchors, BootSnapshot, Timestamp, hexaddr
 from kreld.kernel.elf import elf_symbols
+from kreld.kernel.files import moved
 from kreld.kernel.info import (
     Root,
     has_cap_syslog,
@@ -125,7 +126,7 @@ def _kallsyms_anchors(
     """The anchors kallsyms shows, whether it shows zeros and why, and its text."""
     try:
         if kallsyms is None:
-            kallsyms = root.read_bytes(consts.KALLSYMS)
+            kallsyms = root.read_bytes(consts.KALLSYMS, consts.MAX_KALLSYMS)
         anchors, zeroed = read_anchors(root, kallsyms)
     except KernelReadError as e:
         faults.append(str(e))
@@ -144,7 +145,7 @@ def _vmlinux_anchors(
         return None
     link = elf_symbols(vmlinux, set(consts.ANCHOR_SYMBOLS))
     notes.append(f"anchors from {vmlinux} moved by the KASLR offset")
-    return Anchors.from_symbols({k: v + offset for k, v in link.items()})
+    return Anchors.from_symbols(moved(link, offset))
 
 
 def _through_memory(

@@ -24,7 +24,6 @@ is written), little- or big-endian.
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import stat
 import struct
@@ -64,6 +63,27 @@ class Added:
     time: int | None
 
 
+def _read_whole(fd: int, size: int, path: str) -> bytearray:
+    """The file's *size* bytes, read rather than mapped: a file cut short while it
+    is mapped kills its reader with SIGBUS, one cut short while it is read ends in
+    :class:`PerfDataError`."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    try:
+        while got < size:
+            try:
+                n = os.preadv(fd, [view[got:]], got)
+            except OSError as e:
+                raise PerfDataError(path, f"cannot be read: {e.strerror or e}", got) from e
+            if n == 0:
+                raise PerfDataError(path, f"changed while read: it ends at byte {got} of {size}")
+            got += n
+    finally:
+        view.release()
+    return buf
+
+
 class Recording:
     """One perf.data, indexed: where each record starts and when it happened."""
 
@@ -82,7 +102,7 @@ class Recording:
         if self.size < _PIPE_HEADER:
             os.close(fd)
             raise PerfDataError(path, "not a perf.data file (too short)")
-        self.buf = mmap.mmap(fd, self.size, prot=mmap.PROT_READ)
+        self.buf = _read_whole(fd, self.size, path)
         head = self.buf[:8]
         if head not in (_MAGIC, _MAGIC[::-1]):
             self.close()
@@ -101,7 +121,6 @@ class Recording:
         self._index()
 
     def close(self) -> None:
-        self.buf.close()
         os.close(self.fd)
 
     def _u(self, fmt: str, off: int) -> tuple[int, ...]:
@@ -120,7 +139,7 @@ class Recording:
                 self.path, f"attrs section of {a_size} bytes, attr size {attr_size}"
             )
         for at in range(a_off, a_off + a_size, attr_size):
-            attr = self.buf[at : at + attr_size - 16]
+            attr = bytes(self.buf[at : at + attr_size - 16])
             ids_off, ids_size = self._u("QQ", at + attr_size - 16)
             n = min(ids_size // 8, 1) if ids_off + ids_size <= self.size else 0
             ids = self._u(f"{n}Q", ids_off) if n else ()
@@ -181,7 +200,7 @@ class Recording:
             nids = (size - 8 - asize) // 8
             ids = self._u(f"{min(nids, 1)}Q", at + 8 + asize) if nids else ()
             self.layouts.append(
-                AttrLayout.from_attr(self.buf[at + 8 : at + 8 + asize], ids, self.e)
+                AttrLayout.from_attr(bytes(self.buf[at + 8 : at + 8 + asize]), ids, self.e)
             )
 
     def _trailing(self, rtype: int, at: int, size: int) -> int:

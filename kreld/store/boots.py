@@ -5,19 +5,27 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kreld.core.errors import AmbiguousBoot, NoSuchBoot
+from kreld.core.errors import AmbiguousBoot, NoSuchBoot, RecordRefused
 from kreld.core.model import BootSnapshot, hexaddr, merge_boot
 from kreld.store.env import SEQ, StoreEnv, Table, decoded, dumps
 
 __all__ = ["BootTables", "boot_from_record", "boot_record"]
 
 
-def boot_record(snap: BootSnapshot) -> bytes:
+def boot_record(snap: BootSnapshot, path: str = "<store>") -> bytes:
     """A boot as stored: its wire form, but with the anchors keyed by the kernel's
-    symbol names (``_text``), as every store has kept them since schema 1."""
+    symbol names (``_text``), as every store has kept them since schema 1.
+
+    A boot its readers would refuse (an address past 64 bits, a negative
+    offset) is :class:`RecordRefused`, never written."""
     d = snap.to_json()
     d["anchors"] = {k: hexaddr(v) for k, v in snap.anchors.to_ints().items()}
-    return dumps(d)
+    raw = dumps(d)
+    try:
+        boot_from_record(raw)
+    except (ValueError, KeyError, TypeError) as e:
+        raise RecordRefused(path, f"boot {snap.boot_id} would not read back: {e}") from e
+    return raw
 
 
 def boot_from_record(raw: bytes) -> BootSnapshot:
@@ -48,10 +56,10 @@ class BootTables:
                 merged = merge_boot(old, snap)
                 if merged == old:
                     return old, False, False
-                txn.put(key, boot_record(merged), db=boots)
+                txn.put(key, boot_record(merged, str(self.env.path)), db=boots)
                 self._put_build(txn, merged)
                 return merged, False, True
-            txn.put(key, boot_record(snap), db=boots)
+            txn.put(key, boot_record(snap, str(self.env.path)), db=boots)
             order = SEQ.pack(snap.first_seen.realtime) + key
             txn.put(order, b"", db=self.env.dbs[Table.BOOT_ORDER])
             self._put_build(txn, snap)

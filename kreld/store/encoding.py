@@ -196,7 +196,8 @@ def _hex_bytes(s: str) -> bytes | None:
 
 
 def encode(inc: Incarnation) -> tuple[bytes, bytes, list[str]]:
-    """The record, and the layout key and names it refers to."""
+    """The record, and the layout key and names it refers to; ValueError (or
+    struct.error) for one :func:`decode` would not read back."""
     s = inc.state
     names = sorted(s.sections)
     key = layout_key(names)
@@ -242,7 +243,13 @@ def encode(inc: Incarnation) -> tuple[bytes, bytes, list[str]]:
     w.zigzag(t.boottime - t.monotonic)
     w.zigzag(t.realtime)
     w.seen_by(inc.seen_by)
-    return bytes(w.out + opt.out), key, names
+    raw = bytes(w.out + opt.out)
+    # What decode() would refuse is never written: it would make every reader of
+    # the store fail on this record (a section base of 80 bits, say); nor what the
+    # wire form's reader would (an address past 64 bits: parse_addr).
+    decode(raw, inc.boot_id, inc.seq, lambda _key: names)
+    Incarnation.from_json(inc.to_json())
+    return raw, key, names
 
 
 def _read_state(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import struct
 from typing import Any
 
 from kreld.core import uuids
-from kreld.core.errors import StoreCorrupt
+from kreld.core.errors import RecordRefused, StoreCorrupt
 from kreld.core.model import Incarnation, Timestamp
 from kreld.core.record import replace
 from kreld.store import encoding
@@ -108,7 +109,12 @@ class ModuleTables:
         return self.env.write(fn)
 
     def _encode(self, txn: Any, inc: Incarnation) -> bytes:
-        raw, key, names = encoding.encode(inc)
+        try:
+            raw, key, names = encoding.encode(inc)
+        except (ValueError, IndexError, OverflowError, struct.error) as e:
+            raise RecordRefused(
+                str(self.env.path), f"incarnation of {inc.name} would not read back: {e}"
+            ) from e
         txn.put(key, dumps(names), db=self.env.dbs[Table.LAYOUTS], overwrite=False)
         return raw
 

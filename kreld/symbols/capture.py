@@ -4,8 +4,9 @@ once per module build.
 Tables come from ``/proc/kallsyms`` (what the kernel itself prints) and, for
 a module kallsyms does not show (restricted pointers), from its ``.ko``
 (also ``.ko.xz`` and ``.ko.zst``) found under ``lib/modules/<release>`` with
-a build-id that must match.  A worker thread does the reading, coalescing a
-burst of module loads into one read of kallsyms, so the tracker never waits.
+a build-id that must match (read by :mod:`kreld.kernel.modfile`).  A worker
+thread does the reading, coalescing a burst of module loads into one read of
+kallsyms, so the tracker never waits.
 
 The worker never parses all of kallsyms for a module: it takes the module's
 lines out of the raw text (:class:`kreld.kernel.kallsyms.KallsymsText`), and once
@@ -19,19 +20,16 @@ table does not.
 
 from __future__ import annotations
 
-import io
 import os
 import queue
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kreld.core import consts, heap
 from kreld.core.errors import KernelReadError, KreldError
-from kreld.core.model import BootSnapshot, Incarnation
+from kreld.core.model import BootSnapshot, Incarnation, ModuleState
 from kreld.core.symtab import (
     FROM_ELF,
     MODULE_ABSOLUTE,
@@ -40,139 +38,28 @@ from kreld.core.symtab import (
     kernel_table,
     module_symbol_key,
     module_table,
-    pack,
 )
 from kreld.kernel.addresses import ModuleAddresses
-from kreld.kernel.elf import elf_symbol_entries, elf_symbols, gnu_build_id, module_symbol_letter
+from kreld.kernel.elf import elf_symbol_entries, elf_symbols
 from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText, Line
 from kreld.kernel.kaslr import matching_vmlinux
+from kreld.kernel.modfile import ModuleFiles
 from kreld.kernel.modules_sysfs import list_modules
-from kreld.kernel.seethrough import kallsyms_from_map
+from kreld.kernel.seethrough import KernelMemory, kallsyms_from_map
 from kreld.store import Store
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
-__all__ = ["ModuleFiles", "SymbolCapture", "ko_table"]
+__all__ = ["SymbolCapture"]
 
-_MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst")
 # A batch whose tables could not be stored is tried again after this many
 # seconds, doubling up to RETRY_MAX while the store keeps failing.
 RETRY_FIRST = 1.0
 RETRY_MAX = 60.0
 # How long the worker stands aside while the tracker reads modules, at most.
 DEFER_MAX = 1.0
-
-
-def _decompress(path: Path) -> bytes | None:
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return None
-    if path.name.endswith(".xz"):
-        import lzma
-
-        try:
-            return lzma.decompress(raw)
-        except lzma.LZMAError:
-            return None
-    if path.name.endswith(".zst"):
-        try:
-            import zstandard
-        except ImportError:
-            return None
-        try:
-            return bytes(zstandard.ZstdDecompressor().decompress(raw, max_output_size=1 << 30))
-        except zstandard.ZstdError:
-            return None
-    return raw
-
-
-def ko_table(data: bytes, build_id: str) -> bytes | None:
-    """A module table from a ``.ko``; ``None`` unless its build-id is *build_id*."""
-    from elftools.common.exceptions import ELFError  # pyelftools: only for a .ko
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
-
-    try:
-        elf = ELFFile(io.BytesIO(data))
-        if gnu_build_id(elf) != build_id:
-            return None
-        symtab = elf.get_section_by_name(".symtab")
-        if not isinstance(symtab, SymbolTableSection):
-            return None
-        sections: list[str] = []
-        index: dict[str, int] = {}
-        entries = []
-        symbols = list(symtab.iter_symbols())
-        # Exported with plain EXPORT_SYMBOL: a __ksymtab_<name> in __ksymtab
-        # (module.lds merges the ___ksymtab+<name> sections into it).
-        exported = set()
-        for sym in symbols:
-            shndx = sym["st_shndx"]
-            if sym.name.startswith("__ksymtab_") and isinstance(shndx, int) and shndx:
-                sec_name = elf.get_section(shndx).name
-                if sec_name == "__ksymtab" or sec_name.startswith("___ksymtab+"):
-                    exported.add(sym.name[len("__ksymtab_") :])
-        for sym in symbols:
-            shndx = sym["st_shndx"]
-            kind = sym["st_info"]["type"]
-            if not isinstance(shndx, int) or shndx == 0 or not sym.name:
-                continue
-            if kind in ("STT_SECTION", "STT_FILE"):
-                continue
-            sec = elf.get_section(shndx)
-            if sec.name == ".data..percpu":
-                continue  # printed at its per-cpu offset, known only at run time
-            if sec.name not in index:
-                index[sec.name] = len(sections)
-                sections.append(sec.name)
-            letter = module_symbol_letter(
-                sec.name,
-                sec["sh_flags"],
-                sec["sh_type"],
-                sym["st_info"]["bind"],
-                kind,
-                sym.name in exported,
-            )
-            entries.append((index[sec.name], int(sym["st_value"]), letter, sym.name.encode()))
-        return pack(entries, sections, FROM_ELF) if entries else None
-    except (ELFError, struct.error, ValueError, KeyError, UnicodeDecodeError):
-        return None
-
-
-class ModuleFiles:
-    """``.ko`` files under ``lib/modules/<release>``, indexed by module name once."""
-
-    def __init__(self, root: Root, release: str, extra_dirs: Iterable[str] = ()) -> None:
-        self.dirs = [root / f"lib/modules/{release}", root / f"usr/lib/modules/{release}"]
-        self.dirs += [Path(d) for d in extra_dirs]
-        self._index: dict[str, list[Path]] | None = None
-
-    def _build(self) -> dict[str, list[Path]]:
-        index: dict[str, list[Path]] = {}
-        for d in self.dirs:
-            for dirpath, _dirs, files in os.walk(d):
-                for f in files:
-                    for suffix in _MODULE_SUFFIXES:
-                        if f.endswith(suffix):
-                            name = f[: -len(suffix)].replace("-", "_")
-                            index.setdefault(name, []).append(Path(dirpath) / f)
-        return index
-
-    def table(self, name: str, build_id: str | None) -> bytes | None:
-        if not build_id:
-            return None
-        if self._index is None:
-            self._index = self._build()
-        for path in self._index.get(name.replace("-", "_"), []):
-            data = _decompress(path)
-            if data is not None:
-                table = ko_table(data, build_id)
-                if table is not None:
-                    return table
-        return None
 
 
 class _Quiet:
@@ -371,8 +258,7 @@ class SymbolCapture:
         if ks is not None and ks.zeroed() and kmem is not None and text is not None:
             # kptr_restrict=2: kallsyms' own lines, their addresses from the System.map
             # that kernel memory proved this kernel's (kreld/kernel/seethrough.py).
-            ks, dropped = kallsyms_from_map(ks, kmem)
-            self.log.info("kernel_symbols_from_map", path=kmem.system_map, dropped=dropped)
+            ks = _from_map(ks, kmem, self.log)
         if ks is not None and ks.zeroed():
             # Pointers hidden since the boot was recorded (a restart after
             # kptr_restrict went up): zeros are no table.
@@ -451,8 +337,7 @@ class SymbolCapture:
             if stored is not None:
                 continue  # the .ko's table stays until kallsyms shows the module
             if packed is None:
-                packed = self.files.table(s.name, s.build_id)
-                source = "ko"
+                packed, source = _from_file(self.files, s, self.log), "ko"
             if packed is None:
                 self.log.info("module_symbols_unavailable", module=s.name, build_id=s.build_id)
                 continue
@@ -480,6 +365,31 @@ class SymbolCapture:
         if values != [v for v, _ in stored]:
             self.store.symbols.put_absolutes(inc.boot_id, inc.seq, values)
             self.log.info("module_absolute_values", module=s.name, seq=inc.seq, count=len(values))
+
+
+def _from_map(
+    ks: KallsymsText, kmem: KernelMemory, log: FilteringBoundLogger | _Quiet
+) -> KallsymsText:
+    """kallsyms' zeroed lines with their addresses from *kmem*'s System.map (as
+    they were, where the map cannot be read again)."""
+    try:
+        moved, dropped = kallsyms_from_map(ks, kmem)
+    except KernelReadError as e:  # the map changed since it was checked
+        log.warning("kernel_symbols_map_unreadable", error=str(e))
+        return ks
+    log.info("kernel_symbols_from_map", path=kmem.system_map, dropped=dropped)
+    return moved
+
+
+def _from_file(
+    files: ModuleFiles, s: ModuleState, log: FilteringBoundLogger | _Quiet
+) -> bytes | None:
+    """A module's table from its own file; each file refused is logged."""
+    refused: list[str] = []
+    packed = files.table(s.name, s.build_id, refused)
+    for why in refused:
+        log.warning("module_file_refused", module=s.name, error=why)
+    return packed
 
 
 def _section_sizes(inc: Incarnation) -> dict[str, int]:
