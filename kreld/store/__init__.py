@@ -13,13 +13,13 @@ databases (:class:`Table`), each kept by one part of this package:
     first-seen realtime (8 bytes BE) + boot-id -> ``b""``: newest-first listing.
 ``builds`` (:mod:`.boots`)
     build-id (hex text) -> build record (JSON).
-``incarnations`` (:mod:`.modules_sysfs`)
+``incarnations`` (:mod:`.modules`)
     boot-id (16 bytes) + seq (8 bytes BE) -> incarnation (:mod:`.encoding`).
-``open`` (:mod:`.modules_sysfs`)
+``open`` (:mod:`.modules`)
     same key -> ``b""`` for incarnations not yet seen unloaded.
-``watch`` (:mod:`.modules_sysfs`)
+``watch`` (:mod:`.modules`)
     boot-id (16 bytes) -> last time the daemon saw ``sys/module`` (JSON).
-``layouts`` (:mod:`.modules_sysfs`)
+``layouts`` (:mod:`.modules`)
     12-byte key -> the section names an incarnation record's offsets
     follow (:mod:`.encoding`), JSON.
 ``symtabs`` (:mod:`.symtabs`)
