@@ -21,6 +21,7 @@ __all__ = [
     "FleetObjectInvalid",
     "InterfaceNotFound",
     "InvalidArgument",
+    "KallsymsTableError",
     "KernelMemoryError",
     "KernelReadError",
     "KreldError",
@@ -117,6 +118,12 @@ class AddressNotMapped(KernelMemoryError):
         self.address = address
         self.length = length
         self.what = what
+
+
+class KallsymsTableError(KernelMemoryError):
+    """The kernel's kallsyms tables in its memory are not named, not mapped, do
+    not hold together, or decode to another table than ``/proc/kallsyms``
+    lists: no symbol is taken from them."""
 
 
 class ModuleListChanged(KernelMemoryError):
