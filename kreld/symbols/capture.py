@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from kreld.core import consts, heap
 from kreld.core.errors import KernelReadError, KreldError
-from kreld.core.model import BootSnapshot, Incarnation
+from kreld.core.model import AddressSource, BootSnapshot, Incarnation
 from kreld.core.symtab import (
     FROM_ELF,
     MODULE_ABSOLUTE,
@@ -369,10 +369,16 @@ class SymbolCapture:
             return
         kmem = self.addresses.memory
         if ks is not None and ks.zeroed() and kmem is not None and text is not None:
-            # kptr_restrict=2: kallsyms' own lines, their addresses from the System.map
-            # that kernel memory proved this kernel's (kreld/kernel/seethrough.py).
-            ks, dropped = kallsyms_from_map(ks, kmem)
-            self.log.info("kernel_symbols_from_map", path=kmem.system_map, dropped=dropped)
+            if kmem.system_map is not None:
+                # kptr_restrict=2: kallsyms' own lines, their addresses from the System.map
+                # that kernel memory proved this kernel's (kreld/kernel/seethrough.py).
+                ks, dropped = kallsyms_from_map(ks, kmem)
+                self.log.info("kernel_symbols_from_map", path=kmem.system_map, dropped=dropped)
+            elif kmem.table is not None and self.boot.address_source is not AddressSource.VMLINUX:
+                # No map of this kernel: its own tables, decoded in its memory and
+                # checked against kallsyms' names (a matching vmlinux still comes first).
+                ks = KallsymsText.of(kmem.table.text, ks.taken)
+                self.log.info("kernel_symbols_from_memory", layout=kmem.table.layout)
         if ks is not None and ks.zeroed():
             # Pointers hidden since the boot was recorded (a restart after
             # kptr_restrict went up): zeros are no table.
