@@ -46,6 +46,7 @@ __all__ = [
     "KERNEL_BTF",
     "KernelMemory",
     "kallsyms_from_map",
+    "kernel_lines",
     "lockdown",
     "not_yet",
     "open_kernel_memory",
@@ -302,6 +303,22 @@ def kallsyms_from_map(ks: KallsymsText, kmem: KernelMemory) -> tuple[KallsymsTex
         value = addrs[i] if typ in (b"a", b"A") else addrs[i] + kmem.offset
         out.append(b"%016x %s %s\n" % (value & (1 << 64) - 1, typ, name))
     return KallsymsText.of(b"".join(out), ks.taken), dropped
+
+
+def kernel_lines(
+    ks: KallsymsText, kmem: KernelMemory, vmlinux_first: bool
+) -> tuple[KallsymsText | None, dict[str, object]]:
+    """The kernel's lines where kallsyms shows zeros (*ks*), with their
+    addresses from kernel memory, and what to log: from the System.map it
+    proved this kernel's, else its own kallsyms tables decoded there (unless
+    *vmlinux_first*: a matching vmlinux gave the boot's anchors, and its table
+    is read instead; ``None`` then)."""
+    if kmem.system_map is not None:
+        lines, dropped = kallsyms_from_map(ks, kmem)
+        return lines, {"path": kmem.system_map, "dropped": dropped}
+    if kmem.table is not None and not vmlinux_first:
+        return KallsymsText.of(kmem.table.text, ks.taken), {"layout": kmem.table.layout}
+    return None, {"path": None, "why": "the boot's anchors came from a matching vmlinux"}
 
 
 def see_through(state: ModuleState, found: KernelModule | None) -> ModuleState:

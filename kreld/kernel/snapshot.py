@@ -66,8 +66,7 @@ def take_snapshot(
     if zeroed and kallsyms is not None:
         through = _through_memory(root, release, kallsyms, kmem, notes)
         if through is not None:
-            anchors, source = through
-            zeroed, reason = False, None
+            anchors, source, zeroed, reason = (*through, False, None)
         elif reason is not None:
             reason = f"{reason}; kernel memory cannot be read either: {notes[-1]}"
     if (not anchors.known() or source is AddressSource.KCORE_KALLSYMS) and kaslr is not None:

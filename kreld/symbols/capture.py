@@ -48,7 +48,7 @@ from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText, Line
 from kreld.kernel.kaslr import matching_vmlinux
 from kreld.kernel.modules import list_modules
-from kreld.kernel.seethrough import kallsyms_from_map
+from kreld.kernel.seethrough import kernel_lines
 from kreld.store import Store
 
 if TYPE_CHECKING:
@@ -369,16 +369,9 @@ class SymbolCapture:
             return
         kmem = self.addresses.memory
         if ks is not None and ks.zeroed() and kmem is not None and text is not None:
-            if kmem.system_map is not None:
-                # kptr_restrict=2: kallsyms' own lines, their addresses from the System.map
-                # that kernel memory proved this kernel's (kreld/kernel/seethrough.py).
-                ks, dropped = kallsyms_from_map(ks, kmem)
-                self.log.info("kernel_symbols_from_map", path=kmem.system_map, dropped=dropped)
-            elif kmem.table is not None and self.boot.address_source is not AddressSource.VMLINUX:
-                # No map of this kernel: its own tables, decoded in its memory and
-                # checked against kallsyms' names (a matching vmlinux still comes first).
-                ks = KallsymsText.of(kmem.table.text, ks.taken)
-                self.log.info("kernel_symbols_from_memory", layout=kmem.table.layout)
+            # kptr_restrict=2: kallsyms' own lines, their addresses from kernel memory.
+            ks, fields = kernel_lines(ks, kmem, self.boot.address_source is AddressSource.VMLINUX)
+            self.log.info("kernel_symbols_from_memory", **fields)
         if ks is not None and ks.zeroed():
             # Pointers hidden since the boot was recorded (a restart after
             # kptr_restrict went up): zeros are no table.
