@@ -16,6 +16,11 @@ Goal (issue 22): within 2x of the sysfs reads.  Both sides' files are on the
 same file system (page cache); on a real kernel each sysfs read and each kcore
 read costs more (the VM figures are in tests/vm/test_seethrough_vm.py's notes).
 
+And the kernel's own symbol table on a stock host: decoding its kallsyms tables
+(150,000 symbols, encoded as scripts/kallsyms.c does, tests/kallsymsbuild.py)
+from a kcore image and checking them against kallsyms' names, against reading
+``/proc/kallsyms`` itself (this host's, every line formatted by its kernel).
+
 Run alone: ``.venv/bin/python bench/bench_kmem.py [--quick]``.
 """
 
@@ -29,7 +34,9 @@ from common import Result, bench_main, interleaved, load_faketree, log, median
 
 from kreld.kernel.btf import Btf
 from kreld.kernel.info import Root
+from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.kcore import Kcore
+from kreld.kernel.memkallsyms import read_kallsyms
 from kreld.kernel.module_struct import module_layout
 from kreld.kernel.modules_sysfs import read_module, read_proc_modules
 from kreld.kernel.seethrough import KernelMemory, see_through
@@ -97,6 +104,7 @@ def run(quick: bool) -> list[Result]:
         kmem.close()
     desc = "the same reads of a sysfs tree that shows addresses (today's path)"
     return [
+        *_tables(max(3, n // 4)),
         Result(
             f"start: {MODULES} modules read, sections from kernel memory p50",
             median(t["sk"]),
@@ -119,6 +127,47 @@ def run(quick: bool) -> list[Result]:
             median(t["lk"]) <= 2 * median(t["ls"]),
             "kmem",
         ),
+    ]
+
+
+SYMBOLS = 150_000
+
+
+def _tables(n: int) -> list[Result]:
+    """The kernel's table decoded from memory against a read of /proc/kallsyms."""
+    load_faketree()
+    import kallsymsbuild
+    from kmembuild import KcoreImage
+
+    text = 0xFFFFFFFFAB000000
+    lines = [(0x1000, "A", "irq_stack_backing_store"), (text, "T", "_text"), (text, "T", "_stext")]
+    lines += [(text + 0x1000 + 16 * i, "t", f"some_function_{i}") for i in range(SYMBOLS)]
+    listed = kallsymsbuild.kallsyms_text(lines, zero=True).encode()
+    with tempfile.TemporaryDirectory(prefix="kreld-bench-ksyms-") as d:
+        img = KcoreImage()
+        img.segment(0xFFFFFFFFAD000000, 0x800000)
+        info = {"SYMBOL(_stext)": f"{text:x}"}
+        info |= kallsymsbuild.place(img, 0xFFFFFFFFAD000000, lines, "percpu")
+        path = img.save(Path(d) / "kcore", info)
+        with Kcore.open(path) as kcore:
+            t = interleaved(
+                {
+                    "decode": lambda: read_kallsyms(kcore, listed),
+                    "read": lambda: KallsymsText.read(Root(Path("/"))),
+                },
+                n,
+            )
+    real = KallsymsText.read(Root(Path("/"))).data.count(b"\n")
+    return [
+        Result(
+            f"kernel table: {SYMBOLS} symbols decoded from kernel memory, checked p50",
+            median(t["decode"]),
+            "ns",
+            median(t["read"]),
+            "kallsyms",
+            f"one read of this host's /proc/kallsyms ({real} lines)",
+            bench="kmem",
+        )
     ]
 
 

@@ -388,3 +388,68 @@ def test_pointers_hidden_while_running_without_kernel_memory_record_why_and_try_
     assert status["restricted"] is True and status["address_source"] is None, status
     assert status["restricted_reason"].startswith("kernel memory: cannot read"), status
     assert d.stop() == 0
+
+
+def stock(tmp_path: Path, layout: str = "old") -> tuple[Restricted, list[str]]:
+    """A stock host at kptr_restrict=2: Debian's placeholder System.map, the
+    kernel's own kallsyms tables in its memory (named in VMCOREINFO); the
+    true kernel lines, as kallsyms prints them at kptr_restrict=0."""
+    from kallsymsbuild import kallsyms_text, place
+
+    r = Restricted(tmp_path, layout)
+    r.tree.write(f"boot/System.map-{RELEASE}", "ffffffffffffffff B The real System.map is in ...\n")
+    lines = [(RUNTIME_TEXT + off, t, n) for off, t, n in KERNEL]
+    lines = sorted([*lines, (MODULES_HEAD, "D", "modules")], key=lambda x: x[0])
+    lines = [(0x1000, "A", "irq_stack_backing_store"), *lines]
+    r.info = {**r.info, **place(r.image.img, KTEXT + 0xC0000, lines, "percpu")}
+    r.tree.write("proc/kallsyms", kallsyms_text(lines, zero=True))
+    r.save()
+    return r, kallsyms_text(lines, zero=False).splitlines()
+
+
+def test_a_stock_host_takes_its_anchors_from_the_kernels_own_tables(tmp_path: Path) -> None:
+    r, _true = stock(tmp_path)
+    boot = snapshot(r, tmp_path)
+    assert boot["restricted"] is False and boot["address_source"] == "kcore-kallsyms"
+    assert (
+        boot["anchors"]
+        == Anchors(
+            RUNTIME_TEXT,
+            RUNTIME_TEXT,
+            RUNTIME_TEXT + 0x1000000,
+            RUNTIME_TEXT + 0x3000000,
+            RUNTIME_TEXT + 0x3100000,
+        ).to_json()
+    )
+
+
+def test_a_stock_host_whose_tables_disagree_with_kallsyms_stays_restricted(
+    tmp_path: Path,
+) -> None:
+    r, _true = stock(tmp_path)
+    listed = (r.root / "proc/kallsyms").read_text().replace(" start_kernel", " start_kernal")
+    r.tree.write("proc/kallsyms", listed)
+    boot = snapshot(r, tmp_path)
+    assert boot["restricted"] is True and boot["address_source"] is None
+    assert "no System.map of this kernel" in boot["restricted_reason"]
+    assert "disagree with it at line 4" in boot["restricted_reason"], boot["restricted_reason"]
+
+
+@pytest.mark.parametrize("layout", ["old", "new"])
+def test_a_stock_daemon_exports_the_true_kernel_lines_and_follows_modules(
+    tmp_path: Path, layout: str, daemon_factory: Any, sockdir: Path
+) -> None:
+    r, true = stock(tmp_path, layout)
+    sock = sockdir / "kreld.sock"
+    d = start(daemon_factory, r.tree, tmp_path / "state", sock)
+    status = json.loads(kreldctl("status", "--json", "--socket", str(sock)).stdout)
+    assert status["restricted"] is False, status
+    r.load("brd", BRD, 0x5000, "710ab937b3c59fe0e41cfdec42b39d352ff0bd8b")
+    wait_until("brd recorded", lambda: any(m["name"] == "brd" for m in modules(r, sock)))
+    (brd,) = modules(r, sock)
+    assert {k: int(v, 16) for k, v in brd["sections"].items()} == BRD
+    assert brd["address_source"] == "kcore"
+    wait_until("kernel symbols", lambda: "kernel_symbols" in {e["event"] for e in d.events()})
+    export = kreldctl("export", "kallsyms", "--socket", str(sock)).stdout.splitlines()
+    assert export[: len(true)] == true
+    assert d.stop() == 0

@@ -24,6 +24,7 @@ __all__ = [
     "InterfaceNotFound",
     "InvalidArgument",
     "InvalidRequest",
+    "KallsymsTableError",
     "KernelMemoryError",
     "KernelReadError",
     "KreldError",
@@ -228,6 +229,12 @@ class AddressNotMapped(KernelMemoryError):
         self.address = address
         self.length = length
         self.what = what
+
+
+class KallsymsTableError(KernelMemoryError):
+    """The kernel's kallsyms tables in its memory are not named, not mapped, do
+    not hold together, or decode to another table than ``/proc/kallsyms``
+    lists: no symbol is taken from them."""
 
 
 class ModuleListChanged(KernelMemoryError):

@@ -121,6 +121,10 @@ class AddressSource(StrEnum):
     # a System.map checked there and moved by VMCOREINFO's KERNELOFFSET, a
     # module's sections from its struct module, laid out as BTF says.
     KCORE = "kcore"
+    # Kernel memory, where no checked System.map or vmlinux is at hand: a
+    # boot's anchors from the kernel's own kallsyms tables, decoded there and
+    # checked line for line against /proc/kallsyms' names.
+    KCORE_KALLSYMS = "kcore-kallsyms"
 
 
 @record

@@ -49,6 +49,7 @@ _SOURCES = {
     AddressSource.KALLSYMS: "from /proc/kallsyms",
     AddressSource.VMLINUX: "from a matching vmlinux, moved by the KASLR offset",
     AddressSource.KCORE: "from kernel memory (/proc/kcore: System.map moved by VMCOREINFO)",
+    AddressSource.KCORE_KALLSYMS: "from kernel memory (/proc/kcore: the kernel's kallsyms tables)",
 }
 
 

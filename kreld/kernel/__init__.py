@@ -8,7 +8,8 @@ file, compressed or not, and its symbol table (``modfile``), and one boot's
 snapshot put together from them (``snapshot``).  Where ``kptr_restrict=2``
 zeroes those, kernel memory: ``/proc/kcore`` (``kcore``), the types' layouts
 from BTF (``btf``, and ``module_struct`` for ``struct module``), the module
-list walked there (``modules_kcore``), what of it is believed
+list walked there (``modules_kcore``), the kernel's own kallsyms tables
+decoded there where no System.map is at hand (``memkallsyms``), what of it is believed
 (``seethrough``), and how a module's addresses are read now, sysfs or kernel
 memory opened when first needed (``addresses``).  Kernel code beyond the
 image and modules: perf's side-band records (``sideband``) read live from one

@@ -76,7 +76,12 @@ class ModuleAddresses:
                 return None
             self.why = None
             if self.log is not None:
-                self.log.info("kernel_memory", system_map=self.memory.system_map, why=None)
+                self.log.info(
+                    "kernel_memory",
+                    system_map=self.memory.system_map,
+                    symbols=self.memory.symbols_from,
+                    why=None,
+                )
             return self.memory
 
     def _failed(self, now: float, why: str) -> None:

@@ -10,6 +10,10 @@ reads what it needs where the kernel does not zero it:
   ``__start_notes`` moved by the offset; VMCOREINFO's ``SYMBOL(_stext)`` is
   the map's ``_stext`` moved by it; and the names kallsyms still lists, in the
   kernel's order, come in the map's order;
+* where no System.map is this kernel's (a stock host: Debian's is a one-line
+  placeholder), the kernel's own kallsyms tables decoded in its memory
+  (:mod:`kreld.kernel.memkallsyms`), checked against kallsyms' names: the
+  anchors, ``modules`` and the kernel's whole table;
 * every module's sections: its ``struct module`` walked in kernel memory
   (:mod:`kreld.kernel.modules_kcore`) from the map's ``modules``, laid out as BTF
   says, cross-checked with ``/sys/module`` (name, build-id note, core size);
@@ -35,6 +39,7 @@ from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.kaslr import read_system_map, system_map_symbols
 from kreld.kernel.kcore import Kcore
+from kreld.kernel.memkallsyms import MemoryKallsyms, read_kallsyms
 from kreld.kernel.module_struct import ModuleLayout, module_layout
 from kreld.kernel.modules_kcore import KernelModule, module_symbols, walk_modules
 
@@ -42,6 +47,7 @@ __all__ = [
     "KERNEL_BTF",
     "KernelMemory",
     "kallsyms_from_map",
+    "kernel_lines",
     "lockdown",
     "not_yet",
     "open_kernel_memory",
@@ -58,18 +64,34 @@ MIN_ORDER = 0.99  # share of kallsyms' neighbouring names the map must order ali
 
 class KernelMemory:
     """An open ``/proc/kcore`` with what reading it needs: the offset, the
-    checked System.map's symbols, and ``struct module``'s layout."""
+    kernel's symbols (link-time: from the checked System.map, or from the
+    kernel's own kallsyms *table* decoded in its memory, moved back by the
+    offset), and ``struct module``'s layout."""
 
-    __slots__ = ("kcore", "layout", "link", "offset", "system_map")
+    __slots__ = ("kcore", "layout", "link", "offset", "system_map", "table")
 
     def __init__(
-        self, kcore: Kcore, layout: ModuleLayout, offset: int, link: dict[str, int], system_map: str
+        self,
+        kcore: Kcore,
+        layout: ModuleLayout,
+        offset: int,
+        link: dict[str, int],
+        system_map: str | None,
+        table: MemoryKallsyms | None = None,
     ) -> None:
         self.kcore = kcore
         self.layout = layout
         self.offset = offset
         self.link = link
         self.system_map = system_map
+        self.table = table
+
+    @property
+    def symbols_from(self) -> str:
+        """Where the kernel's symbols came from, for the log."""
+        if self.system_map is not None:
+            return self.system_map
+        return f"the kernel's kallsyms tables in {self.kcore.path}"
 
     def anchors(self) -> Anchors:
         return Anchors.from_symbols(
@@ -104,12 +126,17 @@ class KernelMemory:
 
 
 def open_kernel_memory(
-    root: Root, release: str, kallsyms: Iterable[bytes] | None = None
+    root: Root,
+    release: str,
+    kallsyms: Iterable[bytes] | None = None,
+    kallsyms_text: bytes | None = None,
 ) -> tuple[KernelMemory | None, str | None]:
     """Kernel memory ready to read, or ``None`` and why not.
 
     *kallsyms*: the core names kallsyms lists (zeroed or not), in its order,
-    against which a System.map's order is checked.
+    against which a System.map's order is checked.  *kallsyms_text*: a read of
+    kallsyms, against which the kernel's own tables are checked where no
+    System.map is this kernel's (without it, only a System.map will do).
     """
     try:
         kcore = Kcore.open(root / consts.KCORE)
@@ -128,11 +155,33 @@ def open_kernel_memory(
         except BtfError as e:
             raise KernelReadError(str(root / KERNEL_BTF), f"no usable BTF: {e}") from e
         notes = root.read_bytes(consts.KERNEL_NOTES, consts.MAX_KERNEL_NOTES)
-        link, path = _matching_map(root, release, kcore, offset, notes, kallsyms)
+        try:
+            link, path = _matching_map(root, release, kcore, offset, notes, kallsyms)
+        except KernelReadError as e:
+            if kallsyms_text is None:
+                raise
+            return _from_tables(kcore, layout, offset, kallsyms_text, str(e)), None
     except KernelReadError as e:
         kcore.close()
         return None, str(e)
     return KernelMemory(kcore, layout, offset, link, path), None
+
+
+def _from_tables(
+    kcore: Kcore, layout: ModuleLayout, offset: int, kallsyms: bytes, no_map: str
+) -> KernelMemory:
+    """Kernel memory whose symbols are the kernel's own kallsyms tables, checked
+    against *kallsyms* (:class:`KernelReadError` with both reasons if not)."""
+    try:
+        table = read_kallsyms(kcore, kallsyms)
+        link = {n: a - offset for n in consts.ANCHOR_SYMBOLS if (a := table.address(n, b"tT"))}
+        head = table.address("modules", b"dDbB")
+        if head is None or "_text" not in link:
+            raise KernelReadError(kcore.path, "the kernel's kallsyms tables lack _text or modules")
+        link["modules"] = head - offset
+    except KernelReadError as e:
+        raise KernelReadError(kcore.path, f"{no_map}; its kallsyms tables: {e}") from e
+    return KernelMemory(kcore, layout, offset, link, None, table)
 
 
 def lockdown(root: Root) -> str | None:
@@ -228,6 +277,8 @@ def kallsyms_from_map(ks: KallsymsText, kmem: KernelMemory) -> tuple[KallsymsTex
     are left out: they are not the kernel image's.
     """
     by_name: dict[bytes, list[int]] = {}
+    if kmem.system_map is None:
+        raise KernelReadError(kmem.symbols_from, "no System.map to take addresses from")
     text = read_system_map(Path(kmem.system_map))
     for line in text.splitlines():
         fields = line.split()
@@ -249,6 +300,22 @@ def kallsyms_from_map(ks: KallsymsText, kmem: KernelMemory) -> tuple[KallsymsTex
         value = addrs[i] if typ in (b"a", b"A") else addrs[i] + kmem.offset
         out.append(b"%016x %s %s\n" % (value & (1 << 64) - 1, typ, name))
     return KallsymsText.of(b"".join(out), ks.taken), dropped
+
+
+def kernel_lines(
+    ks: KallsymsText, kmem: KernelMemory, vmlinux_first: bool
+) -> tuple[KallsymsText | None, dict[str, object]]:
+    """The kernel's lines where kallsyms shows zeros (*ks*), with their
+    addresses from kernel memory, and what to log: from the System.map it
+    proved this kernel's, else its own kallsyms tables decoded there (unless
+    *vmlinux_first*: a matching vmlinux gave the boot's anchors, and its table
+    is read instead; ``None`` then)."""
+    if kmem.system_map is not None:
+        lines, dropped = kallsyms_from_map(ks, kmem)
+        return lines, {"path": kmem.system_map, "dropped": dropped}
+    if kmem.table is not None and not vmlinux_first:
+        return KallsymsText.of(kmem.table.text, ks.taken), {"layout": kmem.table.layout}
+    return None, {"path": None, "why": "the boot's anchors came from a matching vmlinux"}
 
 
 def see_through(state: ModuleState, found: KernelModule | None) -> ModuleState:

@@ -67,10 +67,10 @@ def take_snapshot(
     if zeroed and kallsyms is not None:
         through = _through_memory(root, release, kallsyms, kmem, notes)
         if through is not None:
-            anchors, source, zeroed, reason = through, AddressSource.KCORE, False, None
+            anchors, source, zeroed, reason = (*through, False, None)
         elif reason is not None:
             reason = f"{reason}; kernel memory cannot be read either: {notes[-1]}"
-    if not anchors.known() and kaslr is not None:
+    if (not anchors.known() or source is AddressSource.KCORE_KALLSYMS) and kaslr is not None:
         # The kernel hid its pointers from us, but VMCOREINFO gave the slide:
         # a matching vmlinux's link-time anchors, moved by it, are the runtime ones.
         moved = _vmlinux_anchors(root, release, build_id, dirs, kaslr.value, notes)
@@ -150,18 +150,21 @@ def _vmlinux_anchors(
 
 def _through_memory(
     root: Root, release: str, kallsyms: bytes, kmem: KernelMemory | None, notes: list[str]
-) -> Anchors | None:
+) -> tuple[Anchors, AddressSource] | None:
     """The anchors from kernel memory: *kmem*'s, or that of one opened now (and
-    closed); ``None`` with the reason as the last of *notes*."""
+    closed), and their source (a System.map checked there, or the kernel's own
+    tables: a matching vmlinux still comes first then); ``None`` with the
+    reason as the last of *notes*."""
     mem, why = (kmem, None) if kmem is not None else kernel_memory_for(root, kallsyms, release)
     if mem is None:
         notes.append(why or "kernel memory unreadable")
         return None
-    notes.append(f"anchors from {mem.system_map} moved by VMCOREINFO's KERNELOFFSET")
+    notes.append(f"anchors from {mem.symbols_from} (VMCOREINFO's KERNELOFFSET)")
     anchors = mem.anchors()
+    source = AddressSource.KCORE if mem.system_map is not None else AddressSource.KCORE_KALLSYMS
     if mem is not kmem:
         mem.close()
-    return anchors
+    return anchors, source
 
 
 def kernel_memory_for(
@@ -173,7 +176,7 @@ def kernel_memory_for(
         release = release or read_release(root)
     except KernelReadError as e:
         return None, str(e)
-    return open_kernel_memory(root, release, kallsyms_names(kallsyms))
+    return open_kernel_memory(root, release, kallsyms_names(kallsyms), kallsyms)
 
 
 def kallsyms_names(kallsyms: bytes) -> list[bytes]:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from kreld.core import consts, heap
 from kreld.core.errors import KernelReadError, KreldError
-from kreld.core.model import BootSnapshot, Incarnation, ModuleState
+from kreld.core.model import AddressSource, BootSnapshot, Incarnation, ModuleState
 from kreld.core.symtab import (
     FROM_ELF,
     MODULE_ABSOLUTE,
@@ -46,7 +46,7 @@ from kreld.kernel.kallsyms import KallsymsText, Line
 from kreld.kernel.kaslr import matching_vmlinux
 from kreld.kernel.modfile import ModuleFiles
 from kreld.kernel.modules_sysfs import list_modules
-from kreld.kernel.seethrough import KernelMemory, kallsyms_from_map
+from kreld.kernel.seethrough import kernel_lines
 from kreld.store import Store
 
 if TYPE_CHECKING:
@@ -256,9 +256,13 @@ class SymbolCapture:
             return
         kmem = self.addresses.memory
         if ks is not None and ks.zeroed() and kmem is not None and text is not None:
-            # kptr_restrict=2: kallsyms' own lines, their addresses from the System.map
-            # that kernel memory proved this kernel's (kreld/kernel/seethrough.py).
-            ks = _from_map(ks, kmem, self.log)
+            # kptr_restrict=2: kallsyms' own lines, their addresses from kernel memory.
+            try:
+                from_vmlinux = self.boot.address_source is AddressSource.VMLINUX
+                ks, fields = kernel_lines(ks, kmem, from_vmlinux)
+                self.log.info("kernel_symbols_from_memory", **fields)
+            except KernelReadError as e:  # the map changed since it was checked
+                self.log.warning("kernel_symbols_unreadable", error=str(e))
         if ks is not None and ks.zeroed():
             # Pointers hidden since the boot was recorded (a restart after
             # kptr_restrict went up): zeros are no table.
@@ -365,20 +369,6 @@ class SymbolCapture:
         if values != [v for v, _ in stored]:
             self.store.symbols.put_absolutes(inc.boot_id, inc.seq, values)
             self.log.info("module_absolute_values", module=s.name, seq=inc.seq, count=len(values))
-
-
-def _from_map(
-    ks: KallsymsText, kmem: KernelMemory, log: FilteringBoundLogger | _Quiet
-) -> KallsymsText:
-    """kallsyms' zeroed lines with their addresses from *kmem*'s System.map (as
-    they were, where the map cannot be read again)."""
-    try:
-        moved, dropped = kallsyms_from_map(ks, kmem)
-    except KernelReadError as e:  # the map changed since it was checked
-        log.warning("kernel_symbols_map_unreadable", error=str(e))
-        return ks
-    log.info("kernel_symbols_from_map", path=kmem.system_map, dropped=dropped)
-    return moved
 
 
 def _from_file(

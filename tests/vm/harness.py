@@ -56,12 +56,32 @@ def _version_key(path: Path) -> list[tuple[int, int | str]]:
     return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", path.name)]
 
 
-def find_kernel() -> Path | None:
-    """The newest installed Debian cloud kernel (``KRELD_VM_KERNEL`` overrides)."""
-    if os.environ.get("KRELD_VM_KERNEL"):
+# The kernel a test boots unless it names another: Debian bookworm's own 6.1.
+# Installing bookworm's 6.12 beside it (scripts/setup-vm does) must not change
+# what the existing tests run on, so the series is named, never "the newest".
+DEFAULT_SERIES = "6.1"
+
+
+def find_kernel(series: str | None = None) -> Path | None:
+    """The newest installed Debian cloud kernel of *series* (``"6.1"``,
+    ``"6.12"``: a release's leading numbers; default :data:`DEFAULT_SERIES`),
+    or ``None`` when none is installed.  ``KRELD_VM_KERNEL`` overrides the
+    default, not a series a test names."""
+    if series is None and os.environ.get("KRELD_VM_KERNEL"):
         return Path(os.environ["KRELD_VM_KERNEL"])
-    found = sorted(Path("/boot").glob("vmlinuz-*cloud*"), key=_version_key)
+    want = series or DEFAULT_SERIES
+    found = sorted(Path("/boot").glob(f"vmlinuz-{want}.*cloud*"), key=_version_key)
     return found[-1] if found else None
+
+
+def skip_unless_series(series: str) -> Path:
+    """The kernel of *series*, or skip (pytest) saying it is not installed."""
+    import pytest
+
+    kernel = find_kernel(series)
+    if kernel is None:
+        pytest.skip(f"no /boot/vmlinuz-{series}.*cloud* installed: run scripts/setup-vm")
+    return kernel
 
 
 def kernel_release(kernel: Path) -> str:
@@ -148,6 +168,7 @@ def run_in_guest(
     cpus: int = 2,
     memory: str = "1G",
     name: str = "run",
+    kernel: Path | None = None,
 ) -> GuestRun:
     """Boot the cloud kernel, run *command* with ``sh`` in the guest (cwd
     *rwdir*), and return its status, stdout, stderr and the boot's wall time.
@@ -160,7 +181,7 @@ def run_in_guest(
     why = missing()
     if why:
         raise GuestError(f"cannot boot a VM: {why} (run scripts/setup-vm)")
-    kernel = find_kernel()
+    kernel = kernel or find_kernel()
     vng = find_vng()
     assert kernel is not None and vng is not None
     rwdir = rwdir.resolve()
@@ -178,6 +199,7 @@ def run_in_guest(
         **(env or {}),
     }
     (out / "command.sh").write_text(command + "\n")
+    (out / "kernel").write_text(f"{kernel}\n")
     (out / "wrapper.sh").write_text(_wrapper(genv, out, rwdir))
     argv = [
         "timeout",
