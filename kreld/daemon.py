@@ -149,6 +149,8 @@ class Daemon:
         self.stop_threads = threading.Event()
         self.root = Root(Path(cfg.root))
         self.lock = WriterLock(cfg.state_dir)
+        if self.lock.unwritten is not None:  # held all the same: only the pid is missing
+            log.warning("writer_lock_pid_unwritten", error=str(self.lock.unwritten))
         try:
             self.store = open_writable(Path(cfg.state_dir), log)
         except BaseException:
@@ -276,6 +278,7 @@ class Daemon:
             "incarnations": counts["incarnations"],
             "loaded_modules": len(tracker.loaded()),
             "store_bytes": self.store.env.size_bytes(),
+            "store_full": self.store.env.full,
             "restricted": reading[0],
             "restricted_reason": reading[1],
             "address_source": None if reading[2] is None else reading[2].value,

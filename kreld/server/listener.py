@@ -7,12 +7,21 @@ Module events arrive from the tracker thread and fan out to subscribers
 through bounded queues: a subscriber that does not keep up is dropped with
 ``io.kreld.SubscriberTooSlow`` and never holds anyone else back.
 
+A peer that does not read costs a bounded amount: a reply goes out in chunks,
+the next one handed to the socket only when the last has left kreld, so no more
+than a chunk per connection waits in kreld (the rest waits in the kernel's
+socket buffer, or in the reply, which for the subscription's first reply is one
+encoding shared by every subscriber).  A reply its peer leaves unread for
+``write_timeout`` seconds ends the connection: it is dropped, logged and
+counted (Status ``dropped``), as is a subscriber whose queue overflows.
+
 Connections are capped twice: all of them (``io.kreld.TooManyConnections``),
 and those of one uid (``io.kreld.TooManyConnectionsPerUid``), so that one peer
 holding the global cap cannot lock every other client out.  A uid's count takes
 in every connection from its accept to its close, refused ones too.  Root and
-kreld's own uid are not counted: they are admitted whatever the policy says,
-and can stop kreld anyway; they stay under the global cap.
+kreld's own uid are counted too (``cap_root``, on by default): a root client
+that never reads costs memory like any other; with ``cap_root`` off they are
+held only by the global cap.
 """
 
 from __future__ import annotations
@@ -83,10 +92,14 @@ class Limits:
     max_connections_per_uid: int = consts.DEFAULT_MAX_CONNECTIONS_PER_UID
     idle_timeout: float = consts.DEFAULT_IDLE_TIMEOUT
     subscribe_queue: int = consts.DEFAULT_SUBSCRIBE_QUEUE
+    write_timeout: float = consts.DEFAULT_WRITE_TIMEOUT
+    cap_root: bool = consts.DEFAULT_CAP_ROOT
 
 
 # Descriptors kept for the store, the sources, sysfs reads and the log.
 RESERVED_FDS = 64
+# The most of a reply kreld hands a socket at once (see _send()).
+WRITE_CHUNK = 32 << 10
 
 
 def raise_fd_limit() -> int:
@@ -115,6 +128,8 @@ def limits_of(cfg: Config, log: FilteringBoundLogger | None = None) -> Limits:
         cfg.max_connections_per_uid,
         cfg.idle_timeout,
         cfg.subscribe_queue,
+        cfg.write_timeout,
+        cfg.cap_root,
     )
 
 
@@ -145,11 +160,15 @@ class Server:
         self.conns: set[_Conn] = set()
         self.subscribers: set[_Conn] = set()
         self.refused = 0
+        self.dropped = 0  # connections cut off for leaving their replies unread
         # Open connections of each uid not exempt from the per-uid cap; the uids
         # whose refusal was logged since they last held none.
         self.per_uid: dict[int, int] = {}
         self._capped: set[int] = set()
-        self._exempt = frozenset({0, os.geteuid()})
+        # The subscription's first reply, encoded once for every subscriber until
+        # the next event: (events broadcast when it was made, its bytes).
+        self._events = 0
+        self._first: tuple[int, bytes] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # One thread for the calls that may take a while (see kreld.server.methods, Method.quick).
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="calls")
@@ -208,6 +227,8 @@ class Server:
 
     def _broadcast(self, kind: ModuleEvent | CodeEvent, inc: Incarnation | KernelCode) -> None:
         self.service.invalidate()
+        self._events += 1
+        self._first = None
         if not self.subscribers:
             return
         event = {"event": kind, "code" if isinstance(inc, KernelCode) else "module": inc.to_json()}
@@ -222,12 +243,27 @@ class Server:
     def _drop(self, c: _Conn) -> None:
         """Drop a subscriber that fell behind: tell it why if its socket can take it."""
         c.overflowed = True
+        self.dropped += 1
         self._end_subscription(c)
         if c.writer.transport.get_write_buffer_size():
             # It is not reading at all: nothing more can reach it.
             c.writer.transport.abort()
         self.log.warning(
             "subscriber_dropped", pid=c.pid, uid=c.uid, queued=self.limits.subscribe_queue
+        )
+
+    def _drop_unread(self, c: _Conn, left: int) -> None:
+        """Cut off a peer that left a reply unread past the write deadline."""
+        self.dropped += 1
+        self._end_subscription(c)
+        c.writer.transport.abort()  # what it left unread goes with it
+        self.log.warning(
+            "peer_dropped",
+            pid=c.pid,
+            uid=c.uid,
+            reason="reply unread",
+            unsent_bytes=left,
+            write_timeout=self.limits.write_timeout,
         )
 
     # -- connections ---------------------------------------------------------------
@@ -258,6 +294,9 @@ class Server:
                 await self._refuse(reader, conn)
                 return
             self.conns.add(conn)
+            # Any byte left in kreld pauses the writer, so a drain waits until the
+            # socket has taken all of it (_send() then hands over the next chunk).
+            writer.transport.set_write_buffer_limits(high=0)
             await self._serve(reader, conn)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
@@ -276,7 +315,7 @@ class Server:
             return VarlinkError(
                 f"{INTERFACE}.TooManyConnections", {"limit": self.limits.max_connections}
             )
-        if uid in self._exempt:
+        if uid in (0, os.geteuid()) and not self.limits.cap_root:
             return None
         held, cap = self.per_uid.get(uid, 0), self.limits.max_connections_per_uid
         if held >= cap:
@@ -307,15 +346,32 @@ class Server:
         await self._send(conn, error_reply(err))
 
     async def _send(self, conn: _Conn, data: bytes) -> None:
-        """Write a reply; wait (bounded) only while the peer leaves it unread."""
-        writer = conn.writer
-        if writer.transport.is_closing():  # the peer went away: stop serving it
+        """Write a reply, a chunk at a time, each only once the last has left kreld:
+        a peer that does not read holds at most a chunk here.  A reply left unread
+        past the write deadline drops the peer (TimeoutError, after it is counted)."""
+        transport = conn.writer.transport
+        if transport.is_closing():  # the peer went away: stop serving it
             raise ConnectionResetError("connection lost")
-        writer.write(data)
-        # Most replies go into the socket at once: no drain, no timer.
-        if writer.transport.get_write_buffer_size():
-            async with asyncio.timeout(self.limits.idle_timeout):
-                await writer.drain()
+        view, at = memoryview(data), 0
+        try:
+            # Most replies go into the socket at once: no drain, no timer.
+            transport.write(view[:WRITE_CHUNK])
+            at = WRITE_CHUNK
+            if at >= len(view) and not transport.get_write_buffer_size():
+                return
+            async with asyncio.timeout(self.limits.write_timeout):
+                while True:
+                    if transport.get_write_buffer_size():
+                        await conn.writer.drain()
+                    if at >= len(view):
+                        return
+                    transport.write(view[at : at + WRITE_CHUNK])
+                    at += WRITE_CHUNK
+        except TimeoutError:
+            self._drop_unread(conn, max(len(view) - at, 0) + transport.get_write_buffer_size())
+            raise
+        finally:
+            view.release()
 
     async def _serve(self, reader: asyncio.StreamReader, conn: _Conn) -> None:
         while True:
@@ -383,7 +439,25 @@ class Server:
 
     def counts(self) -> dict[str, int]:
         """What Status says of the server: its connections and subscribers."""
-        return {"connections": len(self.conns), "subscribers": len(self.subscribers)}
+        return {
+            "connections": len(self.conns),
+            "subscribers": len(self.subscribers),
+            "dropped": self.dropped,
+        }
+
+    def _first_reply(self) -> bytes:
+        """The subscription's first reply: the modules and kernel code live now."""
+        if self._first is not None and self._first[0] == self._events:
+            return self._first[1]
+        code = self.service.live_code()
+        first = {
+            "event": "snapshot",
+            "modules": [i.to_json() for i in self.service.loaded()],
+            "kernel_code": None if code is None else [c.to_json() for c in code],
+        }
+        data = reply(first, continues=True)
+        self._first = (self._events, data)
+        return data
 
     async def _subscribe(self, conn: _Conn, call: Call, reader: asyncio.StreamReader) -> None:
         try:
@@ -393,14 +467,7 @@ class Server:
             return
         conn.queue = asyncio.Queue(maxsize=self.limits.subscribe_queue)
         self.subscribers.add(conn)
-        code = self.service.live_code()
-        first = {
-            "event": "snapshot",
-            "modules": [i.to_json() for i in self.service.loaded()],
-            "kernel_code": None if code is None else [c.to_json() for c in code],
-        }
-        conn.writer.write(reply(first, continues=True))
-        await conn.writer.drain()
+        await self._send(conn, self._first_reply())
         queue = conn.queue
 
         async def hangup() -> None:
@@ -413,11 +480,10 @@ class Server:
         watcher = asyncio.create_task(hangup())
         try:
             while (event := await queue.get()) is not None:
-                conn.writer.write(reply(event, continues=True))
                 # A reader that lets its socket buffer fill stalls only this task;
-                # its bounded queue then overflows and _drop() cuts it off.
-                async with asyncio.timeout(self.limits.idle_timeout):
-                    await conn.writer.drain()
+                # its bounded queue overflows and _drop() cuts it off, or the
+                # write deadline does.
+                await self._send(conn, reply(event, continues=True))
         finally:
             watcher.cancel()
         if conn.overflowed:
