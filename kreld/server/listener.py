@@ -99,7 +99,7 @@ class Limits:
 # Descriptors kept for the store, the sources, sysfs reads and the log.
 RESERVED_FDS = 64
 # The most of a reply kreld hands a socket at once (see _send()).
-WRITE_CHUNK = 32 << 10
+WRITE_CHUNK = 8 << 10
 
 
 def raise_fd_limit() -> int:
