@@ -148,9 +148,7 @@ class Daemon:
         self.started = time.monotonic_ns()
         self.stop_threads = threading.Event()
         self.root = Root(Path(cfg.root))
-        self.lock = WriterLock(cfg.state_dir)
-        if self.lock.unwritten is not None:  # held all the same: only the pid is missing
-            log.warning("writer_lock_pid_unwritten", error=str(self.lock.unwritten))
+        self.lock = _writer_lock(cfg, log)
         try:
             self.store = open_writable(Path(cfg.state_dir), log)
         except BaseException:
@@ -442,6 +440,13 @@ class Daemon:
         self.addresses.close()
         self.store.close()
         self.lock.release()
+
+
+def _writer_lock(cfg: Config, log: FilteringBoundLogger) -> WriterLock:
+    lock = WriterLock(cfg.state_dir)
+    if lock.unwritten is not None:  # held all the same: only the pid is missing
+        log.warning("writer_lock_pid_unwritten", error=str(lock.unwritten))
+    return lock
 
 
 def _watchdog_usec() -> int:

@@ -29,22 +29,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import os
 import resource
 import socket
-import stat
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kreld.core import consts
-from kreld.core.errors import KreldError, SocketError
+from kreld.core.errors import KreldError
 from kreld.core.kcode import CodeEvent, KernelCode
 from kreld.core.model import Incarnation, ModuleEvent
 from kreld.core.record import record
-from kreld.server.access import Policy, check_socket_dir, group_id, peer_comm, peer_cred
+from kreld.server.access import Policy, peer_comm, peer_cred
+from kreld.server.conn import Conn as _Conn
+from kreld.server.conn import ReplyUnread
 from kreld.server.methods import METHODS, answer, lookup
 from kreld.server.service import Service
+from kreld.server.socketfile import LISTEN_BACKLOG, bind_socket, socket_answers
 from kreld.varlink.requests import Subscribe, parse
 from kreld.varlink.wire import (
     INTERFACE,
@@ -75,8 +76,6 @@ __all__ = [
     "socket_answers",
 ]
 
-# Pending connections the kernel queues for us (capped by net.core.somaxconn).
-LISTEN_BACKLOG = 1024
 # Connections asyncio accepts in one go: each holds a descriptor until its
 # handler has run and its close has gone through (a few loop turns), so
 # the connection cap leaves ACCEPT_HEADROOM descriptors free for them
@@ -98,8 +97,6 @@ class Limits:
 
 # Descriptors kept for the store, the sources, sysfs reads and the log.
 RESERVED_FDS = 64
-# The most of a reply kreld hands a socket at once (see _send()).
-WRITE_CHUNK = 8 << 10
 
 
 def raise_fd_limit() -> int:
@@ -133,20 +130,6 @@ def limits_of(cfg: Config, log: FilteringBoundLogger | None = None) -> Limits:
     )
 
 
-class _Conn:
-    """One client connection's state: who it is and what it has done.  Mutable,
-    so a plain slotted class rather than a record."""
-
-    __slots__ = ("calls", "comm", "opened", "overflowed", "pid", "queue", "uid", "writer")
-
-    def __init__(self, pid: int, uid: int, comm: str | None, writer: asyncio.StreamWriter) -> None:
-        self.pid, self.uid, self.comm, self.writer = pid, uid, comm, writer
-        self.queue: asyncio.Queue[dict[str, Any] | None] | None = None
-        self.overflowed = False
-        self.calls = 0
-        self.opened = time.monotonic()
-
-
 class Server:
     """Accepts connections on a listening socket and speaks varlink."""
 
@@ -178,23 +161,12 @@ class Server:
     async def start(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
         sock.setblocking(False)
-        self._loop.set_exception_handler(self._loop_error)
+        self._loop.set_exception_handler(functools.partial(_loop_error, self.log))
         self._server = await asyncio.start_unix_server(
             self._handle, sock=sock, limit=self.limits.max_message_bytes, backlog=ACCEPT_BATCH
         )
         # asyncio listened with its batch size; the kernel may queue many more.
         sock.listen(LISTEN_BACKLOG)
-
-    def _loop_error(self, _loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        """asyncio's own troubles (a failed accept, say) go to kreld's log, not
-        as bare tracebacks on stderr."""
-        exc = context.get("exception")
-        self.log.error(
-            "event_loop_error",
-            message=context.get("message"),
-            error=str(exc) if exc else None,
-            kind=type(exc).__name__ if exc else None,
-        )
 
     async def close(self) -> None:
         """Stop accepting, end every connection's task, and wait for them."""
@@ -294,9 +266,7 @@ class Server:
                 await self._refuse(reader, conn)
                 return
             self.conns.add(conn)
-            # Any byte left in kreld pauses the writer, so a drain waits until the
-            # socket has taken all of it (_send() then hands over the next chunk).
-            writer.transport.set_write_buffer_limits(high=0)
+            conn.pause_at_any_byte()
             await self._serve(reader, conn)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
@@ -346,32 +316,13 @@ class Server:
         await self._send(conn, error_reply(err))
 
     async def _send(self, conn: _Conn, data: bytes) -> None:
-        """Write a reply, a chunk at a time, each only once the last has left kreld:
-        a peer that does not read holds at most a chunk here.  A reply left unread
-        past the write deadline drops the peer (TimeoutError, after it is counted)."""
-        transport = conn.writer.transport
-        if transport.is_closing():  # the peer went away: stop serving it
-            raise ConnectionResetError("connection lost")
-        view, at = memoryview(data), 0
+        """Write a reply (kreld.server.conn says how); a peer that leaves it unread
+        past the write deadline is dropped (TimeoutError, after it is counted)."""
         try:
-            # Most replies go into the socket at once: no drain, no timer.
-            transport.write(view[:WRITE_CHUNK])
-            at = WRITE_CHUNK
-            if at >= len(view) and not transport.get_write_buffer_size():
-                return
-            async with asyncio.timeout(self.limits.write_timeout):
-                while True:
-                    if transport.get_write_buffer_size():
-                        await conn.writer.drain()
-                    if at >= len(view):
-                        return
-                    transport.write(view[at : at + WRITE_CHUNK])
-                    at += WRITE_CHUNK
-        except TimeoutError:
-            self._drop_unread(conn, max(len(view) - at, 0) + transport.get_write_buffer_size())
+            await conn.send(data, self.limits.write_timeout)
+        except ReplyUnread as e:
+            self._drop_unread(conn, e.left)
             raise
-        finally:
-            view.release()
 
     async def _serve(self, reader: asyncio.StreamReader, conn: _Conn) -> None:
         while True:
@@ -423,19 +374,7 @@ class Server:
                 await self._send(conn, data)
 
     def _dispatch(self, call: Call) -> bytes:
-        """The reply to a call: its answer, or the error that stopped it."""
-        try:
-            out = answer(self.service, lookup(call.method), call.parameters)
-            return reply_encoded(out) if isinstance(out, bytes) else reply(out)
-        except KreldError as e:
-            return error_reply(VarlinkError.from_kreld(e))
-        except RecursionError:
-            return error_reply(VarlinkError(f"{INTERFACE}.InvalidRequest", {"reason": "too deep"}))
-        except Exception as e:  # a bug must cost one call, never the daemon
-            self.log.error("call_failed", method=call.method, error=str(e), kind=type(e).__name__)
-            return error_reply(
-                VarlinkError(f"{INTERFACE}.InternalError", {"message": f"{type(e).__name__}: {e}"})
-            )
+        return reply_to(self.service, call, self.log)
 
     def counts(self) -> dict[str, int]:
         """What Status says of the server: its connections and subscribers."""
@@ -446,18 +385,9 @@ class Server:
         }
 
     def _first_reply(self) -> bytes:
-        """The subscription's first reply: the modules and kernel code live now."""
-        if self._first is not None and self._first[0] == self._events:
-            return self._first[1]
-        code = self.service.live_code()
-        first = {
-            "event": "snapshot",
-            "modules": [i.to_json() for i in self.service.loaded()],
-            "kernel_code": None if code is None else [c.to_json() for c in code],
-        }
-        data = reply(first, continues=True)
-        self._first = (self._events, data)
-        return data
+        if self._first is None or self._first[0] != self._events:
+            self._first = (self._events, first_reply(self.service))
+        return self._first[1]
 
     async def _subscribe(self, conn: _Conn, call: Call, reader: asyncio.StreamReader) -> None:
         try:
@@ -495,62 +425,42 @@ class Server:
                 await conn.writer.drain()
 
 
-# -- the listening socket --------------------------------------------------------
+def first_reply(service: Service) -> bytes:
+    """The subscription's first reply: the modules and kernel code live now."""
+    code = service.live_code()
+    first = {
+        "event": "snapshot",
+        "modules": [i.to_json() for i in service.loaded()],
+        "kernel_code": None if code is None else [c.to_json() for c in code],
+    }
+    return reply(first, continues=True)
 
 
-def socket_answers(path: str) -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(1.0)
+def reply_to(service: Service, call: Call, log: FilteringBoundLogger) -> bytes:
+    """The reply to a call: its answer, or the error that stopped it."""
     try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+        out = answer(service, lookup(call.method), call.parameters)
+        return reply_encoded(out) if isinstance(out, bytes) else reply(out)
+    except KreldError as e:
+        return error_reply(VarlinkError.from_kreld(e))
+    except RecursionError:
+        return error_reply(VarlinkError(f"{INTERFACE}.InvalidRequest", {"reason": "too deep"}))
+    except Exception as e:  # a bug must cost one call, never the daemon
+        log.error("call_failed", method=call.method, error=str(e), kind=type(e).__name__)
+        return error_reply(
+            VarlinkError(f"{INTERFACE}.InternalError", {"message": f"{type(e).__name__}: {e}"})
+        )
 
 
-def bind_socket(path: str, group: str, log: FilteringBoundLogger) -> socket.socket:
-    """Bind a listening socket at *path*, mode 0660, group *group*.
-
-    Refuses to take a path a live kreld answers on, and anything at the path
-    that is not a socket (a planted symlink is never followed); a stale
-    socket is removed.  The socket is bound under a temporary name, given
-    its mode and group, then renamed into place: it is never reachable with
-    looser permissions.
-    """
-    p = Path(path)
-    check_socket_dir(p.parent)
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        st = None
-    if st is not None:
-        if not stat.S_ISSOCK(st.st_mode):
-            raise SocketError(f"{path}: exists and is not a socket; refusing to replace it")
-        if socket_answers(path):
-            raise SocketError(f"{path}: a live server answers there; refusing to take it over")
-        log.info("stale_socket_removed", path=path)
-        os.unlink(p)
-    gid = group_id(group)
-    if gid is None:
-        log.warning("socket_group_missing", group=group, fallback="root")
-        gid = 0
-    tmp = p.with_name(f".{p.name}.{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        old = os.umask(0o177)
-        try:
-            sock.bind(str(tmp))
-        finally:
-            os.umask(old)
-        os.chown(tmp, -1, gid)
-        os.chmod(tmp, 0o660)
-        os.rename(tmp, p)
-        sock.listen(LISTEN_BACKLOG)
-    except OSError as e:
-        sock.close()
-        raise SocketError(f"{path}: cannot bind: {e.strerror}") from e
-    return sock
+def _loop_error(
+    log: FilteringBoundLogger, _loop: asyncio.AbstractEventLoop, context: dict[str, Any]
+) -> None:
+    """asyncio's own troubles (a failed accept, say) go to kreld's log, not
+    as bare tracebacks on stderr."""
+    exc = context.get("exception")
+    log.error(
+        "event_loop_error",
+        message=context.get("message"),
+        error=str(exc) if exc else None,
+        kind=type(exc).__name__ if exc else None,
+    )
