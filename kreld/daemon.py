@@ -146,7 +146,7 @@ class Daemon:
         self.started = time.monotonic_ns()
         self.stop_threads = threading.Event()
         self.root = Root(Path(cfg.root))
-        self.lock = WriterLock(cfg.state_dir)
+        self.lock = _writer_lock(cfg, log)
         try:
             self.store = open_writable(Path(cfg.state_dir), log)
         except BaseException:
@@ -274,6 +274,7 @@ class Daemon:
             "incarnations": counts["incarnations"],
             "loaded_modules": len(tracker.loaded()),
             "store_bytes": self.store.env.size_bytes(),
+            "store_full": self.store.env.full,
             "restricted": reading[0],
             "restricted_reason": reading[1],
             "address_source": None if reading[2] is None else reading[2].value,
@@ -437,6 +438,13 @@ class Daemon:
         self.addresses.close()
         self.store.close()
         self.lock.release()
+
+
+def _writer_lock(cfg: Config, log: FilteringBoundLogger) -> WriterLock:
+    lock = WriterLock(cfg.state_dir)
+    if lock.unwritten is not None:  # held all the same: only the pid is missing
+        log.warning("writer_lock_pid_unwritten", error=str(lock.unwritten))
+    return lock
 
 
 def _watchdog_usec() -> int:

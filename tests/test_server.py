@@ -285,8 +285,16 @@ def test_slow_subscriber_is_dropped_and_others_are_served(
     slow.close()
 
 
-def test_many_concurrent_clients_all_get_correct_answers(served: Any) -> None:
-    _, tree, _, sock = served
+def test_many_concurrent_clients_all_get_correct_answers(
+    daemon_factory: Any, tree: FakeTree, state_dir: Path, sockdir: Path, tmp_path: Path
+) -> None:
+    """200 clients at once, all of root: the per-uid cap (root's too) raised to let them."""
+    tree.add_module("dummy", 0xFFFFFFFFC0000000)
+    tree.add_module("veth", 0xFFFFFFFFC0100000)
+    sock = sockdir / "kreld.sock"
+    cfg = tmp_path / "kreld.toml"
+    cfg.write_text("[limits]\nmax_connections_per_uid = 256\n")
+    start(daemon_factory, tree, state_dir, sock, "--config", str(cfg))
     errors: list[str] = []
     expect_text = hex(tree.text + 0x10)
 

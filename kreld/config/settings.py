@@ -60,7 +60,9 @@ class Config:
     max_message_bytes: int = consts.DEFAULT_MAX_MESSAGE_BYTES
     max_connections: int = consts.DEFAULT_MAX_CONNECTIONS
     max_connections_per_uid: int = consts.DEFAULT_MAX_CONNECTIONS_PER_UID
+    cap_root: bool = consts.DEFAULT_CAP_ROOT
     idle_timeout: float = consts.DEFAULT_IDLE_TIMEOUT
+    write_timeout: float = consts.DEFAULT_WRITE_TIMEOUT
     subscribe_queue: int = consts.DEFAULT_SUBSCRIBE_QUEUE
     keep_boots: int = 0
     keep_days: float = 0.0
@@ -268,7 +270,9 @@ SCHEMA: Mapping[str, Mapping[str, tuple[str, Callable[[Any], Any]]]] = {
         "max_message_bytes": ("max_message_bytes", _int_range(1024, 1 << 30)),
         "max_connections": ("max_connections", _int_range(1, 65536)),
         "max_connections_per_uid": ("max_connections_per_uid", _int_range(1, 65536)),
+        "cap_root": ("cap_root", _bool),
         "idle_timeout": ("idle_timeout", _seconds(0.1, 86400)),
+        "write_timeout": ("write_timeout", _seconds(0.1, 86400)),
         "subscribe_queue": ("subscribe_queue", _int_range(1, 1 << 20)),
     },
     "retention": {

@@ -13,6 +13,7 @@ __all__ = [
     "ANCHOR_SYMBOLS",
     "BOOT_ID",
     "CAP_SYSLOG",
+    "DEFAULT_CAP_ROOT",
     "DEFAULT_CONFIG",
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_CONNECTIONS",
@@ -24,6 +25,7 @@ __all__ = [
     "DEFAULT_SOCKET",
     "DEFAULT_STATE_DIR",
     "DEFAULT_SUBSCRIBE_QUEUE",
+    "DEFAULT_WRITE_TIMEOUT",
     "FEW_ADDRESSES",
     "HEARTBEAT_INTERVAL",
     "HOSTNAME",
@@ -105,9 +107,13 @@ DEFAULT_PUBLISH_INTERVAL: Final = 10.0
 # What one peer may cost the server ([limits] in kreld.toml; kreld.server.listener.Limits).
 DEFAULT_MAX_MESSAGE_BYTES: Final = 4 << 20
 DEFAULT_MAX_CONNECTIONS: Final = 1024
-# Connections one uid may hold at once (root and kreld's own uid are not counted).
+# Connections one uid may hold at once (root and kreld's own uid too, unless
+# [limits] cap_root is off).
 DEFAULT_MAX_CONNECTIONS_PER_UID: Final = 64
+DEFAULT_CAP_ROOT: Final = True
 DEFAULT_IDLE_TIMEOUT: Final = 60.0
+# Seconds a reply may wait for its peer to take it before the peer is dropped.
+DEFAULT_WRITE_TIMEOUT: Final = 10.0
 DEFAULT_SUBSCRIBE_QUEUE: Final = 4096
 
 # [log] level and format (--log-level, --log-format), least severe level first.

@@ -1,7 +1,9 @@
 """Answering on the Unix socket: the transport-free ``Service`` that answers
 every ``io.kreld`` method from a boot source (``service``), the one method
 table (``methods``), the asyncio varlink server with its limits
-(``listener``), and who may connect (``access``: the policy and SO_PEERCRED).
+(``listener``), one connection with its bounded, deadlined writes (``conn``),
+the socket file bound safely (``socketfile``), and who may connect
+(``access``: the policy and SO_PEERCRED).
 
 May import: ``core``, ``config``, ``kernel``, ``store``, ``varlink``,
 ``symbols``, ``tracker``.

@@ -7,12 +7,21 @@ Module events arrive from the tracker thread and fan out to subscribers
 through bounded queues: a subscriber that does not keep up is dropped with
 ``io.kreld.SubscriberTooSlow`` and never holds anyone else back.
 
+A peer that does not read costs a bounded amount: a reply goes out in chunks,
+the next one handed to the socket only when the last has left kreld, so no more
+than a chunk per connection waits in kreld (the rest waits in the kernel's
+socket buffer, or in the reply, which for the subscription's first reply is one
+encoding shared by every subscriber).  A reply its peer leaves unread for
+``write_timeout`` seconds ends the connection: it is dropped, logged and
+counted (Status ``dropped``), as is a subscriber whose queue overflows.
+
 Connections are capped twice: all of them (``io.kreld.TooManyConnections``),
 and those of one uid (``io.kreld.TooManyConnectionsPerUid``), so that one peer
 holding the global cap cannot lock every other client out.  A uid's count takes
 in every connection from its accept to its close, refused ones too.  Root and
-kreld's own uid are not counted: they are admitted whatever the policy says,
-and can stop kreld anyway; they stay under the global cap.
+kreld's own uid are counted too (``cap_root``, on by default): a root client
+that never reads costs memory like any other; with ``cap_root`` off they are
+held only by the global cap.
 """
 
 from __future__ import annotations
@@ -20,19 +29,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import os
 import resource
 import socket
-import stat
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kreld.core import consts
 from kreld.core.errors import (
     KreldError,
     MessageTooLarge,
-    SocketError,
     SubscriberTooSlow,
     TooManyConnections,
     TooManyConnectionsPerUid,
@@ -40,9 +46,12 @@ from kreld.core.errors import (
 from kreld.core.kernel_code import CodeEvent, KernelCode
 from kreld.core.model import Incarnation, ModuleEvent
 from kreld.core.record import record
-from kreld.server.access import Policy, check_socket_dir, group_id, peer_comm, peer_cred
+from kreld.server.access import Policy, peer_comm, peer_cred
+from kreld.server.conn import Conn as _Conn
+from kreld.server.conn import ReplyUnread
 from kreld.server.methods import METHODS, answer, lookup
 from kreld.server.service import Service
+from kreld.server.socketfile import LISTEN_BACKLOG, bind_socket, socket_answers
 from kreld.varlink.requests import Subscribe, parse
 from kreld.varlink.wire import (
     INTERFACE,
@@ -74,8 +83,6 @@ __all__ = [
     "socket_answers",
 ]
 
-# Pending connections the kernel queues for us (capped by net.core.somaxconn).
-LISTEN_BACKLOG = 1024
 # Connections asyncio accepts in one go: each holds a descriptor until its
 # handler has run and its close has gone through (a few loop turns), so
 # the connection cap leaves ACCEPT_HEADROOM descriptors free for them
@@ -91,6 +98,8 @@ class Limits:
     max_connections_per_uid: int = consts.DEFAULT_MAX_CONNECTIONS_PER_UID
     idle_timeout: float = consts.DEFAULT_IDLE_TIMEOUT
     subscribe_queue: int = consts.DEFAULT_SUBSCRIBE_QUEUE
+    write_timeout: float = consts.DEFAULT_WRITE_TIMEOUT
+    cap_root: bool = consts.DEFAULT_CAP_ROOT
 
 
 # Descriptors kept for the store, the sources, sysfs reads and the log.
@@ -123,21 +132,9 @@ def limits_of(cfg: Config, log: FilteringBoundLogger | None = None) -> Limits:
         cfg.max_connections_per_uid,
         cfg.idle_timeout,
         cfg.subscribe_queue,
+        cfg.write_timeout,
+        cfg.cap_root,
     )
-
-
-class _Conn:
-    """One client connection's state: who it is and what it has done.  Mutable,
-    so a plain slotted class rather than a record."""
-
-    __slots__ = ("calls", "comm", "opened", "overflowed", "pid", "queue", "uid", "writer")
-
-    def __init__(self, pid: int, uid: int, comm: str | None, writer: asyncio.StreamWriter) -> None:
-        self.pid, self.uid, self.comm, self.writer = pid, uid, comm, writer
-        self.queue: asyncio.Queue[dict[str, Any] | None] | None = None
-        self.overflowed = False
-        self.calls = 0
-        self.opened = time.monotonic()
 
 
 class Server:
@@ -153,11 +150,15 @@ class Server:
         self.conns: set[_Conn] = set()
         self.subscribers: set[_Conn] = set()
         self.refused = 0
+        self.dropped = 0  # connections cut off for leaving their replies unread
         # Open connections of each uid not exempt from the per-uid cap; the uids
         # whose refusal was logged since they last held none.
         self.per_uid: dict[int, int] = {}
         self._capped: set[int] = set()
-        self._exempt = frozenset({0, os.geteuid()})
+        # The subscription's first reply, encoded once for every subscriber until
+        # the next event: (events broadcast when it was made, its bytes).
+        self._events = 0
+        self._first: tuple[int, bytes] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # One thread for the calls that may take a while (see kreld.server.methods, Method.quick).
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="calls")
@@ -167,23 +168,12 @@ class Server:
     async def start(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
         sock.setblocking(False)
-        self._loop.set_exception_handler(self._loop_error)
+        self._loop.set_exception_handler(functools.partial(_loop_error, self.log))
         self._server = await asyncio.start_unix_server(
             self._handle, sock=sock, limit=self.limits.max_message_bytes, backlog=ACCEPT_BATCH
         )
         # asyncio listened with its batch size; the kernel may queue many more.
         sock.listen(LISTEN_BACKLOG)
-
-    def _loop_error(self, _loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        """asyncio's own troubles (a failed accept, say) go to kreld's log, not
-        as bare tracebacks on stderr."""
-        exc = context.get("exception")
-        self.log.error(
-            "event_loop_error",
-            message=context.get("message"),
-            error=str(exc) if exc else None,
-            kind=type(exc).__name__ if exc else None,
-        )
 
     async def close(self) -> None:
         """Stop accepting, end every connection's task, and wait for them."""
@@ -216,6 +206,8 @@ class Server:
 
     def _broadcast(self, kind: ModuleEvent | CodeEvent, inc: Incarnation | KernelCode) -> None:
         self.service.invalidate()
+        self._events += 1
+        self._first = None
         if not self.subscribers:
             return
         event = {"event": kind, "code" if isinstance(inc, KernelCode) else "module": inc.to_json()}
@@ -230,12 +222,27 @@ class Server:
     def _drop(self, c: _Conn) -> None:
         """Drop a subscriber that fell behind: tell it why if its socket can take it."""
         c.overflowed = True
+        self.dropped += 1
         self._end_subscription(c)
         if c.writer.transport.get_write_buffer_size():
             # It is not reading at all: nothing more can reach it.
             c.writer.transport.abort()
         self.log.warning(
             "subscriber_dropped", pid=c.pid, uid=c.uid, queued=self.limits.subscribe_queue
+        )
+
+    def _drop_unread(self, c: _Conn, left: int) -> None:
+        """Cut off a peer that left a reply unread past the write deadline."""
+        self.dropped += 1
+        self._end_subscription(c)
+        c.writer.transport.abort()  # what it left unread goes with it
+        self.log.warning(
+            "peer_dropped",
+            pid=c.pid,
+            uid=c.uid,
+            reason="reply unread",
+            unsent_bytes=left,
+            write_timeout=self.limits.write_timeout,
         )
 
     # -- connections ---------------------------------------------------------------
@@ -266,6 +273,7 @@ class Server:
                 await self._refuse(reader, conn)
                 return
             self.conns.add(conn)
+            conn.pause_at_any_byte()
             await self._serve(reader, conn)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
@@ -282,7 +290,7 @@ class Server:
         then the connection counts against its uid until :meth:`_let_go`."""
         if len(self.conns) >= self.limits.max_connections:
             return VarlinkError.from_kreld(TooManyConnections(self.limits.max_connections))
-        if uid in self._exempt:
+        if uid in (0, os.geteuid()) and not self.limits.cap_root:
             return None
         held, cap = self.per_uid.get(uid, 0), self.limits.max_connections_per_uid
         if held >= cap:
@@ -313,15 +321,13 @@ class Server:
         await self._send(conn, error_reply(err))
 
     async def _send(self, conn: _Conn, data: bytes) -> None:
-        """Write a reply; wait (bounded) only while the peer leaves it unread."""
-        writer = conn.writer
-        if writer.transport.is_closing():  # the peer went away: stop serving it
-            raise ConnectionResetError("connection lost")
-        writer.write(data)
-        # Most replies go into the socket at once: no drain, no timer.
-        if writer.transport.get_write_buffer_size():
-            async with asyncio.timeout(self.limits.idle_timeout):
-                await writer.drain()
+        """Write a reply (kreld.server.conn says how); a peer that leaves it unread
+        past the write deadline is dropped (TimeoutError, after it is counted)."""
+        try:
+            await conn.send(data, self.limits.write_timeout)
+        except ReplyUnread as e:
+            self._drop_unread(conn, e.left)
+            raise
 
     async def _serve(self, reader: asyncio.StreamReader, conn: _Conn) -> None:
         while True:
@@ -369,23 +375,20 @@ class Server:
                 await self._send(conn, data)
 
     def _dispatch(self, call: Call) -> bytes:
-        """The reply to a call: its answer, or the error that stopped it."""
-        try:
-            out = answer(self.service, lookup(call.method), call.parameters)
-            return reply_encoded(out) if isinstance(out, bytes) else reply(out)
-        except KreldError as e:
-            return error_reply(VarlinkError.from_kreld(e))
-        except RecursionError:
-            return error_reply(invalid_request("too deep"))
-        except Exception as e:  # a bug must cost one call, never the daemon
-            self.log.error("call_failed", method=call.method, error=str(e), kind=type(e).__name__)
-            return error_reply(
-                VarlinkError(f"{INTERFACE}.InternalError", {"message": f"{type(e).__name__}: {e}"})
-            )
+        return reply_to(self.service, call, self.log)
 
     def counts(self) -> dict[str, int]:
         """What Status says of the server: its connections and subscribers."""
-        return {"connections": len(self.conns), "subscribers": len(self.subscribers)}
+        return {
+            "connections": len(self.conns),
+            "subscribers": len(self.subscribers),
+            "dropped": self.dropped,
+        }
+
+    def _first_reply(self) -> bytes:
+        if self._first is None or self._first[0] != self._events:
+            self._first = (self._events, first_reply(self.service))
+        return self._first[1]
 
     async def _subscribe(self, conn: _Conn, call: Call, reader: asyncio.StreamReader) -> None:
         try:
@@ -395,14 +398,7 @@ class Server:
             return
         conn.queue = asyncio.Queue(maxsize=self.limits.subscribe_queue)
         self.subscribers.add(conn)
-        code = self.service.live_code()
-        first = {
-            "event": "snapshot",
-            "modules": [i.to_json() for i in self.service.loaded()],
-            "kernel_code": None if code is None else [c.to_json() for c in code],
-        }
-        conn.writer.write(reply(first, continues=True))
-        await conn.writer.drain()
+        await self._send(conn, self._first_reply())
         queue = conn.queue
 
         async def hangup() -> None:
@@ -415,11 +411,10 @@ class Server:
         watcher = asyncio.create_task(hangup())
         try:
             while (event := await queue.get()) is not None:
-                conn.writer.write(reply(event, continues=True))
                 # A reader that lets its socket buffer fill stalls only this task;
-                # its bounded queue then overflows and _drop() cuts it off.
-                async with asyncio.timeout(self.limits.idle_timeout):
-                    await conn.writer.drain()
+                # its bounded queue overflows and _drop() cuts it off, or the
+                # write deadline does.
+                await self._send(conn, reply(event, continues=True))
         finally:
             watcher.cancel()
         if conn.overflowed:
@@ -429,62 +424,42 @@ class Server:
                 await conn.writer.drain()
 
 
-# -- the listening socket --------------------------------------------------------
+def first_reply(service: Service) -> bytes:
+    """The subscription's first reply: the modules and kernel code live now."""
+    code = service.live_code()
+    first = {
+        "event": "snapshot",
+        "modules": [i.to_json() for i in service.loaded()],
+        "kernel_code": None if code is None else [c.to_json() for c in code],
+    }
+    return reply(first, continues=True)
 
 
-def socket_answers(path: str) -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(1.0)
+def reply_to(service: Service, call: Call, log: FilteringBoundLogger) -> bytes:
+    """The reply to a call: its answer, or the error that stopped it."""
     try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+        out = answer(service, lookup(call.method), call.parameters)
+        return reply_encoded(out) if isinstance(out, bytes) else reply(out)
+    except KreldError as e:
+        return error_reply(VarlinkError.from_kreld(e))
+    except RecursionError:
+        return error_reply(invalid_request("too deep"))
+    except Exception as e:  # a bug must cost one call, never the daemon
+        log.error("call_failed", method=call.method, error=str(e), kind=type(e).__name__)
+        return error_reply(
+            VarlinkError(f"{INTERFACE}.InternalError", {"message": f"{type(e).__name__}: {e}"})
+        )
 
 
-def bind_socket(path: str, group: str, log: FilteringBoundLogger) -> socket.socket:
-    """Bind a listening socket at *path*, mode 0660, group *group*.
-
-    Refuses to take a path a live kreld answers on, and anything at the path
-    that is not a socket (a planted symlink is never followed); a stale
-    socket is removed.  The socket is bound under a temporary name, given
-    its mode and group, then renamed into place: it is never reachable with
-    looser permissions.
-    """
-    p = Path(path)
-    check_socket_dir(p.parent)
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        st = None
-    if st is not None:
-        if not stat.S_ISSOCK(st.st_mode):
-            raise SocketError(f"{path}: exists and is not a socket; refusing to replace it")
-        if socket_answers(path):
-            raise SocketError(f"{path}: a live server answers there; refusing to take it over")
-        log.info("stale_socket_removed", path=path)
-        os.unlink(p)
-    gid = group_id(group)
-    if gid is None:
-        log.warning("socket_group_missing", group=group, fallback="root")
-        gid = 0
-    tmp = p.with_name(f".{p.name}.{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        old = os.umask(0o177)
-        try:
-            sock.bind(str(tmp))
-        finally:
-            os.umask(old)
-        os.chown(tmp, -1, gid)
-        os.chmod(tmp, 0o660)
-        os.rename(tmp, p)
-        sock.listen(LISTEN_BACKLOG)
-    except OSError as e:
-        sock.close()
-        raise SocketError(f"{path}: cannot bind: {e.strerror}") from e
-    return sock
+def _loop_error(
+    log: FilteringBoundLogger, _loop: asyncio.AbstractEventLoop, context: dict[str, Any]
+) -> None:
+    """asyncio's own troubles (a failed accept, say) go to kreld's log, not
+    as bare tracebacks on stderr."""
+    exc = context.get("exception")
+    log.error(
+        "event_loop_error",
+        message=context.get("message"),
+        error=str(exc) if exc else None,
+        kind=type(exc).__name__ if exc else None,
+    )

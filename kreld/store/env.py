@@ -7,13 +7,13 @@ and :meth:`StoreEnv.write` and its tables through :attr:`StoreEnv.dbs`, keyed by
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import struct
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -74,6 +74,11 @@ OPENED = tuple(t for t in Table if t is not Table.PUBLISHED)
 # Free space under which an EIO from LMDB is taken for a full disk.
 _NEARLY_FULL = 4 << 20
 SEQ = struct.Struct(">Q")
+# Reader slots of the environment, and the size its lock file is given up front:
+# LMDB asks for (readers - 1) slots of a cache line each plus a header of a few
+# lines, and takes a bigger file as it is (more slots), never shrinking it.
+_MAX_READERS = 1024
+_LOCK_FILE_BYTES = _MAX_READERS * 64 + 4096
 # What a damaged record raises when decoded.
 UNREADABLE = (ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error)
 
@@ -106,7 +111,7 @@ class _ResizeGate:
         self._active = 0
         self._resizing = False
 
-    @contextmanager
+    @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
         with self._cond:
             while self._resizing:
@@ -119,7 +124,7 @@ class _ResizeGate:
                 self._active -= 1
                 self._cond.notify_all()
 
-    @contextmanager
+    @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
         with self._cond:
             while self._resizing:
@@ -150,6 +155,35 @@ class _Databases(dict[bytes, Any]):
         raise KeyError(name)
 
 
+def _reserve_lock_file(path: Path) -> None:
+    """Give LMDB's lock file its blocks before LMDB maps it.
+
+    LMDB writes its reader table through a shared mapping of ``lock.mdb``; where the
+    file is sparse (as LMDB makes it) and the disk full, touching a new page of it is
+    SIGBUS, not an error.  Allocated here with posix_fallocate, a full disk is a
+    StoreFull naming the file.  An existing file keeps its size (another process may
+    have it mapped and counts its reader slots from it); a new one gets
+    ``_LOCK_FILE_BYTES`` at once.  Where the file cannot be opened for writing (a
+    reader without the right), LMDB's own open says why.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        os.posix_fallocate(fd, 0, size or _LOCK_FILE_BYTES)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            if not size:  # ours, and unusable: leave no empty lock file behind
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise StoreFull(str(path), f"no room for LMDB's lock file: {e.strerror}") from e
+        # EOPNOTSUPP and kin: a filesystem without fallocate; LMDB goes on as before.
+    finally:
+        os.close(fd)
+
+
 class StoreEnv:
     """The LMDB environment of a store, opened for writing (the daemon) or
     reading (kreldctl), and the transactions every table family runs in."""
@@ -165,6 +199,8 @@ class StoreEnv:
         self.readonly = readonly
         self._gate = _ResizeGate()
         self._write_lock = threading.Lock()
+        # Why the last write failed for want of room (disk or map), until one succeeds.
+        self.full: str | None = None
         if readonly and not (self.path / "data.mdb").exists():
             raise StoreError(str(self.path), "no kreld store here (no data.mdb)")
         if not readonly:
@@ -179,12 +215,16 @@ class StoreEnv:
             raise StoreDamaged(
                 str(self.path), "data.mdb is truncated or damaged in its meta database"
             )
+        _reserve_lock_file(self.path / "lock.mdb")
         self.lmdb = self._open_env(map_size)
         try:
             self._init_or_check()
         except lmdb.CorruptedError as e:
             self.lmdb.close()
             raise StoreDamaged(str(self.path), f"LMDB finds it damaged ({e})") from e
+        except lmdb.Error as e:  # the first write of a new store, on a full disk
+            self.lmdb.close()
+            raise self._write_error(e) from e
         except BaseException:
             self.lmdb.close()
             raise
@@ -211,7 +251,7 @@ class StoreEnv:
                 subdir=True,
                 sync=True,
                 metasync=True,
-                max_readers=1024,
+                max_readers=_MAX_READERS,
             )
         except lmdb.InvalidError as e:
             raise StoreCorrupt(str(self.path), f"not an LMDB environment ({e})") from e
@@ -293,19 +333,28 @@ class StoreEnv:
         if self.readonly:
             raise StoreError(str(self.path), "opened read-only")
         with self._write_lock:
-            for _ in range(64):
-                try:
-                    with self._gate.shared(), self.lmdb.begin(write=True) as txn:
-                        return fn(txn)
-                except lmdb.MapFullError:
-                    self._grow()
-                except lmdb.MapResizedError:
-                    self._adopt_size()
-                except lmdb.CorruptedError as e:
-                    raise StoreCorrupt(str(self.path), str(e)) from e
-                except lmdb.Error as e:
-                    raise self._write_error(e) from e
-            raise StoreError(str(self.path), "write kept failing after growing the map")
+            try:
+                done = self._write_growing(fn)
+            except StoreFull as e:
+                self.full = str(e)
+                raise
+            self.full = None
+            return done
+
+    def _write_growing(self, fn: Callable[[Any], T]) -> T:
+        for _ in range(64):
+            try:
+                with self._gate.shared(), self.lmdb.begin(write=True) as txn:
+                    return fn(txn)
+            except lmdb.MapFullError:  # the map, not the disk: grown (to its ceiling)
+                self._grow()
+            except lmdb.MapResizedError:
+                self._adopt_size()
+            except lmdb.CorruptedError as e:
+                raise StoreCorrupt(str(self.path), str(e)) from e
+            except lmdb.Error as e:
+                raise self._write_error(e) from e
+        raise StoreError(str(self.path), "write kept failing after growing the map")
 
     def _write_error(self, e: lmdb.Error) -> StoreError:
         """The named error for a failed write: a full disk is StoreFull."""

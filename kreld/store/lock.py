@@ -19,6 +19,7 @@ kreld, is somebody else's and stays where it is (refused, exit 5).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import time
@@ -26,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kreld.core.errors import StoreDamaged, StoreError, StoreLocked
+from kreld.core.errors import StoreDamaged, StoreError, StoreFull, StoreLocked
 from kreld.store import Store
 from kreld.store.ownership import check_owner
 
@@ -73,8 +74,30 @@ class WriterLock:
             raise StoreLocked(
                 str(self.state_dir), f"another kreld (pid {holder}) writes to this store"
             ) from None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        self.unwritten: StoreFull | None = self._write_pid(path)
+
+    def _write_pid(self, path: Path) -> StoreFull | None:
+        """Write our pid for a refused second writer to name; on a full disk the lock
+        is held all the same and the file left empty (a StoreFull to log is returned).
+
+        The pid goes over the old one before the tail is cut: the blocks the file has
+        already hold it, so a full disk costs it only when the file was new."""
+        fd = self._fd
+        if fd is None:
+            return None
+        pid = f"{os.getpid()}\n".encode()
+        try:
+            written = os.pwrite(fd, pid, 0)
+            os.ftruncate(fd, len(pid) if written == len(pid) else 0)
+        except OSError as e:
+            # Cutting a file to nothing needs no room: no stale pid is left to mislead.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                return StoreFull(str(path), f"cannot write the pid into the lock: {e.strerror}")
+            self.release()
+            raise StoreError(str(path), f"cannot write the writer lock: {e.strerror}") from e
+        return None
 
     def release(self) -> None:
         if self._fd is not None:

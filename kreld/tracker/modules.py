@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from kreld.core import consts
+from kreld.core.errors import StoreFull
 from kreld.core.model import HintAction, Incarnation, ModuleEvent, SeenBy, Timestamp
 from kreld.core.record import replace
 from kreld.kernel.addresses import ModuleAddresses
@@ -117,7 +118,18 @@ class ModuleTracker:
         for state in states.values():
             if state is not None:
                 opened.append(new_incarnation(state, now, SeenBy.STARTUP))
-        stored = self.store.modules.apply_module_changes(self.boot_id, opened, [], closed, now)
+        try:
+            stored = self.store.modules.apply_module_changes(self.boot_id, opened, [], closed, now)
+        except StoreFull as e:
+            # A full disk: kreld starts on what the store holds.  What this scan found
+            # is left to the reconciliations after it: a load not tracked is opened,
+            # and an unload tracked as still open is closed, once there is room.
+            self.log.error("startup_scan_held_back", error=str(e), kind=type(e).__name__)
+            with self.lock:
+                for inc in closed:
+                    still = replace(inc, unloaded=None, unloaded_after=None, unload_seen_by=None)
+                    self._open[inc.name] = Tracked(still, _STARTUP)
+            stored, closed = [], []
         with self.lock:
             for inc in stored:
                 self._open[inc.name] = Tracked(inc, _STARTUP)

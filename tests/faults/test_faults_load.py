@@ -42,6 +42,9 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 BASE = 0xFFFFFFFFC0000000
 MODULES = [f"mod{i}" for i in range(8)]
 RSS_BOUND_KIB = 64 << 10  # 64 MiB
+# The clients here are root's: the global cap and the descriptors are what is tried,
+# not the per-uid cap root is held to by default.
+ROOT_UNCAPPED = {"cap_root": False}
 IDLE = 5.0  # [limits] idle_timeout: how long a message may take to arrive, whole
 
 
@@ -80,7 +83,12 @@ def served(daemon_factory: Any, tmp_path: Path, sockdir: Path) -> Any:
         cfg = write_config(
             tmp_path / "kreld.toml",
             modules={"watch": "inotify"},
-            limits={"max_connections": 2048, "idle_timeout": IDLE, "max_message_bytes": 1 << 20},
+            limits={
+                **ROOT_UNCAPPED,
+                "max_connections": 2048,
+                "idle_timeout": IDLE,
+                "max_message_bytes": 1 << 20,
+            },
         )
         d = start(daemon_factory, tree, state, sock, "--config", str(cfg))
         # Answers change once the symbol tables are in: wait for them.
@@ -528,7 +536,9 @@ def test_kreld_raises_its_descriptor_limit_to_the_hard_one(
     assert hard > SYSTEMD_DEFAULT_NOFILE + 1100, "this machine's hard limit is too low"
     with fast_tmpdir() as fast:
         tree = FakeTree(fast / "root")
-        cfg = write_config(tmp_path / "kreld.toml", modules={"watch": "inotify"})
+        cfg = write_config(
+            tmp_path / "kreld.toml", modules={"watch": "inotify"}, limits=ROOT_UNCAPPED
+        )
         d = start_limited(
             daemon_factory, tree, fast / "state", sockdir / "k.sock", cfg,
             (SYSTEMD_DEFAULT_NOFILE, hard),
@@ -548,7 +558,9 @@ def test_connections_are_capped_below_a_low_hard_descriptor_limit(
         tree = tree_with_modules(fast)
         sock = sockdir / "k.sock"
         state = fast / "state"
-        cfg = write_config(tmp_path / "kreld.toml", modules={"watch": "inotify"})
+        cfg = write_config(
+            tmp_path / "kreld.toml", modules={"watch": "inotify"}, limits=ROOT_UNCAPPED
+        )
         limit = (SYSTEMD_DEFAULT_NOFILE, SYSTEMD_DEFAULT_NOFILE)
         d = start_limited(daemon_factory, tree, state, sock, cfg, limit)
         capped = d.wait_for("max_connections_capped")
@@ -595,7 +607,9 @@ def test_a_burst_over_the_connection_cap_does_not_exhaust_descriptors(
         tree = FakeTree(fast / "root")
         sock = sockdir / "k.sock"
         state = fast / "state"
-        cfg = write_config(tmp_path / "kreld.toml", modules={"watch": "inotify"})
+        cfg = write_config(
+            tmp_path / "kreld.toml", modules={"watch": "inotify"}, limits=ROOT_UNCAPPED
+        )
         limit = (SYSTEMD_DEFAULT_NOFILE, SYSTEMD_DEFAULT_NOFILE)
         d = start_limited(daemon_factory, tree, state, sock, cfg, limit)
         cap = d.wait_for("max_connections_capped")["to"]
@@ -645,7 +659,9 @@ def test_descriptor_exhaustion_does_not_invent_unloads(
         tree = tree_with_modules(fast)
         sock = sockdir / "kreld.sock"
         state = fast / "state"
-        cfg = write_config(tmp_path / "kreld.toml", modules={"watch": "inotify"})
+        cfg = write_config(
+            tmp_path / "kreld.toml", modules={"watch": "inotify"}, limits=ROOT_UNCAPPED
+        )
         d = start(daemon_factory, tree, state, sock, "--config", str(cfg))
         hard = resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE)[1]
         resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE, (SYSTEMD_DEFAULT_NOFILE, hard))

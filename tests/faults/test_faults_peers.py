@@ -1,6 +1,7 @@
 """One peer holding connections does not lock the others out (issue 19): past
 ``[limits] max_connections_per_uid`` a uid gets ``io.kreld.TooManyConnectionsPerUid``
 and is closed, while another uid and root go on being served, and kreld goes on.
+Root is held to the same cap unless ``cap_root`` is off.
 
 The peers are real processes of other uids (``setpriv`` to nobody, 65534, and to
 65533), speaking varlink with the standard library alone, against kreld as a real
@@ -173,15 +174,39 @@ def test_one_uid_over_its_cap_gets_the_named_error_while_others_are_served(daemo
         assert c.call("GetBoot")["boot"]["boot_id"] == tree.boot_id
 
 
-def test_root_is_not_counted_against_a_per_uid_cap(daemon: Any) -> None:
-    """Root (here also kreld's own uid) is admitted whatever the policy, so it is not
-    capped per uid: CAP + 4 connections of root are all served (the global cap holds)."""
-    d, tree, sock = daemon
-    held = [Client(str(sock)) for _ in range(CAP + 4)]
+@pytest.mark.parametrize("cap_root", [False, True])
+def test_root_is_counted_against_the_per_uid_cap_unless_cap_root_is_off(
+    daemon_factory: Any, tmp_path: Path, sockdir: Path, cap_root: bool
+) -> None:
+    """Root (here also kreld's own uid) is admitted whatever the policy, but a root
+    client that never reads costs memory like any other: by default it is capped per
+    uid too.  With ``cap_root = false``, CAP + 4 connections of root are all served
+    (the global cap holds)."""
+    tree = FakeTree(tmp_path / "root")
+    cfg = write_config(
+        tmp_path / "kreld.toml", limits={"max_connections_per_uid": CAP, "cap_root": cap_root}
+    )
+    sock = sockdir / "kreld.sock"
+    d = start(daemon_factory, tree, tmp_path / "state", sock, "--config", str(cfg))
+    held = [Client(str(sock)) for _ in range(CAP)]
     try:
         for c in held:
             assert c.call("GetBoot")["boot"]["boot_id"] == tree.boot_id
+        extra = [Client(str(sock)) for _ in range(4)]
+        held += extra
+        for c in extra:
+            c.send("GetBoot", {})
+            r = c.receive()
+            if cap_root:
+                assert r["error"] == "io.kreld.TooManyConnectionsPerUid", r
+                assert r["parameters"] == {"uid": 0, "limit": CAP}, r
+            else:
+                assert r["parameters"]["boot"]["boot_id"] == tree.boot_id, r
     finally:
         for c in held:
             c.close()
-    assert not [e for e in d.events() if e.get("event") == "peer_connection_limit"]
+    limited = [e for e in d.events() if e.get("event") == "peer_connection_limit"]
+    assert len(limited) == (1 if cap_root else 0)
+    with Client(str(sock)) as c:  # its connections closed, root is served again
+        assert c.call("GetBoot")["boot"]["boot_id"] == tree.boot_id
+    assert d.stop() == 0
