@@ -38,12 +38,13 @@ from kreld.config.settings import RESTART_KEYS, Config
 from kreld.core import heap
 from kreld.core import log as klog
 from kreld.core.errors import ExitCode, KernelReadError, KreldError
-from kreld.core.model import AddressSource, BootSnapshot, Timestamp
+from kreld.core.model import AddressSource, BootSnapshot, HintAction, ModuleState, Timestamp
 from kreld.core.record import fields, replace
 from kreld.ctl.render import status_line
 from kreld.kernel.addresses import ModuleAddresses
 from kreld.kernel.info import Root, read_boot_id
 from kreld.kernel.kallsyms import KallsymsText
+from kreld.kernel.modules import read_proc_modules
 from kreld.kernel.snapshot import log_boot, take_snapshot
 from kreld.server.access import policy_of
 from kreld.server.listener import Server, bind_socket, limits_of, raise_fd_limit
@@ -51,7 +52,16 @@ from kreld.server.service import Service
 from kreld.store.lock import WriterLock, damaged_stores, open_writable
 from kreld.symbols.capture import SymbolCapture
 from kreld.tracker.kcode import KernelCodeFollower
-from kreld.tracker.sources import EventSource, UeventSource, event_sources, health
+from kreld.tracker.sources import (
+    EventSource,
+    UeventSource,
+    WatchSource,
+    event_sources,
+    health,
+    module_followers,
+    open_tracepoints,
+    poll_interval,
+)
 from kreld.tracker.tracker import ModuleTracker
 
 if TYPE_CHECKING:
@@ -112,7 +122,7 @@ class Tracking:
     publisher.  Made whole by :meth:`Daemon.start_tracking`, so that nothing in it
     is ever half there."""
 
-    __slots__ = ("publisher", "sources", "symbols", "thread", "tracker")
+    __slots__ = ("publisher", "sources", "symbols", "thread", "tracker", "watch")
 
     def __init__(
         self,
@@ -120,12 +130,20 @@ class Tracking:
         sources: list[EventSource],
         symbols: SymbolCapture,
         thread: threading.Thread,
+        watch: WatchSource,
     ) -> None:
         self.tracker = tracker
         self.sources = sources
         self.symbols = symbols
         self.thread = thread
+        self.watch = watch
         self.publisher: Publisher | None = None
+
+    def adjust_poll(self, cfg: Config) -> None:
+        """Poll sys/module slowly while kernel events flow, fast once none does
+        (a full look then, for what a failed source may have missed)."""
+        if self.watch.set_interval(poll_interval(cfg, self.sources)):
+            self.tracker.notify(self.watch.seen_by, HintAction.RESCAN)
 
     def healthy(self) -> bool:
         return self.thread.is_alive()
@@ -148,21 +166,39 @@ class Daemon:
         self.started = time.monotonic_ns()
         self.stop_threads = threading.Event()
         self.root = Root(Path(cfg.root))
-        self.lock = WriterLock(cfg.state_dir)
+        self.addresses = ModuleAddresses(self.root, log)  # sysfs, or kernel memory
+        # Module events first of all, before anything slow (the store's checks,
+        # a vmlinux read): a load meanwhile is read at once and held for the tracker.
+        self.tracepoints = open_tracepoints(self.root, log, enabled=cfg.tracepoints)
+        self.tracepoints.read = self._read_module
+        self.tracepoints.start(self.stop_threads)
+        try:
+            self.lock = WriterLock(cfg.state_dir)
+        except BaseException:
+            self._stop_tracepoints()
+            raise
         try:
             self.store = open_writable(Path(cfg.state_dir), log)
         except BaseException:
             self.lock.release()
+            self._stop_tracepoints()
             raise
         # The rings open before kallsyms is read.
         self.kcode = KernelCodeFollower(self.root, log, enabled=cfg.follow_code)
         self.boot: BootSnapshot | None = None
         self.reading: tuple[bool, str | None, AddressSource | None] = (False, None, None)
-        self.addresses = ModuleAddresses(self.root, log)  # sysfs, or kernel memory
         self.tracking: Tracking | None = None
         self.server: Server | None = None
         self.bound: tuple[str, int] | None = None
         self._snapshot_lock = threading.Lock()
+
+    def _read_module(self, name: str) -> ModuleState | None:
+        """A module's state now (the tracepoints' read at a load)."""
+        return self.addresses.read([name], read_proc_modules(self.root)).get(name)
+
+    def _stop_tracepoints(self) -> None:
+        self.stop_threads.set()
+        self.tracepoints.stop()
 
     # -- startup ----------------------------------------------------------------
 
@@ -201,7 +237,10 @@ class Daemon:
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
         tracker.addresses = self.addresses  # the same kernel memory for the snapshot and symbols
-        watch, sources = event_sources(self.cfg, self.root, tracker.notify, self.log)
+        self.tracepoints.bind(tracker.notify_all)  # what came since the start, in the queue
+        watch, sources = event_sources(
+            self.cfg, self.root, tracker.notify, self.log, self.tracepoints
+        )
         sources.insert(0, self.kcode)  # opened first of all, started with the others
         # Sources first, then the scan: see ModuleTracker.startup().
         for src in sources:
@@ -218,12 +257,14 @@ class Daemon:
             target=tracker.run, args=(self.stop_threads,), name="tracker", daemon=True
         )
         thread.start()
-        self.tracking = Tracking(tracker, sources, symbols, thread)
+        self.tracking = Tracking(tracker, sources, symbols, thread, watch)
         self.log.info(
             "watching",
             path=watch.path,
             method=watch.method,
+            interval_s=watch.interval,
             uevents=any(isinstance(src, UeventSource) for src in sources),
+            tracepoints=self.tracepoints.following(),
         )
         if self.cfg.publish_url:
             self.configure_publishing(self.cfg)
@@ -290,6 +331,7 @@ class Daemon:
                     "last_error": None,
                 },
             ],
+            "module_followers": module_followers(self.cfg, tracking.sources, tracking.watch),
             "publish": None if tracking.publisher is None else tracking.publisher.health(),
             "kernel_code": self.kcode.status(),
         } | ({} if self.server is None else self.server.counts())  # connections, once served
@@ -384,6 +426,10 @@ class Daemon:
         last = ""
         while True:
             await asyncio.sleep(10)
+            if self.tracking is not None:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, self.tracking.adjust_poll, self.cfg
+                )
             line = status_line(self.status())
             if line != last:
                 sd.notify(f"STATUS={line}")
@@ -416,6 +462,7 @@ class Daemon:
             self.server.limits = limits_of(applied, self.log)
         if self.tracking is not None:
             self.tracking.tracker.recheck_interval = applied.poll_interval
+            self.tracking.adjust_poll(applied)
             if self.tracking.publisher is not None or applied.publish_url:
                 self.configure_publishing(applied)
         self.log.info("config_reloaded", changed=changed, files=list(applied.sources))
@@ -423,6 +470,7 @@ class Daemon:
 
     def shutdown(self) -> None:
         self.stop_threads.set()
+        self.tracepoints.stop()  # also a source of tracking's: stopping twice is nothing
         if self.tracking is not None:
             self.tracking.stop()
             try:
