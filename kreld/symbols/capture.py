@@ -440,6 +440,13 @@ class SymbolCapture:
             packed = None
             if lines and not s.restricted:
                 packed = module_table(lines, s.sections, _section_sizes(inc))
+            if packed is not None and _init_gone(inc, lines):
+                # Read after its init ended (the init symbols are gone from
+                # kallsyms with the init text): a matching .ko still names the
+                # samples taken in its init.
+                ko = self.files.table(s.name, s.build_id)
+                if ko is not None:
+                    packed, source = ko, "ko"
             if packed is not None and stored is not None:
                 self.store.symbols.put_table(key, packed, replace=True)
                 self.captured += 1
@@ -480,6 +487,16 @@ class SymbolCapture:
         if values != [v for v, _ in stored]:
             self.store.symbols.put_absolutes(inc.boot_id, inc.seq, values)
             self.log.info("module_absolute_values", module=s.name, seq=inc.seq, count=len(values))
+
+
+def _init_gone(inc: Incarnation, lines: list[Line] | None) -> bool:
+    """Whether kallsyms' *lines* of a module whose init text was seen live show
+    nothing in it (read once init had ended and the init text was freed)."""
+    base = inc.state.sections.get(".init.text")
+    if base is None or not inc.init_live or not lines:
+        return False
+    end = base + (inc.state.initsize or 1)
+    return not any(base <= v < end for v, _t, _n in lines)
 
 
 def _section_sizes(inc: Incarnation) -> dict[str, int]:

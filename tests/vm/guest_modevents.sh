@@ -10,7 +10,8 @@
 #  2. kptr_restrict back to 0 and a second kreld (its own store): a per-task
 #     perf record -k monotonic of insmod of the test's own module, whose init
 #     spins 2 s in its own .init.text; perf script of it with this boot's
-#     /proc/kallsyms (init text freed by then) and no other symbols.
+#     /proc/kallsyms (init text freed by then) and no other symbols; the
+#     module's .ko lies in kreld's debuginfo_dirs, as a debug file would.
 #
 # Environment: OUT (facts), RW, MODDIR (slowinit.ko), BIGVMLINUX, BUILD_ID_AT,
 # KRELD_VENV, KRELD_REPO.  Marks are CLOCK_MONOTONIC ns in $OUT/times.
@@ -89,9 +90,12 @@ stop_kreld start
 sysctl -qw kernel.kptr_restrict=0 || fail "kptr_restrict=0"
 
 # 2. insmod of a module whose init spins 2 s, recorded per task.
+# The module's .ko where a debug file would be: its table names init code
+# that kallsyms no longer shows once init has ended.
 LOG=$OUT/kreld.log
-"$V/kreld" --root / --state-dir "$RW/state" --socket /run/kreld.sock --log-format json \
-    >"$LOG" 2>&1 &
+printf '[kernel]\ndebuginfo_dirs = ["%s"]\n' "$MODDIR" >"$RW/main.toml"
+"$V/kreld" --config "$RW/main.toml" --root / --state-dir "$RW/state" --socket /run/kreld.sock \
+    --log-format json >"$LOG" 2>&1 &
 KPID=$!
 wait_log 1 ready
 mark insmod_start
