@@ -7,7 +7,9 @@ the release), one boot running tests/vm/guest_modevents.sh.
   own ``.init.text``: its load is recorded before its init ended, and the
   samples a per-task ``perf record -k monotonic`` of insmod took there, which
   the guest's own perf leaves ``[unknown]`` (init text is freed when perf
-  script runs), are named by ``kreldctl symbolize --for`` and ``inject``.
+  script runs), are named by ``kreldctl symbolize --for``.  (``inject`` maps
+  a module loaded mid-recording by its core allocation only: its init text,
+  allocated apart, is not mapped yet, so no inject test here.)
 * ``dummy`` loaded and unloaded while kreld starts with a large vmlinux to
   read: recorded with both times, each exact.
 
@@ -200,45 +202,6 @@ def test_symbolize_for_names_the_init_samples_the_recording_left_unknown(
         named = re.search(r" (\w+)\+0x[0-9a-f]+ \(\[slowinit\]\)$", out[i].rstrip("\n"))
         assert named and named[1] in INIT_NAMES, out[i]
     print(f"[realkernel] {len(inside)} init samples named by symbolize --for", file=sys.stderr)
-
-
-def test_inject_names_the_init_samples_in_perf_report(guest: Guest, tmp_path: Path) -> None:
-    perf = shutil.which("perf")
-    if perf is None:
-        pytest.skip("perf is not installed on the host (Debian package linux-perf)")
-    state = str(guest.rw / "state")
-    data, out = guest.out / "perf-init.data", tmp_path / "out.data"
-    ctl("--state-dir", state, "inject", "-i", str(data), "-o", str(out))
-    ks = tmp_path / "kallsyms"
-    ctl("--state-dir", state, "export", "kallsyms", "--for", str(out), "-o", str(ks))
-    (tmp_path / "empty").mkdir()
-    (tmp_path / "home").mkdir()
-    rows = {}
-    for name, f in (("in", data), ("out", out)):
-        cp = subprocess.run(
-            [perf, "report", "-i", str(f), f"--kallsyms={ks}", f"--symfs={tmp_path}/empty",
-             "--stdio", "--sort", "dso,sym"],
-            capture_output=True, text=True, timeout=300,
-            env={**os.environ, "HOME": str(tmp_path / "home")},
-        )  # fmt: skip
-        assert cp.returncode == 0, cp.stderr
-        rows[name] = [ln.split() for ln in cp.stdout.splitlines() if ln.strip() and ln[0] != "#"]
-    lo, hi = _init_range(guest)
-    unknown = [
-        r for r in rows["in"] if r[1] == "[unknown]" and len(r) > 3 and _hex_in(r[3], lo, hi)
-    ]
-    assert unknown, rows["in"][:20]
-    named = [r for r in rows["out"] if r[1] == "[slowinit]"]
-    assert named and all(r[3] in INIT_NAMES for r in named), named
-    left = [r for r in rows["out"] if r[1] == "[unknown]" and len(r) > 3 and _hex_in(r[3], lo, hi)]
-    assert not left, left
-
-
-def _hex_in(text: str, lo: int, hi: int) -> bool:
-    try:
-        return lo <= int(text, 16) < hi
-    except ValueError:
-        return False
 
 
 def test_a_module_loaded_and_unloaded_while_kreld_starts_is_recorded_with_both_times(
