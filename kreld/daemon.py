@@ -33,18 +33,17 @@ from typing import TYPE_CHECKING, Any
 from systemd import daemon as sd
 
 from kreld import __version__
-from kreld.config.options import HelpFormatter, add_common, leave, resolve_config
+from kreld.config.options import EPILOG, build_parser, leave, resolve_config
 from kreld.config.settings import RESTART_KEYS, Config
 from kreld.core import heap
 from kreld.core import log as klog
 from kreld.core.errors import ExitCode, KernelReadError, KreldError
-from kreld.core.model import AddressSource, BootSnapshot, HintAction, ModuleState, Timestamp
+from kreld.core.model import AddressSource, BootSnapshot, HintAction, Timestamp
 from kreld.core.record import fields, replace
 from kreld.ctl.render import status_line
 from kreld.kernel.addresses import ModuleAddresses
 from kreld.kernel.info import Root, read_boot_id
 from kreld.kernel.kallsyms import KallsymsText
-from kreld.kernel.modules import read_proc_modules
 from kreld.kernel.snapshot import log_boot, take_snapshot
 from kreld.server.access import policy_of
 from kreld.server.listener import Server, bind_socket, limits_of, raise_fd_limit
@@ -52,6 +51,7 @@ from kreld.server.service import Service
 from kreld.store.lock import WriterLock, damaged_stores, open_writable
 from kreld.symbols.capture import SymbolCapture
 from kreld.tracker.kcode import KernelCodeFollower
+from kreld.tracker.modevents import start_tracepoints
 from kreld.tracker.sources import (
     EventSource,
     UeventSource,
@@ -59,7 +59,6 @@ from kreld.tracker.sources import (
     event_sources,
     health,
     module_followers,
-    open_tracepoints,
     poll_interval,
 )
 from kreld.tracker.tracker import ModuleTracker
@@ -68,43 +67,6 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
     from kreld.fleet.publish import Publisher
-
-EPILOG = """\
-signals:
-  SIGTERM, SIGINT  stop cleanly (exit 0), removing the socket kreld bound
-  SIGHUP           reload the configuration; an invalid one is logged and
-                   the running configuration kept
-
-exit status:
-  0  stopped cleanly on SIGTERM or SIGINT
-  1  an error kept it from running (logged), e.g. the socket is in use
-  2  the command line is wrong
-  5  the store is unusable: corrupt, truncated, foreign or from a newer kreld
-  6  the configuration is invalid (the message names the file and key)
-  7  another kreld writes to this store (it holds the store's lock)
-"""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kreld",
-        description="Record the kernel's and its modules' relocations for profilers.",
-        epilog=EPILOG,
-        formatter_class=HelpFormatter,
-    )
-    add_common(p)
-    p.add_argument(
-        "--log-level", choices=tuple(klog.LEVELS), default=None, help="log level (default info)"
-    )
-    p.add_argument(
-        "--log-format",
-        choices=klog.FORMATS,
-        default=None,
-        help="console, json (JSON lines), journal, or auto (journal under systemd, "
-        "console on a TTY, JSON lines otherwise)",
-    )
-    p.add_argument("--version", action="version", version=f"kreld {__version__}")
-    return p
 
 
 def check_config(cfg: Config) -> None:
@@ -169,19 +131,19 @@ class Daemon:
         self.addresses = ModuleAddresses(self.root, log)  # sysfs, or kernel memory
         # Module events first of all, before anything slow (the store's checks,
         # a vmlinux read): a load meanwhile is read at once and held for the tracker.
-        self.tracepoints = open_tracepoints(self.root, log, enabled=cfg.tracepoints)
-        self.tracepoints.read = self._read_module
-        self.tracepoints.start(self.stop_threads)
+        self.tracepoints = start_tracepoints(
+            self.root, self.addresses, self.stop_threads, log, enabled=cfg.tracepoints
+        )
         try:
             self.lock = WriterLock(cfg.state_dir)
+            try:
+                self.store = open_writable(Path(cfg.state_dir), log)
+            except BaseException:
+                self.lock.release()
+                raise
         except BaseException:
-            self._stop_tracepoints()
-            raise
-        try:
-            self.store = open_writable(Path(cfg.state_dir), log)
-        except BaseException:
-            self.lock.release()
-            self._stop_tracepoints()
+            self.stop_threads.set()
+            self.tracepoints.stop()
             raise
         # The rings open before kallsyms is read.
         self.kcode = KernelCodeFollower(self.root, log, enabled=cfg.follow_code)
@@ -191,14 +153,6 @@ class Daemon:
         self.server: Server | None = None
         self.bound: tuple[str, int] | None = None
         self._snapshot_lock = threading.Lock()
-
-    def _read_module(self, name: str) -> ModuleState | None:
-        """A module's state now (the tracepoints' read at a load)."""
-        return self.addresses.read([name], read_proc_modules(self.root)).get(name)
-
-    def _stop_tracepoints(self) -> None:
-        self.stop_threads.set()
-        self.tracepoints.stop()
 
     # -- startup ----------------------------------------------------------------
 
@@ -437,36 +391,7 @@ class Daemon:
 
     def reload(self) -> None:
         """SIGHUP: take the new configuration, or keep the old one and say why."""
-        self.log.info("signal", signal="SIGHUP")
-        try:
-            new = resolve_config(self.args)
-            check_config(new)
-        except KreldError as e:
-            self.log.error("config_reload_failed", error=str(e), kept="running configuration")
-            return
-        sd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
-        changed = [
-            f.name for f in fields(Config) if getattr(new, f.name) != getattr(self.cfg, f.name)
-        ]
-        for key in changed:
-            if key in RESTART_KEYS:
-                self.log.warning("config_change_needs_restart", key=key)
-        applied = replace(new, **{k: getattr(self.cfg, k) for k in RESTART_KEYS})
-        self.cfg = applied
-        klog.configure(
-            self.args.log_level or applied.log_level, self.args.log_format or applied.log_format
-        )
-        self.log = klog.get()
-        if self.server is not None:
-            self.server.policy = policy_of(applied, self.log)
-            self.server.limits = limits_of(applied, self.log)
-        if self.tracking is not None:
-            self.tracking.tracker.recheck_interval = applied.poll_interval
-            self.tracking.adjust_poll(applied)
-            if self.tracking.publisher is not None or applied.publish_url:
-                self.configure_publishing(applied)
-        self.log.info("config_reloaded", changed=changed, files=list(applied.sources))
-        sd.notify("READY=1")
+        _reload(self)
 
     def shutdown(self) -> None:
         self.stop_threads.set()
@@ -487,6 +412,38 @@ class Daemon:
         self.addresses.close()
         self.store.close()
         self.lock.release()
+
+
+def _reload(self: Daemon) -> None:
+    """SIGHUP: take the new configuration, or keep the old one and say why."""
+    self.log.info("signal", signal="SIGHUP")
+    try:
+        new = resolve_config(self.args)
+        check_config(new)
+    except KreldError as e:
+        self.log.error("config_reload_failed", error=str(e), kept="running configuration")
+        return
+    sd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+    changed = [f.name for f in fields(Config) if getattr(new, f.name) != getattr(self.cfg, f.name)]
+    for key in changed:
+        if key in RESTART_KEYS:
+            self.log.warning("config_change_needs_restart", key=key)
+    applied = replace(new, **{k: getattr(self.cfg, k) for k in RESTART_KEYS})
+    self.cfg = applied
+    klog.configure(
+        self.args.log_level or applied.log_level, self.args.log_format or applied.log_format
+    )
+    self.log = klog.get()
+    if self.server is not None:
+        self.server.policy = policy_of(applied, self.log)
+        self.server.limits = limits_of(applied, self.log)
+    if self.tracking is not None:
+        self.tracking.tracker.recheck_interval = applied.poll_interval
+        self.tracking.adjust_poll(applied)
+        if self.tracking.publisher is not None or applied.publish_url:
+            self.configure_publishing(applied)
+    self.log.info("config_reloaded", changed=changed, files=list(applied.sources))
+    sd.notify("READY=1")
 
 
 def _watchdog_usec() -> int:

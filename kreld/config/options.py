@@ -12,7 +12,7 @@ from kreld.core import consts
 from kreld.core.errors import ConfigError
 from kreld.core.record import replace
 
-__all__ = ["HelpFormatter", "add_common", "leave", "resolve_config"]
+__all__ = ["EPILOG", "HelpFormatter", "add_common", "build_parser", "leave", "resolve_config"]
 
 
 def _columns() -> int:
@@ -106,3 +106,45 @@ def leave(rc: int) -> int:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(rc)
+
+
+# kreld(8)'s options and exit codes (the daemon's parser: here, beside the common options).
+EPILOG = """\
+signals:
+  SIGTERM, SIGINT  stop cleanly (exit 0), removing the socket kreld bound
+  SIGHUP           reload the configuration; an invalid one is logged and
+                   the running configuration kept
+
+exit status:
+  0  stopped cleanly on SIGTERM or SIGINT
+  1  an error kept it from running (logged), e.g. the socket is in use
+  2  the command line is wrong
+  5  the store is unusable: corrupt, truncated, foreign or from a newer kreld
+  6  the configuration is invalid (the message names the file and key)
+  7  another kreld writes to this store (it holds the store's lock)
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kreld import __version__
+    from kreld.core import log as klog  # the daemon's: kreldctl's start loads no logging
+
+    p = argparse.ArgumentParser(
+        prog="kreld",
+        description="Record the kernel's and its modules' relocations for profilers.",
+        epilog=EPILOG,
+        formatter_class=HelpFormatter,
+    )
+    add_common(p)
+    p.add_argument(
+        "--log-level", choices=tuple(klog.LEVELS), default=None, help="log level (default info)"
+    )
+    p.add_argument(
+        "--log-format",
+        choices=klog.FORMATS,
+        default=None,
+        help="console, json (JSON lines), journal, or auto (journal under systemd, "
+        "console on a TTY, JSON lines otherwise)",
+    )
+    p.add_argument("--version", action="version", version=f"kreld {__version__}")
+    return p

@@ -50,6 +50,7 @@ from kreld.kernel.kaslr import matching_vmlinux
 from kreld.kernel.modules import list_modules
 from kreld.kernel.seethrough import kallsyms_from_map
 from kreld.store import Store
+from kreld.symbols.sections import init_gone, section_sizes
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -439,14 +440,9 @@ class SymbolCapture:
                 continue
             packed = None
             if lines and not s.restricted:
-                packed = module_table(lines, s.sections, _section_sizes(inc))
-            if packed is not None and _init_gone(inc, lines):
-                # Read after its init ended (the init symbols are gone from
-                # kallsyms with the init text): a matching .ko still names the
-                # samples taken in its init.
-                ko = self.files.table(s.name, s.build_id)
-                if ko is not None:
-                    packed, source = ko, "ko"
+                packed = module_table(lines, s.sections, section_sizes(inc))
+            if packed is not None and init_gone(inc, lines):  # read late: a .ko names init
+                packed, source = _ko_or(self.files, inc, packed, source)
             if packed is not None and stored is not None:
                 self.store.symbols.put_table(key, packed, replace=True)
                 self.captured += 1
@@ -476,7 +472,7 @@ class SymbolCapture:
         if not lines or s.restricted:
             return
         printed = [(v, name.decode("utf-8", "replace")) for v, t, name in lines if t in b"aA"]
-        if not printed or module_table(lines, s.sections, _section_sizes(inc)) is None:
+        if not printed or module_table(lines, s.sections, section_sizes(inc)) is None:
             return  # nothing absolute, or the lines are another load's
         stored = self.store.with_tables([key], lambda tables: absolute_entries(tables.get(key)))
         if [n for _, n in printed] != [n for _, n in stored]:
@@ -489,23 +485,9 @@ class SymbolCapture:
             self.log.info("module_absolute_values", module=s.name, seq=inc.seq, count=len(values))
 
 
-def _init_gone(inc: Incarnation, lines: list[Line] | None) -> bool:
-    """Whether kallsyms' *lines* of a module whose init text was seen live show
-    nothing in it (read once init had ended and the init text was freed)."""
-    base = inc.state.sections.get(".init.text")
-    if base is None or not inc.init_live or not lines:
-        return False
-    end = base + (inc.state.initsize or 1)
-    return not any(base <= v < end for v, _t, _n in lines)
-
-
-def _section_sizes(inc: Incarnation) -> dict[str, int]:
-    """How far each section of *inc* may reach: its allocation's size."""
-    s = inc.state
-    sizes = {
-        sec: (s.initsize if sec.startswith(".init") else s.coresize) or 0 for sec in s.sections
-    }
-    return {k: v for k, v in sizes.items() if v}
+def _ko_or(files: ModuleFiles, inc: Incarnation, packed: bytes, source: str) -> tuple[bytes, str]:
+    ko = files.table(inc.state.name, inc.state.build_id)
+    return (packed, source) if ko is None else (ko, "ko")
 
 
 def absolute_entries(table: SymbolTable | None) -> list[tuple[int, str]]:

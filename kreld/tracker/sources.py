@@ -6,13 +6,11 @@ reconciles against ``sys/module``.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from watchdog.events import (
@@ -23,11 +21,9 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 
-from kreld.core.errors import KernelReadError
-from kreld.core.model import HintAction, ModuleState, SeenBy, Timestamp
+from kreld.core.model import HintAction, SeenBy
 from kreld.core.record import record
-from kreld.kernel.modtrace import ModuleTrace, ModuleTraceRings, TraceEvent
-from kreld.tracker.reconcile import Hint
+from kreld.tracker.modevents import FAKE_ROOT, TracepointSource
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -42,8 +38,6 @@ __all__ = [
     "EventSource",
     "Health",
     "Notify",
-    "NotifyAll",
-    "TracepointSource",
     "Uevent",
     "UeventSource",
     "WatchSource",
@@ -51,7 +45,6 @@ __all__ = [
     "health",
     "is_sysfs",
     "module_event",
-    "open_tracepoints",
     "parse_uevent",
     "poll_interval",
 ]
@@ -61,12 +54,6 @@ SYSFS_MAGIC = 0x62656572  # include/uapi/linux/magic.h
 
 class Notify(Protocol):
     def __call__(self, source: SeenBy, action: HintAction, name: str | None = None) -> None: ...
-
-
-class NotifyAll(Protocol):
-    """Hints that belong together (one drain of the tracepoint rings), queued as one."""
-
-    def __call__(self, hints: list[Hint]) -> None: ...
 
 
 class Health(Protocol):
@@ -386,7 +373,7 @@ def module_followers(
     elif not cfg.uevents:
         out.append({"name": "uevent", "following": False, "reason": _UEVENTS_OFF})
     elif os.path.realpath(cfg.root) != "/":
-        out.append({"name": "uevent", "following": False, "reason": _FAKE_ROOT})
+        out.append({"name": "uevent", "following": False, "reason": FAKE_ROOT})
     else:
         out.append({"name": "uevent", "following": False, "reason": "no netlink socket"})
     out.append(
@@ -401,7 +388,6 @@ def module_followers(
 
 
 _UEVENTS_OFF = "turned off in the configuration ([modules] uevents = false)"
-_FAKE_ROOT = "kreld does not run on the real root"
 
 
 def event_sources(
@@ -426,181 +412,3 @@ def event_sources(
     interval = poll_interval(cfg, sources)
     watch = WatchSource(notify, str(root / "sys/module"), cfg.watch, interval, log)
     return watch, [watch, *sources]
-
-
-# Seconds between looks for CPUs come online (their rings opened then) while no
-# record comes: a CPU's records between its coming online and this look are
-# lost, and the full look that follows finds what they told.
-_CPU_CHECK = 60.0
-
-
-class TracepointSource:
-    """Module loads and frees from the module tracepoints (kreld/kernel/modtrace.py).
-
-    Opened first of all by the daemon (:func:`open_tracepoints`), and started
-    at once: a load during kreld's own start (a vmlinux read, the store's
-    checks) has its sections read at once by *read* and its hint held until
-    the tracker is bound (:meth:`bind`).  A ring that overflowed asks for a
-    full look (``rescan``); each hint carries the record's exact time.
-    """
-
-    name = "tracepoint"
-
-    def __init__(
-        self,
-        rings: ModuleTraceRings | None,
-        reason: str | None,
-        log: FilteringBoundLogger,
-    ) -> None:
-        self.rings = rings
-        self.reason = reason  # why the tracepoints are not followed
-        self.log = log
-        self.healthy = True  # False once it failed while following
-        self.last_error: str | None = None
-        self.records = 0
-        self.lost = 0
-        self.read: Callable[[str], ModuleState | None] | None = None
-        self._notify: NotifyAll | None = None
-        self._held: list[Hint] = []
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._wake: tuple[int, int] | None = None
-
-    @property
-    def events(self) -> int:
-        return self.records
-
-    def following(self) -> bool:
-        return self.rings is not None
-
-    def bind(self, notify: NotifyAll) -> None:
-        """Hand every hint from now on, and those held since the start, to *notify*."""
-        with self._lock:
-            self._notify = notify
-            held, self._held = self._held, []
-        if held:
-            notify(held)
-
-    def start(self, stop: threading.Event) -> None:
-        if self.rings is None or self._thread is not None:
-            return
-        self._wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._thread = threading.Thread(
-            target=self._run, args=(stop,), name="module-tracepoints", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, stop: threading.Event) -> None:
-        import select
-
-        last_cpus = time.monotonic()
-        while not stop.is_set() and self.rings is not None:
-            try:
-                poller = select.poll()
-                for fd in self.rings.fds():
-                    poller.register(fd, select.POLLIN)
-                if self._wake is not None:
-                    poller.register(self._wake[0], select.POLLIN)
-                poller.poll(int(_CPU_CHECK * 1000))
-                if stop.is_set():
-                    break
-                self.step()
-                if time.monotonic() - last_cpus >= _CPU_CHECK:
-                    last_cpus = time.monotonic()
-                    if self.rings.reopen():
-                        self.log.info("module_tracepoint_cpus", cpus=self.rings.cpus())
-                        self._hand([Hint(SeenBy.TRACEPOINT, HintAction.RESCAN, None)])
-            except (KernelReadError, OSError) as e:
-                self.healthy, self.last_error = False, str(e)
-                self.log.error("module_tracepoints_failed", error=str(e))
-                self._hand([Hint(SeenBy.TRACEPOINT, HintAction.RESCAN, None)])
-                return
-
-    def step(self) -> None:
-        """Drain the rings: a hint per load or free, at its time; a rescan on a loss."""
-        if self.rings is None:
-            return
-        drained = self.rings.drain()
-        if not drained.traces and not drained.lost:
-            return
-        stamp = _stamper()
-        hints = [self._hint(t, stamp(t.time)) for t in drained.traces]
-        self.records += len(drained.traces)
-        if drained.lost:
-            self.lost += drained.lost
-            self.log.warning("module_tracepoint_records_lost", lost=drained.lost, action="rescan")
-            hints.append(Hint(SeenBy.TRACEPOINT, HintAction.RESCAN, None))
-        self._hand(hints)
-
-    def _hint(self, t: ModuleTrace, at: Timestamp) -> Hint:
-        if t.event is TraceEvent.FREE:
-            return Hint(SeenBy.TRACEPOINT, HintAction.REMOVE, t.name, at)
-        state = None
-        if self.read is not None:  # at once: the module may be gone by the tracker's look
-            try:
-                state = self.read(t.name)
-            except KernelReadError as e:
-                self.log.warning("module_read_at_load_failed", module=t.name, error=str(e))
-        self.log.debug("module_tracepoint", tracepoint=t.event.value, module=t.name, time=t.time)
-        return Hint(SeenBy.TRACEPOINT, HintAction.ADD, t.name, at, state)
-
-    def _hand(self, hints: list[Hint]) -> None:
-        with self._lock:
-            notify = self._notify
-            if notify is None:
-                self._held += hints
-                return
-        notify(hints)
-
-    def stop(self) -> None:
-        if self._wake is not None:
-            with contextlib.suppress(BlockingIOError):
-                os.write(self._wake[1], b"!")
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self._thread is None or not self._thread.is_alive():
-            if self._wake is not None:
-                for fd in self._wake:
-                    os.close(fd)
-                self._wake = None
-            if self.rings is not None:
-                self.rings.close()
-                self.rings = None
-
-    def status(self) -> dict[str, Any]:
-        """What Status says of following modules by their tracepoints."""
-        return {
-            "state": "open" if self.rings is not None else "unavailable",
-            "reason": self.reason,
-            "cpus": 0 if self.rings is None else self.rings.cpus(),
-            "records": self.records,
-            "lost": self.lost,
-        }
-
-
-def _stamper() -> Callable[[int], Timestamp]:
-    """CLOCK_MONOTONIC ns to the three clocks, at their offsets now."""
-    now = Timestamp.now()
-    boot, real = now.boottime - now.monotonic, now.realtime - now.monotonic
-    return lambda t: Timestamp(t, t + boot, t + real)
-
-
-def open_tracepoints(
-    root: Root, log: FilteringBoundLogger, *, enabled: bool = True
-) -> TracepointSource:
-    """The module tracepoints' rings, opened now (before anything slow), or
-    the reason they cannot be: off in the configuration, a fake root (its
-    kernel is not this one), no tracefs, no privilege, no perf_event_open."""
-    if not enabled:
-        return TracepointSource(
-            None, "turned off in the configuration ([modules] tracepoints = false)", log
-        )
-    if os.path.realpath(root.path) != "/":
-        return TracepointSource(None, _FAKE_ROOT, log)
-    try:
-        rings = ModuleTraceRings(root)
-    except KernelReadError as e:
-        log.warning("module_tracepoints_unavailable", reason=str(e))
-        return TracepointSource(None, str(e), log)
-    log.info("module_tracepoints", cpus=rings.cpus())
-    return TracepointSource(rings, None, log)
