@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 
 __all__ = [
-    "SIGNALS",
     "Daemon",
     "build_parser",
     "check_config",
@@ -33,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 from systemd import daemon as sd
 
 from kreld import __version__
-from kreld.config.options import HelpFormatter, add_common, leave, resolve_config
+from kreld.config.options import build_parser, leave, resolve_config
 from kreld.config.settings import RESTART_KEYS, Config
 from kreld.core import heap
 from kreld.core import log as klog
-from kreld.core.errors import ExitCode, KernelReadError, KreldError, exit_status_help
-from kreld.core.model import AddressSource, BootSnapshot, Timestamp
+from kreld.core.errors import ExitCode, KernelReadError, KreldError
+from kreld.core.model import AddressSource, BootSnapshot, HintAction, Timestamp
 from kreld.core.record import fields, replace
 from kreld.ctl.render import status_line
 from kreld.kernel.addresses import ModuleAddresses
@@ -51,48 +50,22 @@ from kreld.server.service import Service
 from kreld.store.lock import WriterLock, damaged_stores, open_writable
 from kreld.symbols.capture import SymbolCapture
 from kreld.tracker.kernel_code import KernelCodeFollower
+from kreld.tracker.modevents import start_tracepoints
 from kreld.tracker.modules import ModuleTracker
-from kreld.tracker.sources import EventSource, UeventSource, event_sources, health
+from kreld.tracker.sources import (
+    EventSource,
+    UeventSource,
+    WatchSource,
+    event_sources,
+    health,
+    module_followers,
+    poll_interval,
+)
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
     from kreld.fleet.publish import Publisher
-
-SIGNALS = """\
-signals:
-  SIGTERM, SIGINT  stop cleanly (exit 0), removing the socket kreld bound
-  SIGHUP           reload the configuration; an invalid one is logged and
-                   the running configuration kept
-"""
-
-
-def epilog() -> str:
-    """The help's closing part: signals, then exit codes from the one table in
-    :mod:`kreld.core.errors`."""
-    return SIGNALS + "\n" + exit_status_help("kreld")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kreld",
-        description="Record the kernel's and its modules' relocations for profilers.",
-        epilog=epilog(),
-        formatter_class=HelpFormatter,
-    )
-    add_common(p)
-    p.add_argument(
-        "--log-level", choices=tuple(klog.LEVELS), default=None, help="log level (default info)"
-    )
-    p.add_argument(
-        "--log-format",
-        choices=klog.FORMATS,
-        default=None,
-        help="console, json (JSON lines), journal, or auto (journal under systemd, "
-        "console on a TTY, JSON lines otherwise)",
-    )
-    p.add_argument("--version", action="version", version=f"kreld {__version__}")
-    return p
 
 
 def check_config(cfg: Config) -> None:
@@ -110,7 +83,7 @@ class Tracking:
     publisher.  Made whole by :meth:`Daemon.start_tracking`, so that nothing in it
     is ever half there."""
 
-    __slots__ = ("publisher", "sources", "symbols", "thread", "tracker")
+    __slots__ = ("publisher", "sources", "symbols", "thread", "tracker", "watch")
 
     def __init__(
         self,
@@ -118,12 +91,20 @@ class Tracking:
         sources: list[EventSource],
         symbols: SymbolCapture,
         thread: threading.Thread,
+        watch: WatchSource,
     ) -> None:
         self.tracker = tracker
         self.sources = sources
         self.symbols = symbols
         self.thread = thread
+        self.watch = watch
         self.publisher: Publisher | None = None
+
+    def adjust_poll(self, cfg: Config) -> None:
+        """Poll sys/module slowly while kernel events flow, fast once none does
+        (a full look then, for what a failed source may have missed)."""
+        if self.watch.set_interval(poll_interval(cfg, self.sources)):
+            self.tracker.notify(self.watch.seen_by, HintAction.RESCAN)
 
     def healthy(self) -> bool:
         return self.thread.is_alive()
@@ -146,17 +127,27 @@ class Daemon:
         self.started = time.monotonic_ns()
         self.stop_threads = threading.Event()
         self.root = Root(Path(cfg.root))
-        self.lock = _writer_lock(cfg, log)
+        self.addresses = ModuleAddresses(self.root, log)  # sysfs, or kernel memory
+        # Module events first of all, before anything slow (the store's checks,
+        # a vmlinux read): a load meanwhile is read at once and held for the tracker.
+        self.tracepoints = start_tracepoints(
+            self.root, self.addresses, self.stop_threads, log, enabled=cfg.tracepoints
+        )
         try:
-            self.store = open_writable(Path(cfg.state_dir), log)
+            self.lock = _writer_lock(cfg, log)
+            try:
+                self.store = open_writable(Path(cfg.state_dir), log)
+            except BaseException:
+                self.lock.release()
+                raise
         except BaseException:
-            self.lock.release()
+            self.stop_threads.set()
+            self.tracepoints.stop()
             raise
         # The rings open before kallsyms is read.
         self.kernel_code = KernelCodeFollower(self.root, log, enabled=cfg.follow_code)
         self.boot: BootSnapshot | None = None
         self.reading: tuple[bool, str | None, AddressSource | None] = (False, None, None)
-        self.addresses = ModuleAddresses(self.root, log)  # sysfs, or kernel memory
         self.tracking: Tracking | None = None
         self.server: Server | None = None
         self.bound: tuple[str, int] | None = None
@@ -199,7 +190,10 @@ class Daemon:
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
         tracker.addresses = self.addresses  # the same kernel memory for the snapshot and symbols
-        watch, sources = event_sources(self.cfg, self.root, tracker.notify, self.log)
+        self.tracepoints.bind(tracker.notify_all)  # what came since the start, in the queue
+        watch, sources = event_sources(
+            self.cfg, self.root, tracker.notify, self.log, self.tracepoints
+        )
         sources.insert(0, self.kernel_code)  # opened first of all, started with the others
         # Sources first, then the scan: see ModuleTracker.startup().
         for src in sources:
@@ -216,12 +210,14 @@ class Daemon:
             target=tracker.run, args=(self.stop_threads,), name="tracker", daemon=True
         )
         thread.start()
-        self.tracking = Tracking(tracker, sources, symbols, thread)
+        self.tracking = Tracking(tracker, sources, symbols, thread, watch)
         self.log.info(
             "watching",
             path=watch.path,
             method=watch.method,
+            interval_s=watch.interval,
             uevents=any(isinstance(src, UeventSource) for src in sources),
+            tracepoints=self.tracepoints.following(),
         )
         if self.cfg.publish_url:
             self.configure_publishing(self.cfg)
@@ -289,6 +285,7 @@ class Daemon:
                     "last_error": None,
                 },
             ],
+            "module_followers": module_followers(self.cfg, tracking.sources, tracking.watch),
             "publish": None if tracking.publisher is None else tracking.publisher.health(),
             "kernel_code": self.kernel_code.status(),
         } | ({} if self.server is None else self.server.counts())  # connections, once served
@@ -383,6 +380,10 @@ class Daemon:
         last = ""
         while True:
             await asyncio.sleep(10)
+            if self.tracking is not None:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, self.tracking.adjust_poll, self.cfg
+                )
             line = status_line(self.status())
             if line != last:
                 sd.notify(f"STATUS={line}")
@@ -390,38 +391,11 @@ class Daemon:
 
     def reload(self) -> None:
         """SIGHUP: take the new configuration, or keep the old one and say why."""
-        self.log.info("signal", signal="SIGHUP")
-        try:
-            new = resolve_config(self.args)
-            check_config(new)
-        except KreldError as e:
-            self.log.error("config_reload_failed", error=str(e), kept="running configuration")
-            return
-        sd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
-        changed = [
-            f.name for f in fields(Config) if getattr(new, f.name) != getattr(self.cfg, f.name)
-        ]
-        for key in changed:
-            if key in RESTART_KEYS:
-                self.log.warning("config_change_needs_restart", key=key)
-        applied = replace(new, **{k: getattr(self.cfg, k) for k in RESTART_KEYS})
-        self.cfg = applied
-        klog.configure(
-            self.args.log_level or applied.log_level, self.args.log_format or applied.log_format
-        )
-        self.log = klog.get()
-        if self.server is not None:
-            self.server.policy = policy_of(applied, self.log)
-            self.server.limits = limits_of(applied, self.log)
-        if self.tracking is not None:
-            self.tracking.tracker.recheck_interval = applied.poll_interval
-            if self.tracking.publisher is not None or applied.publish_url:
-                self.configure_publishing(applied)
-        self.log.info("config_reloaded", changed=changed, files=list(applied.sources))
-        sd.notify("READY=1")
+        _reload(self)
 
     def shutdown(self) -> None:
         self.stop_threads.set()
+        self.tracepoints.stop()  # also a source of tracking's: stopping twice is nothing
         if self.tracking is not None:
             self.tracking.stop()
             try:
@@ -445,6 +419,38 @@ def _writer_lock(cfg: Config, log: FilteringBoundLogger) -> WriterLock:
     if lock.unwritten is not None:  # held all the same: only the pid is missing
         log.warning("writer_lock_pid_unwritten", error=str(lock.unwritten))
     return lock
+
+
+def _reload(self: Daemon) -> None:
+    """SIGHUP: take the new configuration, or keep the old one and say why."""
+    self.log.info("signal", signal="SIGHUP")
+    try:
+        new = resolve_config(self.args)
+        check_config(new)
+    except KreldError as e:
+        self.log.error("config_reload_failed", error=str(e), kept="running configuration")
+        return
+    sd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+    changed = [f.name for f in fields(Config) if getattr(new, f.name) != getattr(self.cfg, f.name)]
+    for key in changed:
+        if key in RESTART_KEYS:
+            self.log.warning("config_change_needs_restart", key=key)
+    applied = replace(new, **{k: getattr(self.cfg, k) for k in RESTART_KEYS})
+    self.cfg = applied
+    klog.configure(
+        self.args.log_level or applied.log_level, self.args.log_format or applied.log_format
+    )
+    self.log = klog.get()
+    if self.server is not None:
+        self.server.policy = policy_of(applied, self.log)
+        self.server.limits = limits_of(applied, self.log)
+    if self.tracking is not None:
+        self.tracking.tracker.recheck_interval = applied.poll_interval
+        self.tracking.adjust_poll(applied)
+        if self.tracking.publisher is not None or applied.publish_url:
+            self.configure_publishing(applied)
+    self.log.info("config_reloaded", changed=changed, files=list(applied.sources))
+    sd.notify("READY=1")
 
 
 def _watchdog_usec() -> int:

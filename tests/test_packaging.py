@@ -489,8 +489,8 @@ HARDENING = {
     "LockPersonality": "yes",
     "MemoryDenyWriteExecute": "yes",
     "SystemCallArchitectures": "native",
-    "CapabilityBoundingSet": "CAP_SYSLOG",
-    "AmbientCapabilities": "CAP_SYSLOG",
+    "CapabilityBoundingSet": "CAP_SYSLOG CAP_PERFMON",
+    "AmbientCapabilities": "CAP_SYSLOG CAP_PERFMON",
     "ProtectKernelTunables": "no",
     "ProtectKernelLogs": "no",
     "ProtectKernelModules": "no",
@@ -502,6 +502,9 @@ def test_service_unit_carries_the_hardening_and_agrees_with_kreld() -> None:
     for key, value in HARDENING.items():
         assert svc.get(key) == [value], key
     assert svc["SystemCallFilter"][0] == "@system-service"
+    # The module tracepoints: perf_event_open (in @debug) allowed, tracefs mounted first.
+    assert svc["SystemCallFilter"][1] == "perf_event_open"
+    assert "sys-kernel-tracing.mount" in " ".join(svc["After"]).split()
     assert "PrivateNetwork" not in svc, "a private network namespace gets no uevents"
     assert svc["WatchdogSec"] and svc["ExecStart"] == ["/usr/bin/kreld"]
     assert svc["ExecReload"] == ["/bin/kill -HUP $MAINPID"]

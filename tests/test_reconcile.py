@@ -222,3 +222,55 @@ def test_a_look_with_no_look_before_it_bounds_no_load_from_below() -> None:
     changes = plan({}, {"a": 7}, states, [], recent={}, now=NOW, previous=NOW)
     (opened,) = changes.opened
     assert opened.inc.loaded == NOW and opened.inc.loaded_after is None
+
+
+# -- exact times from the module tracepoints ---------------------------------------
+
+TP = SeenBy.TRACEPOINT
+AT = Timestamp(6_000, 7_000, 8_000)  # between PREV and NOW
+FREED = Timestamp(8_000, 9_000, 10_000)
+
+
+def test_a_load_a_tracepoint_timed_is_loaded_at_that_instant_with_its_init_live() -> None:
+    a = state("a", inode=7)  # read after its init ended: initstate live
+    changes = look({}, {"a": 7}, {"a": a}, [Hint(TP, "add", "a", AT)])
+    (opened,) = changes.opened
+    assert opened.inc.seen_by is TP and opened.inc.loaded == AT and opened.inc.loaded_after == AT
+    assert opened.inc.init_live  # before do_init_module(): its .init.* held its init code
+    assert opened.inc.init_done == NOW  # seen live by this look, not at the load
+
+
+def test_a_load_and_free_timed_in_one_batch_keep_both_times_and_the_sections_read_at_once() -> None:
+    early = state("b", inode=9, initstate="coming")  # the source's read at the load
+    hints = [Hint(TP, "add", "b", AT, early), Hint(TP, "remove", "b", FREED)]
+    changes = look({}, {}, {}, hints)
+    (gone,) = changes.transients
+    assert (gone.loaded, gone.unloaded, gone.unloaded_after) == (AT, FREED, FREED)
+    assert gone.state.sections == early.sections and GONE_FAULT not in gone.state.faults
+    assert gone.seen_by is TP and gone.unload_seen_by is TP
+
+
+def test_a_tracepoint_free_closes_an_open_incarnation_at_its_own_time() -> None:
+    a = stored(state("a", 7), 3)
+    changes = look({"a": Tracked(a)}, {}, {}, [Hint(TP, "remove", "a", FREED)])
+    (closed,) = changes.closed
+    assert (closed.inc.unloaded, closed.inc.unloaded_after) == (FREED, FREED)
+
+
+def test_a_load_the_start_up_scan_found_takes_the_tracepoints_earlier_time() -> None:
+    later = Timestamp(8_500, 9_500, 10_500)
+    found = record.replace(new_incarnation(state("a", 7), later, SeenBy.STARTUP), seq=4)
+    tracked = {"a": Tracked(found, frozenset({SeenBy.STARTUP}))}
+    changes = look(tracked, {"a": 7}, {"a": state("a", 7)}, [Hint(TP, "add", "a", AT)])
+    (updated,) = changes.updated
+    assert updated.seq == 4 and updated.loaded == AT and updated.seen_by is TP
+    assert not changes.opened and not changes.transients
+
+
+def test_a_tracepoint_time_before_a_look_that_did_not_see_the_module_refines_nothing() -> None:
+    inc = record.replace(new_incarnation(state("a", 7), NOW, UE, after=PREV), seq=4)
+    early = Timestamp(4_000, 5_000, 6_000)  # before PREV, when "a" was not there
+    changes = look(
+        {"a": Tracked(inc, frozenset({UE}))}, {"a": 7}, {}, [Hint(TP, "add", "a", early)]
+    )
+    assert not changes.updated

@@ -9,10 +9,18 @@ import sys
 
 from kreld.config.settings import Config, load_config, socket_path_fault
 from kreld.core import consts
-from kreld.core.errors import ConfigError
+from kreld.core.errors import ConfigError, exit_status_help
 from kreld.core.record import replace
 
-__all__ = ["HelpFormatter", "add_common", "leave", "resolve_config"]
+__all__ = [
+    "SIGNALS",
+    "HelpFormatter",
+    "add_common",
+    "build_parser",
+    "epilog",
+    "leave",
+    "resolve_config",
+]
 
 
 def _columns() -> int:
@@ -106,3 +114,43 @@ def leave(rc: int) -> int:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(rc)
+
+
+# kreld(8)'s options and exit codes (the daemon's parser: here, beside the common options).
+SIGNALS = """\
+signals:
+  SIGTERM, SIGINT  stop cleanly (exit 0), removing the socket kreld bound
+  SIGHUP           reload the configuration; an invalid one is logged and
+                   the running configuration kept
+"""
+
+
+def epilog() -> str:
+    """kreld's help's closing part: signals, then exit codes from the one table in
+    :mod:`kreld.core.errors`."""
+    return SIGNALS + "\n" + exit_status_help("kreld")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kreld import __version__
+    from kreld.core import log as klog  # the daemon's: kreldctl's start loads no logging
+
+    p = argparse.ArgumentParser(
+        prog="kreld",
+        description="Record the kernel's and its modules' relocations for profilers.",
+        epilog=epilog(),
+        formatter_class=HelpFormatter,
+    )
+    add_common(p)
+    p.add_argument(
+        "--log-level", choices=tuple(klog.LEVELS), default=None, help="log level (default info)"
+    )
+    p.add_argument(
+        "--log-format",
+        choices=klog.FORMATS,
+        default=None,
+        help="console, json (JSON lines), journal, or auto (journal under systemd, "
+        "console on a TTY, JSON lines otherwise)",
+    )
+    p.add_argument("--version", action="version", version=f"kreld {__version__}")
+    return p

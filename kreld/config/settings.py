@@ -52,6 +52,8 @@ class Config:
     debuginfo_dirs: tuple[str, ...] = field(default=(), metadata=_RESTART)
     follow_code: bool = field(default=True, metadata=_RESTART)
     poll_interval: float = consts.DEFAULT_POLL_INTERVAL
+    poll_interval_events: float = consts.DEFAULT_POLL_INTERVAL_EVENTS
+    tracepoints: bool = field(default=True, metadata=_RESTART)
     watch: str = field(default="auto", metadata=_RESTART)
     uevents: bool = field(default=True, metadata=_RESTART)
     socket_group: str = field(default="kreld", metadata=_RESTART)
@@ -258,6 +260,8 @@ SCHEMA: Mapping[str, Mapping[str, tuple[str, Callable[[Any], Any]]]] = {
     },
     "modules": {
         "poll_interval": ("poll_interval", _interval),
+        "poll_interval_events": ("poll_interval_events", _interval),
+        "tracepoints": ("tracepoints", _bool),
         "watch": ("watch", _choice(*_WATCH_METHODS)),
         "uevents": ("uevents", _bool),
     },

@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_MAX_CONNECTIONS_PER_UID",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_POLL_INTERVAL",
+    "DEFAULT_POLL_INTERVAL_EVENTS",
     "DEFAULT_PUBLISH_INTERVAL",
     "DEFAULT_ROOT",
     "DEFAULT_SOCKET",
@@ -98,6 +99,9 @@ STORE_INITIAL_MAP_SIZE: Final = 16 << 20
 STORE_MAX_MAP_SIZE: Final = 1 << 40
 
 DEFAULT_POLL_INTERVAL: Final = 1.0
+# The look at sys/module while kernel events (module tracepoints, uevents) tell
+# of loads: only the safety net then, so rare.
+DEFAULT_POLL_INTERVAL_EVENTS: Final = 60.0
 # A heartbeat bounds the unload window of a module that vanishes while kreld is down.
 HEARTBEAT_INTERVAL: Final = 30.0
 

@@ -306,6 +306,7 @@ class SeenBy(StrEnum):
     UEVENT = "uevent"
     POLL = "poll"
     INOTIFY = "inotify"
+    TRACEPOINT = "tracepoint"  # module:module_load / module_free: the exact time
 
 
 class HintAction(StrEnum):

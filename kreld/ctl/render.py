@@ -203,6 +203,11 @@ def render_status(st: dict[str, Any], out: TextIO) -> None:
                     f"{'source':<{width}}  {src['name']}: {state}, {src['events']} events",
                     file=out,
                 )
+        elif k == "module_followers":
+            for f in v:
+                state = "following" if f["following"] else f"off: {f['reason']}"
+                every = f", every {f['interval_s']:g} s" if f.get("interval_s") else ""
+                print(f"{'modules by':<{width}}  {f['name']}: {state}{every}", file=out)
         elif isinstance(v, list):  # damaged_stores: one line each, none when empty
             for item in v:
                 print(f"{k:<{width}}  {item}", file=out)

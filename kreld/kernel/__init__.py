@@ -14,7 +14,8 @@ decoded there where no System.map is at hand (``memkallsyms``), what of it is be
 memory opened when first needed (``addresses``).  Kernel code beyond the
 image and modules: perf's side-band records (``sideband``) read live from one
 ring per CPU (``perfring``), and what bpf(2) says of each program
-(``bpfinfo``).
+(``bpfinfo``); module loads and frees from the module tracepoints, on the same
+rings (``modtrace``).
 
 They never write, and never know of the store or the server.
 May import: ``core``, ``config``.

@@ -41,17 +41,29 @@ from collections.abc import Iterable
 
 from kreld.core import consts
 from kreld.core.errors import KernelReadError
+from kreld.core.record import record
 from kreld.kernel.info import Root
 from kreld.kernel.sideband import IdLayout, Parsed, parse_records
 
-__all__ = ["ONLINE_CPUS", "PerfRing", "SidebandRings", "online_cpus", "parse_cpu_list"]
+__all__ = [
+    "ONLINE_CPUS",
+    "SIDEBAND",
+    "EventSpec",
+    "PerfRing",
+    "SidebandRings",
+    "online_cpus",
+    "parse_cpu_list",
+    "tracepoint_spec",
+]
 
 ONLINE_CPUS = "sys/devices/system/cpu/online"
 _NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241, "riscv64": 241, "ppc64le": 319}
 _PAGE = mmap.PAGESIZE
 _PERF_TYPE_SOFTWARE = 1
+_PERF_TYPE_TRACEPOINT = 2
 _PERF_COUNT_SW_DUMMY = 9
 _PERF_SAMPLE_TIME = 1 << 2
+_PERF_SAMPLE_RAW = 1 << 10
 _PERF_FORMAT_TOTAL_TIME_ENABLED = 1 << 0
 _PERF_FORMAT_LOST = 1 << 4
 _PERF_FLAG_FD_CLOEXEC = 1 << 3
@@ -87,21 +99,55 @@ def online_cpus(root: Root) -> list[int]:
         raise KernelReadError(ONLINE_CPUS, str(e)) from e
 
 
-def _attr(lost: bool) -> ctypes.Array[ctypes.c_char]:
+@record
+class EventSpec:
+    """What each CPU's event counts and writes: perf_event_attr's type, config,
+    sample period and type, and flag bits (every record on CLOCK_MONOTONIC)."""
+
+    type: int
+    config: int
+    sample_type: int
+    flag_bits: tuple[int, ...]
+    sample_period: int = 0
+
+
+# The side-band records about kernel code, with their time in a sample_id trailer.
+SIDEBAND = EventSpec(
+    _PERF_TYPE_SOFTWARE,
+    _PERF_COUNT_SW_DUMMY,
+    _PERF_SAMPLE_TIME,
+    (_WATERMARK, _SAMPLE_ID_ALL, _USE_CLOCKID, _KSYMBOL, _BPF_EVENT),
+)
+
+
+def tracepoint_spec(tracepoint_id: int) -> EventSpec:
+    """A sample of every hit of the tracepoint *tracepoint_id* (its ``id``
+    file in tracefs), with its time and the tracepoint's raw record; a
+    ``PERF_RECORD_LOST`` carries its time in a sample_id trailer."""
+    return EventSpec(
+        _PERF_TYPE_TRACEPOINT,
+        tracepoint_id,
+        _PERF_SAMPLE_TIME | _PERF_SAMPLE_RAW,
+        (_WATERMARK, _SAMPLE_ID_ALL, _USE_CLOCKID),
+        sample_period=1,
+    )
+
+
+def _attr(spec: EventSpec, lost: bool) -> ctypes.Array[ctypes.c_char]:
     buf = bytearray(_ATTR_SIZE)
     read_format = _PERF_FORMAT_TOTAL_TIME_ENABLED | (_PERF_FORMAT_LOST if lost else 0)
     struct.pack_into(
         "<IIQQQQ",
         buf,
         0,
-        _PERF_TYPE_SOFTWARE,
+        spec.type,
         _ATTR_SIZE,
-        _PERF_COUNT_SW_DUMMY,
-        0,
-        _PERF_SAMPLE_TIME,
+        spec.config,
+        spec.sample_period,
+        spec.sample_type,
         read_format,
     )
-    flags = sum(1 << b for b in (_WATERMARK, _SAMPLE_ID_ALL, _USE_CLOCKID, _KSYMBOL, _BPF_EVENT))
+    flags = sum(1 << b for b in spec.flag_bits)
     struct.pack_into("<QI", buf, 40, flags, 1)  # flags, wakeup_watermark: 1 byte
     struct.pack_into("<i", buf, 92, 1)  # clockid: CLOCK_MONOTONIC
     return ctypes.create_string_buffer(bytes(buf), _ATTR_SIZE)
@@ -167,13 +213,13 @@ class _Offline(Exception):
     """perf_event_open said ENODEV: the CPU is offline."""
 
 
-def _open(cpu: int, lost: bool) -> int:
+def _open(cpu: int, lost: bool, spec: EventSpec) -> int:
     nr = _NR_PERF_EVENT_OPEN.get(platform.machine())
     if nr is None:
         raise OSError(errno.ENOSYS, f"perf_event_open: no syscall number for {platform.machine()}")
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    attr = _attr(lost)
+    attr = _attr(spec, lost)
     fd = int(libc.syscall(nr, attr, -1, cpu, -1, _PERF_FLAG_FD_CLOEXEC))
     if fd < 0:
         err = ctypes.get_errno()
@@ -182,11 +228,15 @@ def _open(cpu: int, lost: bool) -> int:
 
 
 class SidebandRings:
-    """The rings of every online CPU (CPUs coming online are added by :meth:`add_online`)."""
+    """The rings of every online CPU (CPUs coming online are added by :meth:`add_online`),
+    one event of *spec* on each (the side-band records about kernel code by default)."""
 
-    def __init__(self, root: Root, pages: int = consts.KERNEL_CODE_RING_PAGES) -> None:
+    def __init__(
+        self, root: Root, pages: int = consts.KERNEL_CODE_RING_PAGES, spec: EventSpec = SIDEBAND
+    ) -> None:
         self.root = root
         self.pages = pages
+        self.spec = spec
         self.rings: dict[int, PerfRing] = {}
         self.counts_lost = True
         self.add_online()
@@ -217,12 +267,12 @@ class SidebandRings:
     def _ring(self, cpu: int) -> PerfRing:
         try:
             try:
-                fd = _open(cpu, self.counts_lost)
+                fd = _open(cpu, self.counts_lost, self.spec)
             except OSError as e:
                 if e.errno != errno.EINVAL or not self.counts_lost:
                     raise
                 self.counts_lost = False  # before Linux 6.0: no PERF_FORMAT_LOST
-                fd = _open(cpu, False)
+                fd = _open(cpu, False, self.spec)
             return PerfRing(fd, cpu, self.pages, self.counts_lost)
         except OSError as e:
             if e.errno == errno.ENODEV and self.rings:

@@ -37,6 +37,7 @@ __all__ = [
     "Ksymbol",
     "Lost",
     "Parsed",
+    "RawSample",
     "RecordType",
     "SideRecord",
     "merge_by_time",
@@ -58,6 +59,7 @@ class RecordType(IntEnum):
     """The ``perf_event_header.type`` values kreld reads (include/uapi/linux/perf_event.h)."""
 
     LOST = 2
+    SAMPLE = 9
     KSYMBOL = 17
     BPF_EVENT = 18
 
@@ -111,7 +113,17 @@ class Lost:
     lost: int
 
 
-SideRecord = Ksymbol | BpfEvent | Lost
+@record
+class RawSample:
+    """A tracepoint's sample as ``PERF_SAMPLE_TIME|PERF_SAMPLE_RAW`` lays it
+    out: its time and the tracepoint's own record (read with its ``format``)."""
+
+    time: int
+    cpu: int
+    raw: bytes
+
+
+SideRecord = Ksymbol | BpfEvent | Lost | RawSample
 
 
 @record
@@ -168,7 +180,22 @@ def _lost(data: bytes, off: int, end: int, cpu: int, layout: IdLayout) -> Lost |
     return None if t is None else Lost(t, cpu, lost)
 
 
+def _raw_sample(data: bytes, off: int, end: int, cpu: int, layout: IdLayout) -> RawSample | None:
+    """``u64 time; u32 size; char raw[size]`` (the fields of PERF_SAMPLE_TIME and
+    PERF_SAMPLE_RAW, in perf_output_sample()'s order): no trailer in a sample."""
+    body = off + HEADER.size
+    if body + _U64.size + 4 > end:
+        return None
+    t = int(_U64.unpack_from(data, body)[0])
+    (size,) = struct.unpack_from("<I", data, body + _U64.size)
+    start = body + _U64.size + 4
+    if start + size > end:
+        return None
+    return RawSample(t, cpu, bytes(data[start : start + size]))
+
+
 _READERS = {
+    RecordType.SAMPLE: _raw_sample,
     RecordType.KSYMBOL: _ksymbol,
     RecordType.BPF_EVENT: _bpf_event,
     RecordType.LOST: _lost,

@@ -2,7 +2,7 @@
 time (``queries``, and ``kernel_code`` for BPF programs, trampolines, ftrace
 and kprobe pages), a recorded boot rendered back as a kallsyms file
 (``export``), and the worker that captures symbol tables as modules load
-(``capture``).
+(``capture``, with what a load's sections tell it: ``sections``).
 
 May import: ``core``, ``config``, ``kernel``, ``store``, ``varlink``.
 """

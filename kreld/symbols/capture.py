@@ -48,6 +48,7 @@ from kreld.kernel.modfile import ModuleFiles
 from kreld.kernel.modules_sysfs import list_modules
 from kreld.kernel.seethrough import kernel_lines
 from kreld.store import Store
+from kreld.symbols.sections import init_gone, section_sizes
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -329,7 +330,9 @@ class SymbolCapture:
                 continue
             packed = None
             if lines and not s.restricted:
-                packed = module_table(lines, s.sections, _section_sizes(inc))
+                packed = module_table(lines, s.sections, section_sizes(inc))
+            if packed is not None and init_gone(inc, lines):  # read late: a .ko names init
+                packed, source = _ko_or(self.files, inc, packed, source)
             if packed is not None and stored is not None:
                 self.store.symbols.put_table(key, packed, replace=True)
                 self.captured += 1
@@ -358,7 +361,7 @@ class SymbolCapture:
         if not lines or s.restricted:
             return
         printed = [(v, name.decode("utf-8", "replace")) for v, t, name in lines if t in b"aA"]
-        if not printed or module_table(lines, s.sections, _section_sizes(inc)) is None:
+        if not printed or module_table(lines, s.sections, section_sizes(inc)) is None:
             return  # nothing absolute, or the lines are another load's
         stored = self.store.with_tables([key], lambda tables: absolute_entries(tables.get(key)))
         if [n for _, n in printed] != [n for _, n in stored]:
@@ -382,13 +385,9 @@ def _from_file(
     return packed
 
 
-def _section_sizes(inc: Incarnation) -> dict[str, int]:
-    """How far each section of *inc* may reach: its allocation's size."""
-    s = inc.state
-    sizes = {
-        sec: (s.initsize if sec.startswith(".init") else s.coresize) or 0 for sec in s.sections
-    }
-    return {k: v for k, v in sizes.items() if v}
+def _ko_or(files: ModuleFiles, inc: Incarnation, packed: bytes, source: str) -> tuple[bytes, str]:
+    ko = files.table(inc.state.name, inc.state.build_id, [])
+    return (packed, source) if ko is None else (ko, "ko")
 
 
 def absolute_entries(table: SymbolTable | None) -> list[tuple[int, str]]:

@@ -1,6 +1,7 @@
 """Following what the kernel loads and unloads.  Modules: the event sources
 that hint a change (``sources``: kernel uevents, a watchdog observer of
-sysfs), the pure plan of what one look at ``sys/module`` changes
+sysfs; and the module tracepoints, read as they come: ``modevents``), the
+pure plan of what one look at ``sys/module`` changes
 (``modules_plan``), and the tracker that looks, applies the plan to the store
 and tells subscribers (``modules``).  Kernel code beyond them, the same way:
 the pure plan of what side-band records and a look at kallsyms change

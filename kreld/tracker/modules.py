@@ -67,7 +67,9 @@ class ModuleTracker:
         self.recheck_interval = recheck_interval
         self.heartbeat_interval = heartbeat_interval
         self.listeners: list[Listener] = []
-        self._hints: queue.SimpleQueue[Hint] = queue.SimpleQueue()
+        # A hint, or hints that belong together (a tracepoint drain: a load and
+        # its free read in one batch give both exact times).
+        self._hints: queue.SimpleQueue[Hint | list[Hint]] = queue.SimpleQueue()
         self._open: dict[str, Tracked] = {}
         self._recent: dict[str, deque[Tracked]] = {}
         self._last_scan: Timestamp | None = None
@@ -81,6 +83,11 @@ class ModuleTracker:
     def notify(self, source: SeenBy, action: HintAction, name: str | None = None) -> None:
         """Thread-safe: queue a hint for the reconciler."""
         self._hints.put(Hint(source, action, name))
+
+    def notify_all(self, hints: list[Hint]) -> None:
+        """Thread-safe: queue *hints* to be reconciled in one batch."""
+        if hints:
+            self._hints.put(list(hints))
 
     # -- queries ------------------------------------------------------------------
 
@@ -192,10 +199,10 @@ class ModuleTracker:
                     stop.wait(min(self.recheck_interval, 1.0))
                 continue
             self._reading = True
-            batch = [first]
+            batch = _flat(first)
             while True:
                 try:
-                    batch.append(self._hints.get_nowait())
+                    batch += _flat(self._hints.get_nowait())
                 except queue.Empty:
                     break
             try:
@@ -334,3 +341,7 @@ class ModuleTracker:
                     listener(kind, inc)
                 except Exception as e:
                     self.log.error("listener_failed", error=str(e))
+
+
+def _flat(item: Hint | list[Hint]) -> list[Hint]:
+    return item if isinstance(item, list) else [item]

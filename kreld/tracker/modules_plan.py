@@ -41,11 +41,17 @@ GONE_FAULT = "gone before it could be read"
 
 @record
 class Hint:
-    """A source's word that a module may have changed: only a reason to look."""
+    """A source's word that a module may have changed: only a reason to look.
+
+    *at*: when it happened, where the source knows it exactly (the module
+    tracepoints); the incarnation it pairs with is then loaded (or unloaded)
+    at that instant instead of at the look that found it."""
 
     source: SeenBy
     action: HintAction
     name: str | None
+    at: Timestamp | None = None
+    state: ModuleState | None = None  # read by the source at once (a load's sections)
 
 
 @record
@@ -206,8 +212,11 @@ def _diff(
     reloaded), refresh what was read again, open what is new."""
     source = hints[0].source if hints else SeenBy.POLL
     said: dict[tuple[str | None, HintAction], SeenBy] = {}  # the first source to say so
+    exact: dict[tuple[str | None, HintAction], Hint] = {}  # the last one with a time
     for h in hints:
         said.setdefault((h.name, h.action), h.source)
+        if h.at is not None and h.at.monotonic <= now.monotonic:
+            exact[(h.name, h.action)] = h
     opened: list[Incarnation] = []
     updated: list[Incarnation] = []
     closed: list[Tracked] = []
@@ -219,6 +228,11 @@ def _diff(
             by = said.get((name, HintAction.REMOVE), source)
             after = previous if previous.monotonic > t.inc.loaded.monotonic else t.inc.loaded
             done = replace(t.inc, unloaded=now, unloaded_after=after, unload_seen_by=by)
+            gone = exact.get((name, HintAction.REMOVE))
+            if gone is not None and gone.at is not None and _within(gone.at, t.inc.loaded, now):
+                done = replace(
+                    done, unloaded=gone.at, unloaded_after=gone.at, unload_seen_by=gone.source
+                )
             closed.append(Tracked(done, t.hinted))
             continue
         new = refresh(t.inc, state, now)
@@ -230,8 +244,79 @@ def _diff(
         state = states.get(name)
         if state is not None and (name not in tracked or name in closing):
             by = said.get((name, HintAction.ADD), source)
-            opened.append(new_incarnation(state, now, by, after=absent_at))
+            came = exact.get((name, HintAction.ADD))
+            if came is not None and came.at is not None:  # known to the instant
+                opened.append(_exact(new_incarnation(state, came.at, came.source), came.at, now))
+            else:
+                opened.append(new_incarnation(state, now, by, after=absent_at))
     return _Diff(tuple(opened), tuple(updated), tuple(closed))
+
+
+def _within(t: Timestamp, lo: Timestamp, hi: Timestamp) -> bool:
+    return lo.monotonic <= t.monotonic <= hi.monotonic
+
+
+def _exact(inc: Incarnation, at: Timestamp, seen: Timestamp) -> Incarnation:
+    """*inc*, first seen at *seen*, loaded at *at* exactly: absent just before
+    (``loaded_after``), its init not yet run then (the tracepoint fires before
+    do_init_module()), and done by *seen* if the read showed it ``live``."""
+    done = inc.init_done
+    if done is not None and done.monotonic < seen.monotonic:
+        done = seen
+    return replace(inc, loaded=at, loaded_after=at, init_live=True, init_done=done)
+
+
+def _refined(inc: Incarnation, at: Timestamp, by: SeenBy) -> Incarnation | None:
+    """*inc*, first seen by a look, with the exact load time a source gave later
+    (a load while kreld started: the start-up scan found it before the
+    tracepoint's record was read); None when *at* tells nothing new."""
+    if at.monotonic >= inc.loaded.monotonic:
+        return None
+    if inc.loaded_after is not None and at.monotonic < inc.loaded_after.monotonic:
+        return None  # before a look that did not see it: another load's record
+    return replace(inc, loaded=at, loaded_after=at, seen_by=by, init_live=True)
+
+
+def _gone_at(hints: Sequence[Hint], name: str, after: Timestamp) -> Hint | None:
+    """The first exact remove of *name* at or after *after* in the batch."""
+    for h in hints:
+        if (
+            h.action == HintAction.REMOVE
+            and h.name == name
+            and h.at is not None
+            and h.at.monotonic >= after.monotonic
+        ):
+            return h
+    return None
+
+
+def _transient(h: Hint, hints: Sequence[Hint], now: Timestamp) -> Incarnation:
+    """A load no look found: gone by *now*, or at the exact remove that followed it."""
+    if h.at is None or h.name is None or h.at.monotonic > now.monotonic:
+        return new_incarnation(gone_state(h.name or ""), now, h.source, gone=now)
+    read = h.state if h.state is not None and h.state.name == h.name else gone_state(h.name)
+    inc = _exact(new_incarnation(read, h.at, h.source, gone=now), h.at, now)
+    gone = _gone_at(hints, h.name, h.at)
+    if gone is not None and gone.at is not None:
+        inc = replace(inc, unloaded=gone.at, unloaded_after=gone.at, unload_seen_by=gone.source)
+    return inc
+
+
+def _with_refined(
+    updated: Sequence[Incarnation], refined: Mapping[int, Incarnation]
+) -> tuple[Incarnation, ...]:
+    """The look's refreshed incarnations, with the exact load times a batch gave."""
+    out = []
+    for inc in updated:
+        r = refined.get(inc.seq)
+        out.append(
+            inc
+            if r is None
+            else replace(inc, loaded=r.loaded, loaded_after=r.loaded_after, seen_by=r.seen_by)
+        )
+    have = {inc.seq for inc in updated}
+    out += [r for seq, r in refined.items() if seq not in have]
+    return tuple(out)
 
 
 def plan(
@@ -257,6 +342,7 @@ def plan(
     new_index = {inc.name: i for i, inc in enumerate(diff.opened)}
     paired: dict[int, set[SeenBy]] = {}
     transients: list[Incarnation] = []
+    refined: dict[int, Incarnation] = {}
 
     def free(t: Tracked, source: SeenBy) -> bool:
         return source not in t.hinted and source not in paired.get(t.inc.seq, ())
@@ -276,13 +362,18 @@ def plan(
         match = next((c for c in candidates if free(c, h.source)), None)
         if match is not None:
             paired.setdefault(match.inc.seq, set()).add(h.source)
+            if h.at is not None and h.name in tracked and match is tracked[h.name]:
+                base = refined.get(match.inc.seq, match.inc)
+                better = _refined(base, h.at, h.source)
+                if better is not None:
+                    refined[match.inc.seq] = better
         else:
-            transients.append(new_incarnation(gone_state(h.name), now, h.source, gone=now))
+            transients.append(_transient(h, hints, now))
     hinted = zip(diff.opened, opened_hinted, strict=True)
     return Changes(
         opened=tuple(Tracked(inc, frozenset(s)) for inc, s in hinted),
         transients=tuple(transients),
-        updated=tuple(diff.updated),
+        updated=_with_refined(diff.updated, refined),
         closed=tuple(diff.closed),
         paired={seq: frozenset(s) for seq, s in paired.items()},
     )

@@ -10,7 +10,7 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from watchdog.events import (
@@ -24,6 +24,7 @@ from watchdog.events import (
 from kreld.core.model import HintAction, SeenBy
 from kreld.core.record import record
 from kreld.kernel.info import on_sysfs
+from kreld.tracker.modevents import FAKE_ROOT, TracepointSource
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -44,6 +45,7 @@ __all__ = [
     "health",
     "module_event",
     "parse_uevent",
+    "poll_interval",
 ]
 
 
@@ -143,6 +145,9 @@ class UeventSource:
     @property
     def events(self) -> int:
         return self.received
+
+    def following(self) -> bool:
+        return self.healthy
 
     def start(self, stop: threading.Event) -> None:
         self._thread = threading.Thread(target=self._run, args=(stop,), name="uevent", daemon=True)
@@ -250,26 +255,44 @@ class WatchSource:
         self.method = method
         self.name = f"watch-{method}"
         self.seen_by = SeenBy.POLL if method == "poll" else SeenBy.INOTIFY
-        self.observer: Any
-        if method == "poll":  # each observer's module only when it is the one used
+        self.interval = interval
+        self.observer: Any = self._observer(interval)
+        self.events = 0
+        self.healthy = True
+        self.last_error: str | None = None
+
+    def _observer(self, interval: float) -> Any:
+        if self.method == "poll":  # each observer's module only when it is the one used
             from watchdog.observers.polling import PollingObserverVFS
 
             listing = DirentListing()
-            self.observer = PollingObserverVFS(
+            observer: Any = PollingObserverVFS(
                 listing.stat, listing.listdir, polling_interval=interval
             )
         else:
             from watchdog.observers.inotify import InotifyObserver
 
-            self.observer = InotifyObserver()
+            observer = InotifyObserver()
         # Only module directories coming and going: the tracker's own reads of
         # sys/module (listing it, opening each module's directory) would
         # otherwise come back as opened/closed events on every load, each
         # decoded and dispatched by watchdog's threads to be thrown away.
-        self.observer.schedule(_Handler(self), path, recursive=False, event_filter=WATCHED)
-        self.events = 0
-        self.healthy = True
-        self.last_error: str | None = None
+        observer.schedule(_Handler(self), self.path, recursive=False, event_filter=WATCHED)
+        return observer
+
+    def set_interval(self, interval: float) -> bool:
+        """Poll every *interval* seconds from now on (a new observer: watchdog's
+        keeps its interval); True when it changed.  Nothing is missed across
+        the switch: the caller asks the tracker for a full look."""
+        if self.method != "poll" or interval == self.interval or not self.observer.is_alive():
+            return False
+        old, self.observer = self.observer, self._observer(interval)
+        self.interval = interval
+        self.observer.start()
+        old.stop()
+        old.join(timeout=5)
+        self.log.info("poll_interval", seconds=interval)
+        return True
 
     def _name(self, path: str | bytes) -> str | None:
         p = os.fsdecode(path)
@@ -305,17 +328,69 @@ class WatchSource:
             self.observer.join(timeout=5)
 
 
+def poll_interval(cfg: Config, sources: Iterable[EventSource]) -> float:
+    """How often to look at ``sys/module``: slowly while a source of kernel
+    events works (every path ends in a reconciliation, and the look is only the
+    safety net), at the fast interval only where nothing else tells of loads."""
+    flowing = any(
+        s.healthy and isinstance(s, TracepointSource | UeventSource) and s.following()
+        for s in sources
+    )
+    return cfg.poll_interval_events if flowing else cfg.poll_interval
+
+
+def module_followers(
+    cfg: Config, sources: Iterable[EventSource], watch: WatchSource
+) -> list[dict[str, Any]]:
+    """Status's ``module_followers``: each way kreld learns of module loads,
+    whether it follows them now, why not, and the look's interval."""
+    out: list[dict[str, Any]] = []
+    tp = next((s for s in sources if isinstance(s, TracepointSource)), None)
+    if tp is not None:
+        why = tp.last_error if not tp.healthy else tp.reason
+        out.append({"name": tp.name, "following": tp.following() and tp.healthy, "reason": why})
+    ue = next((s for s in sources if isinstance(s, UeventSource)), None)
+    if ue is not None:
+        out.append({"name": ue.name, "following": ue.healthy, "reason": ue.last_error})
+    elif not cfg.uevents:
+        out.append({"name": "uevent", "following": False, "reason": _UEVENTS_OFF})
+    elif os.path.realpath(cfg.root) != "/":
+        out.append({"name": "uevent", "following": False, "reason": FAKE_ROOT})
+    else:
+        out.append({"name": "uevent", "following": False, "reason": "no netlink socket"})
+    out.append(
+        {
+            "name": watch.name,
+            "following": watch.healthy,
+            "reason": watch.last_error,
+            "interval_s": watch.interval,
+        }
+    )
+    return out
+
+
+_UEVENTS_OFF = "turned off in the configuration ([modules] uevents = false)"
+
+
 def event_sources(
-    cfg: Config, root: Root, notify: Notify, log: FilteringBoundLogger
+    cfg: Config,
+    root: Root,
+    notify: Notify,
+    log: FilteringBoundLogger,
+    tracepoints: TracepointSource | None = None,
 ) -> tuple[WatchSource, list[EventSource]]:
-    """The sources that wake the module tracker (*notify*): the watch of
-    ``sys/module`` always, the kernel's uevents on the real root where netlink
-    can be had."""
-    watch = WatchSource(notify, str(root / "sys/module"), cfg.watch, cfg.poll_interval, log)
-    sources: list[EventSource] = [watch]
+    """The sources that wake the module tracker (*notify*): the module
+    tracepoints where they opened (*tracepoints*, opened first of all by the
+    daemon), the kernel's uevents on the real root where netlink can be had,
+    and the watch of ``sys/module`` always, slow where either follows."""
+    sources: list[EventSource] = []
+    if tracepoints is not None:
+        sources.append(tracepoints)
     if cfg.uevents and os.path.realpath(cfg.root) == "/":
         try:
             sources.append(UeventSource(notify, log))
         except Exception as e:  # no netlink here (container, seccomp): polling still works
             log.warning("uevent_source_unavailable", error=str(e))
-    return watch, sources
+    interval = poll_interval(cfg, sources)
+    watch = WatchSource(notify, str(root / "sys/module"), cfg.watch, interval, log)
+    return watch, [watch, *sources]
