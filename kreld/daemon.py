@@ -15,6 +15,7 @@ __all__ = [
     "Daemon",
     "build_parser",
     "check_config",
+    "epilog",
     "main",
 ]
 
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from systemd import daemon as sd
 
 from kreld import __version__
-from kreld.config.options import build_parser, leave, resolve_config
+from kreld.config.options import build_parser, epilog, leave, resolve_config
 from kreld.config.settings import RESTART_KEYS, Config
 from kreld.core import heap
 from kreld.core import log as klog
@@ -134,7 +135,7 @@ class Daemon:
             self.root, self.addresses, self.stop_threads, log, enabled=cfg.tracepoints
         )
         try:
-            self.lock = _writer_lock(cfg, log)
+            self.lock = WriterLock.taken(cfg.state_dir, log)
             try:
                 self.store = open_writable(Path(cfg.state_dir), log)
             except BaseException:
@@ -412,13 +413,6 @@ class Daemon:
         self.addresses.close()
         self.store.close()
         self.lock.release()
-
-
-def _writer_lock(cfg: Config, log: FilteringBoundLogger) -> WriterLock:
-    lock = WriterLock(cfg.state_dir)
-    if lock.unwritten is not None:  # held all the same: only the pid is missing
-        log.warning("writer_lock_pid_unwritten", error=str(lock.unwritten))
-    return lock
 
 
 def _reload(self: Daemon) -> None:

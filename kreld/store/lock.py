@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kreld.core.errors import StoreDamaged, StoreError, StoreFull, StoreLocked
 from kreld.store import Store
@@ -51,6 +51,15 @@ _STORE_FILES = ("data.mdb", "lock.mdb")
 
 class WriterLock:
     """The exclusive writer lock on a state directory, held until :meth:`release`."""
+
+    @classmethod
+    def taken(cls, state_dir: str | os.PathLike[str], log: Any) -> WriterLock:
+        """The lock, taken; where the disk had no room for the pid, held all the
+        same (only the pid is missing) and said in the log."""
+        lock = cls(state_dir)
+        if lock.unwritten is not None:
+            log.warning("writer_lock_pid_unwritten", error=str(lock.unwritten))
+        return lock
 
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
         self.state_dir = Path(state_dir)
