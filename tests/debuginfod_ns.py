@@ -41,10 +41,12 @@ def free_port() -> int:
 def wait_served(url: str, deadline: float) -> None:
     """Until debuginfod has indexed the directory and serves *url*."""
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, urllib.error.URLError):
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
+        with (
+            contextlib.suppress(OSError, urllib.error.URLError),
+            urllib.request.urlopen(url, timeout=2) as r,
+        ):
+            if r.status == 200:
+                return
         time.sleep(0.1)  # polling a condition, with a deadline
     raise SystemExit(f"debuginfod did not serve {url} in time")
 
@@ -53,10 +55,10 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
     files: dict[str, bytes] = {}
     release = threading.Event()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         how = self.path.split("/")[1]
         body = self.files["wrong"]
         if how == "slow":
