@@ -206,3 +206,23 @@ def test_given_dirs_come_before_the_system_and_the_configured_ones(tmp_path: Pat
         ("/srv/root/usr/lib/debug", "--root"),
         ("/conf/a", "debuginfo_dirs"),
     ]
+
+
+def test_servers_come_from_the_config_key_else_debuginfod_urls_and_bad_ones_are_said(
+    tmp_path: Path,
+) -> None:
+    from kreld.config.settings import load_bytes
+    from kreld.core.errors import ConfigError
+    from kreld.debuginfo.finder import finder_for
+
+    env = {"DEBUGINFOD_URLS": "http://a.example/ ftp://b.example https://c.example"}
+    cfg = load_bytes(f'[paths]\nstate_dir = "{tmp_path}"\n'.encode(), "t.toml")
+    f = finder_for(cfg, tmp_path, ["/given"], env)
+    assert f.servers == ("http://a.example/", "https://c.example")
+    assert any("ftp://b.example" in n for n in f.notes)
+    assert f.cache is not None and f.cache.directory == tmp_path / "debuginfo"
+    assert f.roots[0].path == "/given"
+    cfg = load_bytes(b'[kernel]\ndebuginfod_urls = ["http://d.example"]\n', "t.toml")
+    assert finder_for(cfg, tmp_path, (), env).servers == ("http://d.example",)
+    with pytest.raises(ConfigError, match=r"kernel\.debuginfod_urls"):
+        load_bytes(b'[kernel]\ndebuginfod_urls = ["file:///x"]\n', "t.toml")
