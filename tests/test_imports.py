@@ -20,7 +20,7 @@ README = KRELD.parent / "README.md"
 LAYERS: dict[str, tuple[str, ...]] = {
     "base": ("__init__", "core"),
     "config": ("config",),
-    "kernel": ("kernel",),
+    "kernel": ("kernel", "debuginfo"),
     "store": ("store",),
     "protocol": ("varlink",),
     "engines": ("symbols", "tracker"),
@@ -112,6 +112,14 @@ def test_the_core_imports_nothing_outside_itself() -> None:
 def test_readers_of_the_kernel_never_import_the_store_server_or_programs() -> None:
     forbidden = {"store", "server", "symbols", "tracker", "cli", "daemon", "client"}
     assert not imports_of(kreld_units()["kernel"]) & forbidden
+
+
+def test_the_record_time_path_never_reaches_debuginfo() -> None:
+    """Finding and fetching debug files is for answering: the readers of the
+    kernel, the store and the tracker (what records) never import it."""
+    units = kreld_units()
+    for unit in ("kernel", "store", "tracker", "core", "config"):
+        assert "debuginfo" not in imports_of(units[unit]), unit
 
 
 def test_the_protocol_has_no_sockets_and_imports_only_the_core() -> None:

@@ -50,6 +50,11 @@ class Config:
     socket: str = field(default=consts.DEFAULT_SOCKET, metadata=_RESTART)
     root: str = field(default=consts.DEFAULT_ROOT, metadata=_RESTART)
     debuginfo_dirs: tuple[str, ...] = field(default=(), metadata=_RESTART)
+    debuginfod_urls: tuple[str, ...] = ()
+    debuginfod_timeout: float = consts.DEFAULT_DEBUGINFOD_TIMEOUT
+    debuginfod_max_time: float = consts.DEFAULT_DEBUGINFOD_MAX_TIME
+    debuginfod_max_bytes: int = consts.DEFAULT_DEBUGINFOD_MAX_BYTES
+    debuginfo_cache_bytes: int = consts.DEFAULT_DEBUGINFO_CACHE_BYTES
     follow_code: bool = field(default=True, metadata=_RESTART)
     poll_interval: float = consts.DEFAULT_POLL_INTERVAL
     poll_interval_events: float = consts.DEFAULT_POLL_INTERVAL_EVENTS
@@ -220,6 +225,15 @@ def _http_url(v: Any) -> str:
     return url
 
 
+def _http_urls(v: Any) -> tuple[str, ...]:
+    what = "http:// or https:// URLs with a host"
+    urls = tuple(_url_text(x, what) for x in _list(v, what))
+    for url in urls:
+        if (fault := http_url_fault(url)) is not None:
+            raise ValueError(f"{what}: {url!r}: {fault}")
+    return urls
+
+
 def http_url_fault(url: str) -> str | None:
     """What is wrong with *url* as an object storage endpoint, or None."""
     from urllib.parse import urlsplit  # only for an endpoint_url that is set
@@ -257,6 +271,11 @@ SCHEMA: Mapping[str, Mapping[str, tuple[str, Callable[[Any], Any]]]] = {
     "kernel": {
         "debuginfo_dirs": ("debuginfo_dirs", _paths),
         "follow_code": ("follow_code", _bool),
+        "debuginfod_urls": ("debuginfod_urls", _http_urls),
+        "debuginfod_timeout": ("debuginfod_timeout", _seconds(0.1, 3600)),
+        "debuginfod_max_time": ("debuginfod_max_time", _seconds(1, 86400)),
+        "debuginfod_max_bytes": ("debuginfod_max_bytes", _int_range(1 << 20, 1 << 40)),
+        "debuginfo_cache_bytes": ("debuginfo_cache_bytes", _int_range(0, 1 << 44)),
     },
     "modules": {
         "poll_interval": ("poll_interval", _interval),

@@ -13,8 +13,14 @@ __all__ = [
     "ANCHOR_SYMBOLS",
     "BOOT_ID",
     "CAP_SYSLOG",
+    "DEBUGINFO_CACHE",
+    "DEBUGINFO_ROOT",
     "DEFAULT_CAP_ROOT",
     "DEFAULT_CONFIG",
+    "DEFAULT_DEBUGINFOD_MAX_BYTES",
+    "DEFAULT_DEBUGINFOD_MAX_TIME",
+    "DEFAULT_DEBUGINFOD_TIMEOUT",
+    "DEFAULT_DEBUGINFO_CACHE_BYTES",
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_CONNECTIONS_PER_UID",
@@ -107,6 +113,17 @@ HEARTBEAT_INTERVAL: Final = 30.0
 
 # Seconds between publishing rounds to object storage ([publish] interval).
 DEFAULT_PUBLISH_INTERVAL: Final = 10.0
+# Debug files: the distribution's own place (under --root), the cache of those
+# fetched from debuginfod (under the state directory), and the bounds of a
+# download: seconds to connect and of silence while reading, seconds for one
+# whole file, bytes of one file (a Debian vmlinux with DWARF is some 600 MB),
+# and bytes of the whole cache before the least recently used files go.
+DEBUGINFO_ROOT: Final = "usr/lib/debug"
+DEBUGINFO_CACHE: Final = "debuginfo"
+DEFAULT_DEBUGINFOD_TIMEOUT: Final = 30.0
+DEFAULT_DEBUGINFOD_MAX_TIME: Final = 900.0
+DEFAULT_DEBUGINFOD_MAX_BYTES: Final = 2 << 30
+DEFAULT_DEBUGINFO_CACHE_BYTES: Final = 8 << 30
 
 # What one peer may cost the server ([limits] in kreld.toml; kreld.server.listener.Limits).
 DEFAULT_MAX_MESSAGE_BYTES: Final = 4 << 20

@@ -18,6 +18,14 @@ __all__ = [
     "AmbiguousBoot",
     "BtfError",
     "ConfigError",
+    "DebuginfoError",
+    "DebuginfoMismatch",
+    "DebuginfoNotFound",
+    "DebuginfodError",
+    "DebuginfodMissing",
+    "DebuginfodTimeout",
+    "DebuginfodTooLarge",
+    "DebuginfodTruncated",
     "ExitCode",
     "FleetError",
     "FleetObjectInvalid",
@@ -474,6 +482,96 @@ class FleetObjectInvalid(FleetError):
     def __init__(self, key: str, reason: str) -> None:
         super().__init__(key, reason)
         self.key = key
+
+
+class DebuginfoError(KreldError):
+    """Debug information for a kernel build cannot be had: the base of the
+    errors of finding, fetching and checking debug files."""
+
+    varlink_name = "io.kreld.DebuginfoError"
+
+    def __init__(self, build_id: str, reason: str) -> None:
+        super().__init__(f"debuginfo for build {build_id}: {reason}")
+        self.build_id = build_id
+        self.reason = reason
+
+    def parameters(self) -> dict[str, Any]:
+        return {"build_id": self.build_id, "reason": self.reason}
+
+
+class DebuginfoMismatch(DebuginfoError):
+    """A debug file (a local one, or a debuginfod reply) is of another build,
+    or has no build-id at all: refused, never cached."""
+
+    varlink_name = "io.kreld.DebuginfoMismatch"
+
+    def __init__(self, build_id: str, source: str, found: str | None) -> None:
+        got = f"build-id {found}" if found else "no GNU build-id note"
+        super().__init__(build_id, f"{source} has {got}")
+        self.source = source
+        self.found = found
+
+
+class DebuginfoNotFound(DebuginfoError):
+    """No debug file of the build anywhere kreld was told to look; says where
+    it looked and what each debuginfod server answered."""
+
+    varlink_name = "io.kreld.DebuginfoNotFound"
+
+    def __init__(
+        self, build_id: str, what: str, looked: tuple[str, ...], failures: tuple[str, ...]
+    ) -> None:
+        where = "; ".join(looked) if looked else "no debuginfo directory is configured"
+        reason = f"no debug file of {what}: looked in {where}"
+        if failures:
+            reason += "; " + "; ".join(failures)
+        super().__init__(build_id, reason)
+        self.what = what
+        self.looked = looked
+        self.failures = failures
+
+
+class DebuginfodError(DebuginfoError):
+    """A debuginfod server could not give the file: unreachable, or an answer
+    other than the file (the subclasses name the usual ones)."""
+
+    varlink_name = "io.kreld.DebuginfodError"
+
+    def __init__(self, build_id: str, url: str, reason: str) -> None:
+        super().__init__(build_id, f"debuginfod {url}: {reason}")
+        self.url = url
+
+    def parameters(self) -> dict[str, Any]:
+        return {"build_id": self.build_id, "url": self.url, "reason": self.reason}
+
+
+class DebuginfodMissing(DebuginfodError):
+    """The server answered 404: it has no debug file of this build."""
+
+    varlink_name = "io.kreld.DebuginfodMissing"
+
+
+class DebuginfodTimeout(DebuginfodError):
+    """The server did not connect, went silent, or took longer than the whole
+    download may take."""
+
+    varlink_name = "io.kreld.DebuginfodTimeout"
+
+
+class DebuginfodTruncated(DebuginfodError):
+    """The reply ended before the length it announced (or its chunked body broke off)."""
+
+    varlink_name = "io.kreld.DebuginfodTruncated"
+
+
+class DebuginfodTooLarge(DebuginfodError):
+    """The reply announced, or ran to, more bytes than one debug file may have."""
+
+    varlink_name = "io.kreld.DebuginfodTooLarge"
+
+    def __init__(self, build_id: str, url: str, limit: int) -> None:
+        super().__init__(build_id, url, f"the file is larger than {limit:,} bytes")
+        self.limit = limit
 
 
 class InvalidArgument(KreldError):

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kreld.core import consts
-from kreld.core.errors import KernelReadError
+from kreld.core.errors import KernelReadError, NoteError
 from kreld.kernel.files import pread_exact
+from kreld.kernel.notes import NoteType, iter_notes
 
 if TYPE_CHECKING:
     from elftools.elf.elffile import ELFFile
@@ -39,6 +40,7 @@ __all__ = [
     "elf_of_bytes",
     "elf_symbol_entries",
     "elf_symbols",
+    "fd_build_id",
     "gnu_build_id",
     "module_symbol_letter",
     "open_elf",
@@ -70,6 +72,14 @@ _EHDR64 = struct.Struct("<4sBBBBB7xHHIQQQIHHHHHH")
 _EHDR32 = struct.Struct("<4sBBBBB7xHHIIIIIHHHHHH")
 _SHDR64 = struct.Struct("<IIQQQQIIQQ")
 _SHDR32 = struct.Struct("<IIIIIIIIII")
+_PT_NOTE = 4
+_SHT_NOTE = 7
+# Bounds of fd_build_id: section headers read (e_shnum is 16 bits, but an
+# extended count in section 0 is not followed), bytes of one note section, and
+# of all note sections together.  A build-id note is 36 bytes.
+_MAX_SECTIONS = 1 << 16
+_MAX_NOTE_SECTION = 1 << 20
+_MAX_NOTES = 4 << 20
 
 
 class ElfFileError(KernelReadError):
@@ -217,6 +227,82 @@ def elf_build_id(path: Path, *, strict: bool = False) -> str | None:
         if strict:
             raise
         return None
+
+
+def fd_build_id(fd: int) -> str | None:
+    """The GNU build-id of the ELF file open at *fd*, as lowercase hex, or
+    ``None`` when it is no ELF file, is malformed or carries none.
+
+    Bounded, with ``pread`` alone: the ELF header, the section headers and the
+    ``SHT_NOTE`` sections (a note is never compressed, so a file whose debug
+    sections are ``SHF_COMPRESSED`` reads the same), else the ``PT_NOTE``
+    segments of a file without section headers.  Never the rest of the file,
+    which for a kernel's debug file is hundreds of megabytes.
+    """
+    try:
+        ident = os.pread(fd, 64, 0)
+    except OSError:
+        return None
+    if (
+        ident[:4] != b"\x7fELF"
+        or ident[4:5] not in (b"\1", b"\2")
+        or ident[5:6] not in (b"\1", b"\2")
+    ):
+        return None
+    wide = ident[4] == 2
+    if len(ident) < (64 if wide else 52):
+        return None
+    e = "<" if ident[5] == 1 else ">"
+    order = "little" if ident[5] == 1 else "big"
+    if wide:
+        phoff, shoff = struct.unpack_from(e + "QQ", ident, 32)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", ident, 54)
+    else:
+        phoff, shoff = struct.unpack_from(e + "II", ident, 28)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", ident, 42)
+    try:
+        if shoff and 0 < shnum <= _MAX_SECTIONS and shentsize >= (64 if wide else 40):
+            spans = _note_spans(fd, e, wide, shoff, shentsize, shnum, section=True)
+        elif phoff and 0 < phnum <= _MAX_SECTIONS and phentsize >= (56 if wide else 32):
+            spans = _note_spans(fd, e, wide, phoff, phentsize, phnum, section=False)
+        else:
+            return None
+        total = 0
+        for offset, size in spans:
+            total += size
+            if size > _MAX_NOTE_SECTION or total > _MAX_NOTES:
+                return None
+            blob = os.pread(fd, size, offset)
+            for note in iter_notes(blob, order):
+                if note.name == b"GNU" and note.type == NoteType.NT_GNU_BUILD_ID and note.desc:
+                    return note.desc.hex()
+    except (OSError, NoteError, struct.error):
+        return None
+    return None
+
+
+def _note_spans(
+    fd: int, e: str, wide: bool, table: int, entsize: int, count: int, section: bool
+) -> list[tuple[int, int]]:
+    """(offset, size) of each note section (or ``PT_NOTE`` segment) in a header table."""
+    raw = os.pread(fd, entsize * count, table)
+    spans = []
+    for i in range(min(count, len(raw) // entsize)):
+        at = i * entsize
+        if section:
+            kind = struct.unpack_from(e + "I", raw, at + 4)[0]
+            offset, size = struct.unpack_from(
+                e + ("QQ" if wide else "II"), raw, at + (24 if wide else 16)
+            )
+        elif wide:
+            kind, _flags, offset = struct.unpack_from(e + "IIQ", raw, at)
+            size = struct.unpack_from(e + "Q", raw, at + 32)[0]
+        else:
+            kind, offset = struct.unpack_from(e + "II", raw, at)
+            size = struct.unpack_from(e + "I", raw, at + 16)[0]
+        if kind == (_SHT_NOTE if section else _PT_NOTE) and size:
+            spans.append((offset, size))
+    return spans
 
 
 def elf_symbols(path: Path, names: set[str]) -> dict[str, int]:

@@ -1,0 +1,20 @@
+"""Debug files of a kernel build, found by build-id and never taken on trust.
+
+``places`` says where a distribution puts the debug file of the kernel image
+or of a module (Debian/Ubuntu, Fedora and ``.build-id/`` layouts, each under a
+search root: ``--debuginfo-dir``, ``/usr/lib/debug`` under ``--root``,
+``[kernel] debuginfo_dirs``); ``fetch`` asks debuginfod servers for one, with
+every download bounded in time and size; ``cache`` keeps what was fetched (or
+unpacked from a ``.ko.xz``/``.ko.zst``) under the state directory, written
+privately and renamed into place; ``finder`` puts them together and answers a
+checked local path with where it came from.  Every file's GNU build-id is read
+(:func:`kreld.kernel.elf.fd_build_id`) before it is used or kept: a file of
+another build is refused.
+
+Nothing on the record-time path reaches this folder: reading DWARF is for
+answering, never for recording (tests/test_imports.py holds it).
+
+May import: ``core``, ``config``, ``kernel``.
+"""
+
+__all__: list[str] = []  # a folder: import its modules by name
