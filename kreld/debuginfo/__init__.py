@@ -5,7 +5,7 @@ or of a module (Debian/Ubuntu, Fedora and ``.build-id/`` layouts, each under a
 search root: ``--debuginfo-dir``, ``/usr/lib/debug`` under ``--root``,
 ``[kernel] debuginfo_dirs``); ``fetch`` asks debuginfod servers for one, with
 every download bounded in time and size; ``cache`` keeps what was fetched (or
-unpacked from a ``.ko.xz``/``.ko.zst``) under the state directory, written
+unpacked from a ``.ko.xz``/``.ko.zst`` by ``unpack``) under the state directory, written
 privately and renamed into place; ``finder`` puts them together and answers a
 checked local path with where it came from.  Every file's GNU build-id is read
 (:func:`kreld.kernel.elf.fd_build_id`) before it is used or kept: a file of
