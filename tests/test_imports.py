@@ -20,7 +20,7 @@ README = KRELD.parent / "README.md"
 LAYERS: dict[str, tuple[str, ...]] = {
     "base": ("__init__", "core"),
     "config": ("config",),
-    "kernel": ("kernel",),
+    "kernel": ("kernel", "debuginfo"),
     "store": ("store",),
     "protocol": ("varlink",),
     "engines": ("symbols", "tracker"),
