@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import io
 import json
+import mmap
 import posixpath
 import struct
 import tempfile
@@ -43,7 +44,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kreld.core.errors import LineTableError
-from kreld.debuginfo.lines_reloc import SectionBase, place_sections
+from kreld.debuginfo.lines_reloc import (
+    SectionBase,
+    debug_only_copy,
+    place_sections,
+    symbol_value,
+)
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -192,20 +198,21 @@ class LineTable:
             "utf-8", "replace"
         )
 
+    def frame(self, loc: int, inlined: bool) -> Frame:
+        """Location *loc* as a frame."""
+        return Frame(
+            self.function_name(int(self.loc_func[loc])),
+            self.file_name(int(self.loc_file[loc])),
+            int(self.loc_line[loc]),
+            None,
+            inlined,
+        )
+
     def frames(self, address: int) -> list[Frame]:
         """The chain at one address, innermost first; empty where no function."""
         levels = self.chains(np.array([address], dtype=np.uint64))
         locs = [int(lv[0]) for lv in levels if lv[0] != NONE]
-        return [
-            Frame(
-                self.function_name(int(self.loc_func[loc])),
-                self.file_name(int(self.loc_file[loc])),
-                int(self.loc_line[loc]),
-                None,
-                k + 1 < len(locs),
-            )
-            for k, loc in enumerate(locs)
-        ]
+        return [self.frame(loc, k + 1 < len(locs)) for k, loc in enumerate(locs)]
 
     def section_address(self, section: str, offset: int) -> int | None:
         """The address standing for *offset* in a relocatable object's *section*."""
@@ -330,6 +337,13 @@ def _load_address(path: Path) -> int:
     return 0
 
 
+def _text_address(path: Path) -> int | None:
+    """A kernel image's link-time ``_text``, which a boot's recorded ``_text``
+    is compared with to undo KASLR (None for a file without it)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return symbol_value(m, str(path), "_text")
+
+
 def _symcache_of(path: Path) -> bytes:
     from symbolic import Archive, SymbolicError  # type: ignore[attr-defined]
     from symbolic.symcache import SymCache
@@ -345,10 +359,14 @@ def _symcache_of(path: Path) -> bytes:
     return out.getvalue()
 
 
-def build_line_table(path: Path, build_id: str | None = None) -> LineTable:
+def build_line_table(
+    path: Path, build_id: str | None = None, scratch: Path | None = None
+) -> LineTable:
     """The line table of the debug file at *path* (an executable such as
     vmlinux, or a relocatable module).  Run it off the record path: it reads
-    all of the file's DWARF (seconds and a few hundred MiB for a kernel)."""
+    all of the file's DWARF (seconds and a few hundred MiB for a kernel).
+    A private copy of the DWARF (about its size) is made for the time of the
+    build in a temporary directory under *scratch* (default: ``$TMPDIR``)."""
     try:
         with open(path, "rb") as f:
             head = f.read(64)
@@ -363,12 +381,16 @@ def build_line_table(path: Path, build_id: str | None = None) -> LineTable:
         del buf
         meta["sections"] = [[s.name, s.base, s.size] for s in placed.sections]
         meta["base"] = 0
-        with tempfile.TemporaryDirectory(prefix="kreld-lines-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="kreld-lines-", dir=scratch) as tmp:
             linked = Path(tmp) / "placed.o"
             linked.write_bytes(placed.image)
             del placed
             raw = _symcache_of(linked)
     else:
         meta["base"] = _load_address(path)
-        raw = _symcache_of(path)
+        meta["text"] = _text_address(path)
+        with tempfile.TemporaryDirectory(prefix="kreld-lines-", dir=scratch) as tmp:
+            trimmed = Path(tmp) / "debug-only"
+            debug_only_copy(path, trimmed)
+            raw = _symcache_of(trimmed)
     return _from_symcache(raw, meta, str(path))

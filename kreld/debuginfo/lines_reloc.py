@@ -14,6 +14,14 @@ the symbol table's values are made absolute.  An address in that copy is
 ``base[section] + offset``, so a table built from it answers by (section,
 offset), the one thing every incarnation of a module build shares.
 
+:func:`debug_only_copy` writes, for an executable such as vmlinux, a copy
+holding only its headers and its non-allocated sections (the DWARF): the
+code becomes ``SHT_NOBITS``, keeping its addresses without its bytes.  Both
+copies leave out the symbol table (``SHT_NULL``): given one, the reader names
+an out-of-line function after its ELF symbol (``brd_alloc.isra.0``, or
+another alias at the same address) where the DWARF, and llvm-symbolizer,
+name it ``brd_alloc``.
+
 Only what kernel modules on x86-64 carry is handled: ELF64 little-endian,
 ``SHT_RELA``, and the absolute relocation types DWARF uses; anything else is a
 :class:`~kreld.core.errors.LineTableError` naming what it met.
@@ -21,21 +29,32 @@ Only what kernel modules on x86-64 carry is handled: ELF64 little-endian,
 
 from __future__ import annotations
 
+import mmap
+import os
 import struct
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from kreld.core.errors import LineTableError
 
-__all__ = ["PlacedObject", "SectionBase", "place_sections"]
+__all__ = [
+    "PlacedObject",
+    "SectionBase",
+    "debug_only_copy",
+    "place_sections",
+    "read_sections",
+    "symbol_value",
+]
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _CHDR = struct.Struct("<IIQQ")
 _ET_REL = 1
 _EM_X86_64 = 62
+_SHT_NULL = 0
 _SHT_SYMTAB = 2
 _SHT_RELA = 4
 _SHT_NOBITS = 8
@@ -95,23 +114,22 @@ def _bad(path: str, why: str) -> LineTableError:
 
 
 def _headers(buf: bytes, path: str) -> tuple[tuple[object, ...], list[_Section]]:
+    eh, secs = read_sections(buf, path)
+    if eh[1] != _ET_REL:
+        raise _bad(path, "not a relocatable object")
+    if eh[2] != _EM_X86_64:
+        raise _bad(path, f"relocations of ELF machine {eh[2]} are not handled")
+    return eh, secs
+
+
+def read_sections(buf: bytes | mmap.mmap, path: str) -> tuple[tuple[object, ...], list[_Section]]:
+    """The ELF header's fields and the section headers of *buf*, checked to lie inside it."""
     if len(buf) < _EHDR.size or buf[:4] != b"\x7fELF":
         raise _bad(path, "not an ELF file")
     if buf[4] != 2 or buf[5] != 1:
         raise _bad(path, "not a 64-bit little-endian ELF file")
     eh = _EHDR.unpack_from(buf)
-    e_type, e_machine, shoff, shentsize, shnum, shstrndx = (
-        eh[1],
-        eh[2],
-        eh[6],
-        eh[11],
-        eh[12],
-        eh[13],
-    )
-    if e_type != _ET_REL:
-        raise _bad(path, "not a relocatable object")
-    if e_machine != _EM_X86_64:
-        raise _bad(path, f"relocations of ELF machine {e_machine} are not handled")
+    shoff, shentsize, shnum, shstrndx = eh[6], eh[11], eh[12], eh[13]
     if shentsize != _SHDR.size or shnum == 0 or shstrndx >= shnum:
         raise _bad(path, "section headers malformed or extended (more than 65279 sections)")
     if shoff + shnum * _SHDR.size > len(buf):
@@ -127,6 +145,30 @@ def _headers(buf: bytes, path: str) -> tuple[tuple[object, ...], list[_Section]]
         name = names[r[0] : end if end >= 0 else len(names)].decode("utf-8", "replace")
         secs.append(_Section(name, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[0]))
     return eh, secs
+
+
+def symbol_value(buf: bytes | mmap.mmap, path: str, name: str) -> int | None:
+    """The value of the first ``.symtab`` symbol called *name* (None if none)."""
+    _, secs = read_sections(buf, path)
+    st = next((s for s in secs if s.type == _SHT_SYMTAB), None)
+    if st is None or not 0 < st.link < len(secs) or st.entsize != _SYM.itemsize:
+        return None
+    strs = secs[st.link]
+    table = bytes(buf[strs.offset : strs.offset + strs.size])
+    # A linker shares string tails ("_text" may be the end of "xyz_text"), so
+    # every place the name ends a string is a candidate.
+    want = name.encode() + b"\0"
+    starts, at = [], table.find(want)
+    while at >= 0:
+        starts.append(at)
+        at = table.find(want, at + 1)
+    if not starts:
+        return None
+    syms = np.frombuffer(buf, dtype=_SYM, count=st.size // _SYM.itemsize, offset=st.offset)
+    hit = np.flatnonzero(np.isin(syms["name"], np.array(starts, dtype=np.uint32)))
+    value = int(syms["value"][hit[0]]) if len(hit) else None
+    del syms
+    return value
 
 
 def _contents(buf: bytes, s: _Section, path: str) -> bytes:
@@ -258,6 +300,9 @@ def _rewrite(
         out += data
     for i, base in bases.items():
         secs[i].addr = base
+    for s in secs:
+        if s.type == _SHT_SYMTAB:
+            s.type = _SHT_NULL
     out += b"\0" * (-len(out) % 8)
     shoff = len(out)
     for s in secs:
@@ -267,3 +312,53 @@ def _rewrite(
     fields[6] = shoff
     _EHDR.pack_into(out, 0, *fields)
     return bytes(out)
+
+
+def debug_only_copy(src: Path, dst: Path) -> None:
+    """Write to *dst* (a new file) the copy of executable *src* the module's
+    docstring describes; section bytes are copied by the kernel
+    (``copy_file_range``), never through this process's memory."""
+    with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        eh, secs = read_sections(m, str(src))
+        phoff, phentsize, phnum = int(eh[5]), int(eh[9]), int(eh[10])  # type: ignore[call-overload]
+        head = bytearray(m[: max(_EHDR.size, phoff + phentsize * phnum)])
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with open(src, "rb") as fin, os.fdopen(fd, "wb", closefd=False) as out:
+            out.write(head)
+            for s in secs:
+                if s.flags & _SHF_ALLOC or s.type in (_SHT_SYMTAB, _SHT_NOBITS, _SHT_NULL):
+                    s.type = _SHT_NULL if s.type == _SHT_SYMTAB else _SHT_NOBITS if s.type else 0
+                    continue
+                out.write(b"\0" * (-out.tell() % 8))
+                out.flush()
+                at = out.tell()
+                _copy_range(fin.fileno(), s.offset, fd, at, s.size, str(src))
+                out.seek(at + s.size)
+                s.offset = at
+            out.write(b"\0" * (-out.tell() % 8))
+            shoff = out.tell()
+            for s in secs:
+                out.write(_SHDR.pack(s.name_off, s.type, s.flags, s.addr, s.offset, s.size, s.link,
+                                     s.info, s.align, s.entsize))  # fmt: skip
+            fields = list(eh)
+            fields[6] = shoff
+            out.seek(0)
+            out.write(_EHDR.pack(*fields))
+    finally:
+        os.close(fd)
+
+
+def _copy_range(src: int, src_off: int, dst: int, dst_off: int, size: int, path: str) -> None:
+    done = 0
+    while done < size:
+        try:
+            n = os.copy_file_range(src, dst, size - done, src_off + done, dst_off + done)
+        except OSError:
+            n = 0
+        if n <= 0:  # another filesystem, or none of it: plain reads, bounded
+            chunk = os.pread(src, min(size - done, 1 << 24), src_off + done)
+            if not chunk:
+                raise _bad(path, "shorter than its section headers say")
+            n = os.pwrite(dst, chunk, dst_off + done)
+        done += n

@@ -60,6 +60,7 @@ class Table(bytes, Enum):
     LAYOUTS = b"layouts"
     ABSOLUTES = b"absolutes"
     KCODE = b"kcode"  # kernel code (issue 21): kept by kreld.store.kcode
+    LINETABS = b"linetabs"  # source line tables by build-id: kept by kreld.store.linetabs
     PUBLISHED = b"published"  # opened by kreld.store.pubstate, only when publishing
 
     @property
