@@ -16,7 +16,6 @@ fails them is :class:`~kreld.core.errors.StoreCorrupt`.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from typing import Any
 
@@ -64,6 +63,8 @@ class LineTableStore:
         if len(data) > MAX_TABLE:
             raise InvalidArgument("data", f"a line table of {len(data)} bytes is over {MAX_TABLE}")
         chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
+        import hashlib  # here: a store opened for anything else never needs it
+
         digest = hashlib.sha256(data).hexdigest()
         manifest = {"chunks": len(chunks), "size": len(data), "sha256": digest, "source": source}
 
@@ -101,6 +102,8 @@ class LineTableStore:
         got = self.env.read(fn)
         if got is None:
             return None
+        import hashlib
+
         manifest = self.env.json_record(got[0], f"line table manifest {build_id}")
         data = b"".join(got[1])
         if len(data) != manifest.get("size") or hashlib.sha256(data).hexdigest() != manifest.get(
