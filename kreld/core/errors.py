@@ -36,6 +36,7 @@ __all__ = [
     "KernelMemoryError",
     "KernelReadError",
     "KreldError",
+    "LineTableError",
     "MessageTooLarge",
     "MethodNotFound",
     "MethodNotImplemented",
@@ -612,6 +613,21 @@ class MethodNotImplemented(MethodNotFound):
     def __init__(self, method: str) -> None:
         KreldError.__init__(self, f"not implemented here: {method}")
         self.method = method
+
+
+class LineTableError(KreldError):
+    """A debug file cannot give source lines: not ELF, a layout or relocation
+    kreld does not handle, or DWARF the reader refuses."""
+
+    varlink_name = "io.kreld.LineTableError"
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+    def parameters(self) -> dict[str, Any]:
+        return {"message": self.message, "path": self.path, "reason": self.reason}
 
 
 class InterfaceNotFound(KreldError):

@@ -39,6 +39,9 @@ databases (:class:`Table`), each kept by one part of this package:
     boot-id (16 bytes) + a letter + seq: BPF programs, trampolines, ftrace
     and kprobe pages, one record per appearance, which are open, the loss
     windows and the last watch time, with their retention.
+``linetabs`` (:mod:`.linetabs`)
+    build-id -> a line table's manifest (JSON); build-id + ``/`` + chunk number
+    (4 bytes BE) -> its bytes in chunks of at most 4 MiB.
 ``published`` (:mod:`.pubstate`)
     what has been published to the fleet bucket, per target; made by the
     first publishing round.
@@ -65,6 +68,7 @@ from kreld.store.bootsource import T
 from kreld.store.env import StoreEnv, Table, boot_key, inc_key
 from kreld.store.gc import Retention
 from kreld.store.kernel_code import KernelCodeTables
+from kreld.store.linetabs import LineTableStore
 from kreld.store.modules import ModuleTables
 from kreld.store.symtabs import KernelTable, SymbolTableStore, TableViews
 
@@ -108,6 +112,11 @@ class Store:
         """Made when first used: a store kreldctl opens for modules alone never
         looks at the kernel-code table (nor fails on it, if it is damaged)."""
         return KernelCodeTables(self.env)
+
+    @cached_property
+    def line_tables(self) -> LineTableStore:
+        """Source line tables by build-id (kept only where debuginfo was had)."""
+        return LineTableStore(self.env)
 
     def __enter__(self) -> Store:
         return self

@@ -62,6 +62,7 @@ class Table(bytes, Enum):
     # Kernel code, kept by kreld.store.kernel_code.  The on-disk name stays "kcode":
     # stores written before the rename open under it.
     KERNEL_CODE = b"kcode"
+    LINETABS = b"linetabs"  # source line tables by build-id: kept by kreld.store.linetabs
     PUBLISHED = b"published"  # opened by kreld.store.pubstate, only when publishing
 
     @property

@@ -2,9 +2,10 @@
 time (``queries``, and ``kernel_code`` for BPF programs, trampolines, ftrace
 and kprobe pages), a recorded boot rendered back as a kallsyms file
 (``export``), and the worker that captures symbol tables as modules load
-(``capture``, with what a load's sections tell it: ``sections``).
+(``capture``, with what a load's sections tell it: ``sections``), and source
+lines with inline chains from a build's line table (``linequery``).
 
-May import: ``core``, ``config``, ``kernel``, ``store``, ``varlink``.
+May import: ``core``, ``config``, ``kernel``, ``debuginfo``, ``store``, ``varlink``.
 """
 
 __all__: list[str] = []  # a folder: import its modules by name

@@ -212,6 +212,11 @@ class AddressMap:
             [0 if hit is None else hit[1] for hit in hits],
         )
 
+    def region_at(self, address: int) -> Region | None:
+        """The region holding *address*, or None."""
+        i = self._region_index(address)
+        return None if i < 0 else self.regions[i]
+
     def _region_index(self, address: int) -> int:
         i = bisect.bisect_right(self._bases, address) - 1
         return i if i >= 0 and address < self._limits[i] else -1

@@ -1,0 +1,366 @@
+"""Source lines with inline chains from DWARF: kreld's line tables against the references.
+
+On Debian's 6.1.0-57-cloud-amd64 debug files (``linux-image-6.1.0-57-cloud-amd64-dbg``,
+extracted once into /var/cache/kreld-vm/dbg under a flock, shared with other checkouts):
+
+* vmlinux, 10,000 and 100,000 random addresses of its ``.text``, with inline frames.
+  Baselines, same run, same addresses: ``llvm-symbolizer --inlines`` (a process per
+  batch, its loaded rate = the 100,000 minus the 10,000) and drgn 0.3.0
+  (``Program.source_location``, the 10,000 only).
+  - cold: building the table from the file and naming the 10,000 in a fresh process,
+    goal within 2x of llvm-symbolizer's total for the 10,000;
+  - peak memory of that process, goal <= 512 MiB;
+  - warm: the table loaded from its bytes, the 100,000 looked up to their chains of
+    locations (searchsorted and a gather per inline depth), goal >= 5x llvm-symbolizer's
+    loaded rate (in process: the socket is not part of this figure);
+  - the table's bytes, goal <= 1/4 of the DWARF sections it came from;
+  - answers: every frame's function, file (normalized both sides) and line equal to
+    llvm-symbolizer's wherever it names a function; drgn's agreement on function and
+    line is printed beside.
+* brd.ko and xfs.ko, relocatable: random offsets in each code section, named by
+  (section, offset); baseline ``eu-addr2line -i -f -j SECTION`` on the same offsets.
+
+Why symbolic (the reader) and not the others: kreld/debuginfo/lines.py's docstring.
+
+Run alone: ``.venv/bin/python bench/bench_lines.py [--quick]`` (as root, or with the
+-dbg files already extracted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from common import Result, bench_main, log, venv_python
+
+from kreld.debuginfo.lines import LineTable, normalize_path
+
+RELEASE = "6.1.0-57-cloud-amd64"
+CACHE = Path("/var/cache/kreld-vm/dbg")
+LOCK = Path("/var/cache/kreld-vm/dbg.lock")
+VMLINUX = CACHE / f"usr/lib/debug/boot/vmlinux-{RELEASE}"
+MODULES = {
+    "brd": CACHE / f"usr/lib/debug/lib/modules/{RELEASE}/kernel/drivers/block/brd.ko",
+    "xfs": CACHE / f"usr/lib/debug/lib/modules/{RELEASE}/kernel/fs/xfs/xfs.ko",
+}
+MIB = 1 << 20
+
+Frames = list[tuple[str, str | None, int]]
+
+_FETCH = f"""set -e
+[ -f {VMLINUX} ] && [ -f {MODULES["brd"]} ] && [ -f {MODULES["xfs"]} ] && exit 0
+mkdir -p {CACHE}
+tmp=$(mktemp -d /var/cache/kreld-vm/dl.XXXXXX); chmod 0777 "$tmp"; cd "$tmp"
+apt-get download -qq linux-image-{RELEASE}-dbg
+dpkg-deb --fsys-tarfile ./*.deb | tar -x -C {CACHE} ./{VMLINUX.relative_to(CACHE)} \
+    ./{MODULES["brd"].relative_to(CACHE)} ./{MODULES["xfs"].relative_to(CACHE)}
+cd /; rm -rf "$tmp"
+"""
+
+
+def ensure_debug_files() -> bool:
+    if VMLINUX.exists() and all(p.exists() for p in MODULES.values()):
+        return True
+    log(f"fetching linux-image-{RELEASE}-dbg into {CACHE}")
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    cp = subprocess.run(["flock", str(LOCK), "sh", "-c", _FETCH], capture_output=True, text=True)
+    if cp.returncode != 0:
+        log(f"cannot fetch the -dbg package: {cp.stderr[-500:]}")
+    return VMLINUX.exists() and all(p.exists() for p in MODULES.values())
+
+
+class _Child:
+    """A child whose peak RSS is read from wait4 (Popen.wait would reap it
+    first); input and output go through files, so neither side blocks."""
+
+    @staticmethod
+    def run(argv: list[str], stdin: bytes | None = None) -> tuple[float, int, bytes]:
+        with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout:
+            fin.write(stdin or b"")
+            fin.seek(0)
+            t0 = time.perf_counter()
+            p = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=subprocess.PIPE)
+            err = p.stderr.read()  # type: ignore[union-attr]
+            _, status, usage = os.wait4(p.pid, 0)
+            dt = time.perf_counter() - t0
+            p.returncode = os.waitstatus_to_exitcode(status)
+            if p.returncode:
+                raise RuntimeError(
+                    f"{argv[:3]} exited {p.returncode}: {err.decode(errors='replace')[-1500:]}"
+                )
+            fout.seek(0)
+            return dt, usage.ru_maxrss * 1024, fout.read()
+
+
+def text_range(path: Path, section: str) -> tuple[int, int]:
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as f:
+        s = ELFFile(f).get_section_by_name(section)
+        return int(s["sh_addr"]), int(s["sh_size"])
+
+
+def code_sections(path: Path) -> dict[str, int]:
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as f:
+        return {
+            s.name: int(s["sh_size"])
+            for s in ELFFile(f).iter_sections()
+            if s["sh_flags"] & 0x4 and s["sh_size"] > 0  # SHF_EXECINSTR
+        }
+
+
+def dwarf_bytes(path: Path) -> int:
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as f:
+        return sum(
+            int(s["sh_size"]) for s in ELFFile(f).iter_sections() if s.name.startswith(".debug_")
+        )
+
+
+def _norm(path: str) -> str | None:
+    return normalize_path("", "", path) if path and path != "??" else None
+
+
+def llvm_frames(out: bytes) -> list[Frames]:
+    res = []
+    for line in out.decode().splitlines():
+        if not line.strip():
+            continue
+        syms = json.loads(line)["Symbol"]
+        res.append([(s["FunctionName"], _norm(s["FileName"]) if s["Line"] else None, s["Line"])
+                    for s in syms])  # fmt: skip
+    return res
+
+
+def eu_frames(out: bytes) -> list[Frames]:
+    res: list[Frames] = []
+    lines = out.decode(errors="replace").splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("0x"):
+            res.append([])
+            i += 1
+            continue
+        func = lines[i].split(" inlined at ")[0]
+        m = re.fullmatch(r"(.*?):(\d+)(?::\d+)?", lines[i + 1] if i + 1 < len(lines) else "")
+        file, line = (m.group(1), int(m.group(2))) if m else ("??", 0)
+        res[-1].append((func, _norm(file) if line else None, line))
+        i += 2
+    return res
+
+
+def named(ref: Frames) -> bool:
+    return bool(ref) and ref[0][0] not in ("", "??")
+
+
+# The cold run: a fresh interpreter builds the table and names the addresses,
+# printing the table's bytes, its own build seconds and the answers.
+_COLD = r"""
+import sys, json, time, numpy as np
+from pathlib import Path
+from kreld.debuginfo.lines import build_line_table
+t0 = time.perf_counter()
+table = build_line_table(Path(sys.argv[1]))
+blob = table.to_bytes()
+t1 = time.perf_counter()
+Path(sys.argv[2]).write_bytes(blob)
+addrs = [int(x, 16) for x in sys.stdin.read().split()]
+sections = json.loads(Path(sys.argv[3]).read_text()) if len(sys.argv) > 3 else None
+out = []
+for a in addrs:
+    if sections:
+        sec, off = sections[a]
+        a = table.section_address(sec, off)
+    out.append([(f.function, f.file, f.line) for f in table.frames(a)] if a is not None else [])
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]
+print(json.dumps({"build": t1 - t0, "frames": out, "hwm": int(hwm) * 1024}))
+"""
+
+
+def cold_kreld(
+    path: Path, table_path: Path, addrs: list[int]
+) -> tuple[float, int, float, list[Frames]]:
+    dt, rss, out = _Child.run(
+        [venv_python(), "-c", _COLD, str(path), str(table_path)],
+        "\n".join(hex(a) for a in addrs).encode(),
+    )
+    res = json.loads(out)
+    del rss  # wait4's peak counts the forked bench before exec: the child's own VmHWM instead
+    return dt, res["hwm"], res["build"], [[tuple(f) for f in fr] for fr in res["frames"]]  # type: ignore[misc]
+
+
+_CLONE = re.compile(r"(\.(part|constprop|isra|cold|llvm)(\.\d+)?)+$")
+
+
+def unsuffixed(frames: list[Frames]) -> list[Frames]:
+    """Function names without GCC's clone suffixes (``.part.0``, ``.isra.0``...)."""
+    return [[(_CLONE.sub("", f), p, n) for f, p, n in fr] for fr in frames]
+
+
+def compare(ours: list[Frames], refs: list[Frames], what: str, addrs: list[int]) -> tuple[int, int]:
+    compared = equal = 0
+    shown = 0
+    for a, o, r in zip(addrs, ours, refs, strict=True):
+        if not named(r):
+            continue
+        compared += 1
+        if [tuple(x) for x in o] == [tuple(x) for x in r]:
+            equal += 1
+        elif shown < 5:
+            shown += 1
+            log(f"  {what} differs at {a:#x}: ours {o} ref {r}")
+    return equal, compared
+
+
+def drgn_frames(path: Path, addrs: list[int], lo: int, hi: int) -> tuple[float, list[Frames]]:
+    """drgn's answers, or NaN seconds where drgn is not installed (it is not a
+    dependency of kreld: ``pip install drgn`` to have this baseline)."""
+    try:
+        import drgn
+    except ImportError:
+        return float("nan"), [[] for _ in addrs]
+
+    t0 = time.perf_counter()
+    prog = drgn.Program(drgn.host_platform)
+    mod = prog.extra_module(str(path), create=True)
+    mod.address_range = (lo, hi)
+    mod.try_file(str(path), force=True)
+    out: list[Frames] = []
+    for a in addrs:
+        try:
+            out.append([(s.name, s.filename, s.line) for s in prog.source_location(a)])
+        except LookupError:
+            out.append([])
+    return time.perf_counter() - t0, out
+
+
+def vmlinux_results(quick: bool, work: Path) -> list[Result]:
+    rng = random.Random(28)
+    lo, size = text_range(VMLINUX, ".text")
+    big = sorted(rng.randrange(lo, lo + size) for _ in range(100_000 if not quick else 20_000))
+    small = big[:: len(big) // 10_000][:10_000]
+    llvm = ["llvm-symbolizer", "--inlines", "--output-style=JSON", "-e", str(VMLINUX)]
+    log("llvm-symbolizer, 10,000 and all")
+    l10, lrss, lout10 = _Child.run(llvm, "\n".join(map(hex, small)).encode())
+    lbig, _, loutbig = _Child.run(llvm, "\n".join(map(hex, big)).encode())
+    refs_small, refs_big = llvm_frames(lout10), llvm_frames(loutbig)
+    loaded_rate = (len(big) - len(small)) / max(lbig - l10, 1e-9)
+    log("kreld cold: build the table and name the 10,000 in a fresh process")
+    table_path = work / "vmlinux.lines"
+    c_dt, c_rss, c_build, ours_small = cold_kreld(VMLINUX, table_path, small)
+    blob = table_path.read_bytes()
+    table = LineTable.from_bytes(blob)
+    log("kreld warm: chains of the whole set from the loaded table")
+    arr = np.array(big, dtype=np.uint64)
+    table.chains(arr)
+    reps = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        table.chains(arr)
+        reps.append(time.perf_counter() - t0)
+    warm_rate = len(big) / sorted(reps)[len(reps) // 2]
+    ours_big = [[(f.function, f.file, f.line) for f in table.frames(a)] for a in big]
+    eq_s, n_s = compare(ours_small, refs_small, "vmlinux", small)
+    eq_b, n_b = compare(ours_big, refs_big, "vmlinux", big)
+    eq_u, _ = compare(unsuffixed(ours_big), unsuffixed(refs_big), "vmlinux (unsuffixed)", big)
+    log("drgn, the 10,000")
+    d_dt, d_frames = drgn_frames(VMLINUX, small, lo, lo + size)
+    d_eq = sum(
+        1
+        for o, d, r in zip(ours_small, d_frames, refs_small, strict=True)
+        if named(r) and [(f, n) for f, _, n in o] == [(f, n) for f, _, n in d]
+    )
+    dwarf = dwarf_bytes(VMLINUX)
+    llvm_desc = "llvm-symbolizer --inlines on the same addresses, same run"
+    return [
+        Result("vmlinux cold: build + name 10,000, vs llvm-symbolizer 10,000", c_dt * 1e9, "ns",
+               l10 * 1e9, "llvm", llvm_desc, "<= 2x", c_dt <= 2 * l10,
+               notes=[f"of which the table build {c_build:.2f} s"]),
+        Result("vmlinux cold: peak RSS building (MiB), vs llvm-symbolizer's", c_rss / MIB, "",
+               lrss / MIB, "llvm", llvm_desc, "<= 512 MiB", c_rss <= 512 * MIB),
+        Result("vmlinux warm: addresses/s (chains, in process), vs llvm loaded rate", warm_rate, "",
+               loaded_rate, "llvm-loaded", "llvm-symbolizer: (N - 10,000) / (t(N) - t(10,000))",
+               ">= 5x", warm_rate >= 5 * loaded_rate),
+        Result("vmlinux table bytes, vs its DWARF sections", len(blob), "", dwarf, "dwarf",
+               ".debug_* sections of vmlinux", "<= 1/4", len(blob) * 4 <= dwarf),
+        Result(f"vmlinux answers equal to llvm-symbolizer, {n_s} named of 10,000", eq_s, "", n_s,
+               "named", "addresses llvm-symbolizer names a function at", "all", eq_s == n_s),
+        Result(f"vmlinux answers equal to llvm-symbolizer, {n_b} named of {len(big)}", eq_b, "",
+               n_b, "named", "", "all", eq_b == n_b),
+        Result("  the same, names without GCC clone suffixes (.part.0, .isra.0)", eq_u, "",
+               n_b, "named", ""),
+        Result("drgn 10,000 (s), vs llvm-symbolizer 10,000", d_dt * 1e9, "ns", l10 * 1e9, "llvm",
+               llvm_desc, notes=[f"drgn agrees with kreld on function, line at {d_eq} of {n_s}"]),
+    ]  # fmt: skip
+
+
+def module_results(name: str, path: Path, quick: bool, work: Path) -> list[Result]:
+    rng = random.Random(name)
+    per = 300 if quick else 2_000
+    picks: list[tuple[str, int]] = []
+    for sec, size in code_sections(path).items():
+        picks += [(sec, rng.randrange(size)) for _ in range(min(per, size))]
+    eu_t = 0.0
+    refs: list[Frames] = []
+    for sec in dict.fromkeys(s for s, _ in picks):
+        offs = [o for s, o in picks if s == sec]
+        dt, _, out = _Child.run(
+            ["eu-addr2line", "-a", "-i", "-f", "-j", sec, "-e", str(path), *map(hex, offs)]
+        )
+        eu_t += dt
+        refs += eu_frames(out)
+    keys = list(range(len(picks)))
+    picks_file = work / f"{name}.picks.json"
+    picks_file.write_text(json.dumps(picks))
+    argv = [venv_python(), "-c", _COLD, str(path), str(work / f"{name}.lines"), str(picks_file)]
+    c_dt, _, out = _Child.run(argv, "\n".join(hex(k) for k in keys).encode())
+    res = json.loads(out)
+    c_rss = res["hwm"]
+    ours = [[tuple(f) for f in fr] for fr in res["frames"]]
+    eq, n = compare(ours, refs, name, keys)  # type: ignore[arg-type]
+    drop_outer = sum(1 for o, r in zip(ours, refs, strict=True)
+                     if named(r) and o != r and list(o[: len(r)]) == r)  # fmt: skip
+    blob = (work / f"{name}.lines").stat().st_size
+    dwarf = dwarf_bytes(path)
+    desc = "eu-addr2line -i -f -j SECTION, one run per section, same offsets"
+    return [
+        Result(f"{name}.ko cold: build + name {len(picks)} (section, offset)", c_dt * 1e9, "ns",
+               eu_t * 1e9, "eu", desc, notes=[f"table build {res['build']:.2f} s"]),
+        Result(f"{name}.ko peak RSS building (MiB)", c_rss / MIB, "", goal="<= 512 MiB",
+               met=c_rss <= 512 * MIB),
+        Result(f"{name}.ko table bytes, vs its DWARF sections", blob, "", dwarf, "dwarf",
+               ".debug_* sections of the module", "<= 1/4", blob * 4 <= dwarf),
+        Result(f"{name}.ko answers equal to eu-addr2line, {n} named", eq, "", n, "named",
+               "offsets eu-addr2line names a function at", "all", eq == n,
+               notes=[f"{name}: at {drop_outer} more, eu-addr2line's chain is ours without "
+                      "its outer frames"]),
+    ]  # fmt: skip
+
+
+def run(quick: bool) -> list[Result]:
+    """Line tables of Debian's kernel debug files against llvm-symbolizer, drgn, eu-addr2line."""
+    if not ensure_debug_files():
+        log("no -dbg files: nothing measured")
+        return []
+    with tempfile.TemporaryDirectory(prefix="bench-lines-") as tmp:
+        work = Path(tmp)
+        results = vmlinux_results(quick, work)
+        for name, path in MODULES.items():
+            log(f"{name}.ko")
+            results += module_results(name, path, quick, work)
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(bench_main("lines", run))

@@ -1,0 +1,364 @@
+"""A relocatable object's DWARF made readable as if it were linked.
+
+A kernel module's debug file (``.ko``) is relocatable: its DWARF refers to code
+through ``.rela.debug_*`` entries, each "symbol + addend", and every allocated
+section starts at 0.  DWARF readers built for executables (``symbolic`` here)
+do not apply those entries, so a module's ranges come out empty or garbled,
+and a reader that does apply them while placing every section at 0 mixes
+``.text`` with ``.init.text`` (the llvm-symbolizer failure on modules).
+
+:func:`place_sections` writes a private copy in which each allocated section
+(``SHF_ALLOC``) has its own base, far from every other, the debug sections are
+decompressed (``SHF_COMPRESSED``, zlib) and relocated against those bases, and
+the symbol table's values are made absolute.  An address in that copy is
+``base[section] + offset``, so a table built from it answers by (section,
+offset), the one thing every incarnation of a module build shares.
+
+:func:`debug_only_copy` writes, for an executable such as vmlinux, a copy
+holding only its headers and its non-allocated sections (the DWARF): the
+code becomes ``SHT_NOBITS``, keeping its addresses without its bytes.  Both
+copies leave out the symbol table (``SHT_NULL``): given one, the reader names
+an out-of-line function after its ELF symbol (``brd_alloc.isra.0``, or
+another alias at the same address) where the DWARF, and llvm-symbolizer,
+name it ``brd_alloc``.
+
+Only what kernel modules on x86-64 carry is handled: ELF64 little-endian,
+``SHT_RELA``, and the absolute relocation types DWARF uses; anything else is a
+:class:`~kreld.core.errors.LineTableError` naming what it met.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kreld.core.errors import LineTableError
+
+__all__ = [
+    "PlacedObject",
+    "SectionBase",
+    "debug_only_copy",
+    "place_sections",
+    "read_sections",
+    "symbol_value",
+]
+
+_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
+_SHDR = struct.Struct("<IIQQQQIIQQ")
+_CHDR = struct.Struct("<IIQQ")
+_ET_REL = 1
+_EM_X86_64 = 62
+_SHT_NULL = 0
+_SHT_SYMTAB = 2
+_SHT_RELA = 4
+_SHT_NOBITS = 8
+_SHF_ALLOC = 0x2
+_SHF_COMPRESSED = 0x800
+_ELFCOMPRESS_ZLIB = 1
+_SHN_LORESERVE = 0xFF00
+_SHN_ABS = 0xFFF1
+# Relocation types (x86-64 psABI) that DWARF in a relocatable object uses:
+# the value is symbol + addend, written in 8 or 4 bytes.
+_R_NONE, _R_64, _R_32, _R_32S = 0, 1, 10, 11
+# Sections start at this base, each on its own page with a gap after it, so
+# that no two sections' addresses meet and 0 stays unused.
+_FIRST_BASE = 0x10000
+_GAP = 0x10000
+# A debug section decompressed beyond this is refused (a zlib bomb).
+MAX_SECTION_BYTES = 1 << 30
+_SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
+                 ("value", "<u8"), ("size", "<u8")])  # fmt: skip
+_RELA = np.dtype([("offset", "<u8"), ("info", "<u8"), ("addend", "<i8")])
+
+
+@dataclass(frozen=True)
+class SectionBase:
+    """Where :func:`place_sections` put one allocated section."""
+
+    name: str
+    base: int
+    size: int
+
+
+@dataclass(frozen=True)
+class PlacedObject:
+    """The relocated copy (bytes of an ELF file) and where each section went."""
+
+    image: bytes
+    sections: tuple[SectionBase, ...]
+
+
+@dataclass
+class _Section:
+    name: str
+    type: int
+    flags: int
+    addr: int
+    offset: int
+    size: int
+    link: int
+    info: int
+    align: int
+    entsize: int
+    name_off: int
+
+
+def _bad(path: str, why: str) -> LineTableError:
+    return LineTableError(path, why)
+
+
+def _headers(buf: bytes, path: str) -> tuple[tuple[object, ...], list[_Section]]:
+    eh, secs = read_sections(buf, path)
+    if eh[1] != _ET_REL:
+        raise _bad(path, "not a relocatable object")
+    if eh[2] != _EM_X86_64:
+        raise _bad(path, f"relocations of ELF machine {eh[2]} are not handled")
+    return eh, secs
+
+
+def read_sections(buf: bytes | mmap.mmap, path: str) -> tuple[tuple[object, ...], list[_Section]]:
+    """The ELF header's fields and the section headers of *buf*, checked to lie inside it."""
+    if len(buf) < _EHDR.size or buf[:4] != b"\x7fELF":
+        raise _bad(path, "not an ELF file")
+    if buf[4] != 2 or buf[5] != 1:
+        raise _bad(path, "not a 64-bit little-endian ELF file")
+    eh = _EHDR.unpack_from(buf)
+    shoff, shentsize, shnum, shstrndx = eh[6], eh[11], eh[12], eh[13]
+    if shentsize != _SHDR.size or shnum == 0 or shstrndx >= shnum:
+        raise _bad(path, "section headers malformed or extended (more than 65279 sections)")
+    if shoff + shnum * _SHDR.size > len(buf):
+        raise _bad(path, "section headers run past the end of the file")
+    raw = [_SHDR.unpack_from(buf, shoff + i * _SHDR.size) for i in range(shnum)]
+    strtab = raw[shstrndx]
+    names = buf[strtab[4] : strtab[4] + strtab[5]]
+    secs = []
+    for r in raw:
+        if r[1] != _SHT_NOBITS and r[4] + r[5] > len(buf):
+            raise _bad(path, "a section runs past the end of the file")
+        end = names.find(b"\0", r[0])
+        name = names[r[0] : end if end >= 0 else len(names)].decode("utf-8", "replace")
+        secs.append(_Section(name, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[0]))
+    return eh, secs
+
+
+def symbol_value(buf: bytes | mmap.mmap, path: str, name: str) -> int | None:
+    """The value of the first ``.symtab`` symbol called *name* (None if none)."""
+    _, secs = read_sections(buf, path)
+    st = next((s for s in secs if s.type == _SHT_SYMTAB), None)
+    if st is None or not 0 < st.link < len(secs) or st.entsize != _SYM.itemsize:
+        return None
+    strs = secs[st.link]
+    table = bytes(buf[strs.offset : strs.offset + strs.size])
+    # A linker shares string tails ("_text" may be the end of "xyz_text"), so
+    # every place the name ends a string is a candidate.
+    want = name.encode() + b"\0"
+    starts, at = [], table.find(want)
+    while at >= 0:
+        starts.append(at)
+        at = table.find(want, at + 1)
+    if not starts:
+        return None
+    syms = np.frombuffer(buf, dtype=_SYM, count=st.size // _SYM.itemsize, offset=st.offset)
+    hit = np.flatnonzero(np.isin(syms["name"], np.array(starts, dtype=np.uint32)))
+    value = int(syms["value"][hit[0]]) if len(hit) else None
+    del syms
+    return value
+
+
+def _contents(buf: bytes, s: _Section, path: str) -> bytes:
+    data = buf[s.offset : s.offset + s.size]
+    if not s.flags & _SHF_COMPRESSED:
+        return data
+    if len(data) < _CHDR.size:
+        raise _bad(path, f"{s.name}: compressed section shorter than its header")
+    ctype, _, size, _ = _CHDR.unpack_from(data)
+    if ctype != _ELFCOMPRESS_ZLIB:
+        raise _bad(path, f"{s.name}: compression type {ctype} is not handled (zlib only)")
+    if size > MAX_SECTION_BYTES:
+        raise _bad(path, f"{s.name}: decompresses to {size} bytes, over the bound")
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(data[_CHDR.size :], size)
+    except zlib.error as e:
+        raise _bad(path, f"{s.name}: {e}") from None
+    if len(out) != size:
+        raise _bad(path, f"{s.name}: decompressed to {len(out)} bytes, header says {size}")
+    return out
+
+
+def _place(secs: list[_Section], path: str) -> dict[int, int]:
+    bases: dict[int, int] = {}
+    cursor = _FIRST_BASE
+    for i, s in enumerate(secs):
+        if not s.flags & _SHF_ALLOC:
+            continue
+        align = max(s.align, 16)
+        base = (cursor + align - 1) // align * align
+        bases[i] = base
+        cursor = (base + s.size + _GAP + 0xFFF) & ~0xFFF
+    if cursor >= 1 << 32:
+        raise _bad(path, "allocated sections too large to place in 4 GiB")
+    return bases
+
+
+def _symbol_values(
+    buf: bytes, secs: list[_Section], bases: dict[int, int], path: str
+) -> tuple[int, np.ndarray]:
+    idx = next((i for i, s in enumerate(secs) if s.type == _SHT_SYMTAB), -1)
+    if idx < 0:
+        raise _bad(path, "no symbol table")
+    st = secs[idx]
+    if st.entsize != _SYM.itemsize or st.size % _SYM.itemsize:
+        raise _bad(path, "symbol table entries malformed")
+    syms = np.frombuffer(buf, dtype=_SYM, count=st.size // _SYM.itemsize, offset=st.offset).copy()
+    shndx = syms["shndx"].astype(np.int64)
+    add = np.zeros(len(syms), dtype=np.uint64)
+    for i, base in bases.items():
+        add[shndx == i] = base
+    # Undefined and common symbols have no place in this file: 0, as a linker
+    # leaves an unresolved weak reference; absolute ones keep their value.
+    ok = (shndx != 0) & ((shndx < _SHN_LORESERVE) | (shndx == _SHN_ABS))
+    syms["value"] = np.where(ok, syms["value"] + add, 0)
+    return idx, syms
+
+
+def _relocate(data: bytearray, rela: np.ndarray, values: np.ndarray, name: str, path: str) -> None:
+    sym = (rela["info"] >> np.uint64(32)).astype(np.int64)
+    rtype = (rela["info"] & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    if len(sym) and int(sym.max()) >= len(values):
+        raise _bad(path, f"{name}: a relocation names a symbol past the table")
+    unknown = set(np.unique(rtype).tolist()) - {_R_NONE, _R_64, _R_32, _R_32S}
+    if unknown:
+        raise _bad(path, f"{name}: relocation types {sorted(unknown)} are not handled")
+    val = values[sym].astype(np.int64) + rela["addend"]
+    offs = rela["offset"].astype(np.int64)
+    view = np.frombuffer(data, dtype=np.uint8)
+    for rt, width in ((_R_64, 8), (_R_32, 4), (_R_32S, 4)):
+        sel = rtype == rt
+        if not sel.any():
+            continue
+        o, v = offs[sel], val[sel]
+        if int(o.max()) + width > len(data) or int(o.min()) < 0:
+            raise _bad(path, f"{name}: a relocation writes past its section")
+        if width == 4:
+            lo, hi = (-(1 << 31), 1 << 31) if rt == _R_32S else (0, 1 << 32)
+            if int(v.min()) < lo or int(v.max()) >= hi:
+                raise _bad(path, f"{name}: a 32-bit relocation overflows")
+        raw = v.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :width]
+        view[o[:, None] + np.arange(width)] = raw
+
+
+def place_sections(buf: bytes, path: str) -> PlacedObject:
+    """The relocatable object *buf* (read from *path*, named in errors) linked
+    in place: see the module's docstring."""
+    eh, secs = _headers(buf, path)
+    bases = _place(secs, path)
+    sym_idx, syms = _symbol_values(buf, secs, bases, path)
+    values = syms["value"]
+    new: dict[int, bytes] = {sym_idx: syms.tobytes()}
+    for s in secs:
+        if s.type != _SHT_RELA or not 0 < s.info < len(secs) or s.link != sym_idx:
+            continue
+        target = secs[s.info]
+        if target.flags & _SHF_ALLOC or target.type == _SHT_NOBITS:
+            continue  # code relocations: what a loader does, not what lines need
+        if s.entsize != _RELA.itemsize or s.size % _RELA.itemsize:
+            raise _bad(path, f"{s.name}: entries malformed")
+        data = bytearray(new.get(s.info) or _contents(buf, target, path))
+        rela = np.frombuffer(buf, dtype=_RELA, count=s.size // _RELA.itemsize, offset=s.offset)
+        _relocate(data, rela, values, s.name, path)
+        new[s.info] = bytes(data)
+    for i, s in enumerate(secs):
+        if s.flags & _SHF_COMPRESSED and i not in new and not s.flags & _SHF_ALLOC:
+            new[i] = _contents(buf, s, path)
+    return PlacedObject(_rewrite(buf, eh, secs, bases, new), _bases(secs, bases))
+
+
+def _bases(secs: list[_Section], bases: dict[int, int]) -> tuple[SectionBase, ...]:
+    return tuple(SectionBase(secs[i].name, b, secs[i].size) for i, b in sorted(bases.items()))
+
+
+def _rewrite(
+    buf: bytes,
+    eh: tuple[object, ...],
+    secs: list[_Section],
+    bases: dict[int, int],
+    new: dict[int, bytes],
+) -> bytes:
+    out = bytearray(buf)
+    for i, data in new.items():
+        out += b"\0" * (-len(out) % 8)
+        s = secs[i]
+        s.offset, s.size = len(out), len(data)
+        s.flags &= ~_SHF_COMPRESSED
+        out += data
+    for i, base in bases.items():
+        secs[i].addr = base
+    for s in secs:
+        if s.type == _SHT_SYMTAB:
+            s.type = _SHT_NULL
+    out += b"\0" * (-len(out) % 8)
+    shoff = len(out)
+    for s in secs:
+        out += _SHDR.pack(s.name_off, s.type, s.flags, s.addr, s.offset, s.size, s.link, s.info,
+                          s.align, s.entsize)  # fmt: skip
+    fields = list(eh)
+    fields[6] = shoff
+    _EHDR.pack_into(out, 0, *fields)
+    return bytes(out)
+
+
+def debug_only_copy(src: Path, dst: Path) -> None:
+    """Write to *dst* (a new file) the copy of executable *src* the module's
+    docstring describes; section bytes are copied by the kernel
+    (``copy_file_range``), never through this process's memory."""
+    with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        eh, secs = read_sections(m, str(src))
+        phoff, phentsize, phnum = int(eh[5]), int(eh[9]), int(eh[10])  # type: ignore[call-overload]
+        head = bytearray(m[: max(_EHDR.size, phoff + phentsize * phnum)])
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with open(src, "rb") as fin, os.fdopen(fd, "wb", closefd=False) as out:
+            out.write(head)
+            for s in secs:
+                if s.flags & _SHF_ALLOC or s.type in (_SHT_SYMTAB, _SHT_NOBITS, _SHT_NULL):
+                    s.type = _SHT_NULL if s.type == _SHT_SYMTAB else _SHT_NOBITS if s.type else 0
+                    continue
+                out.write(b"\0" * (-out.tell() % 8))
+                out.flush()
+                at = out.tell()
+                _copy_range(fin.fileno(), s.offset, fd, at, s.size, str(src))
+                out.seek(at + s.size)
+                s.offset = at
+            out.write(b"\0" * (-out.tell() % 8))
+            shoff = out.tell()
+            for s in secs:
+                out.write(_SHDR.pack(s.name_off, s.type, s.flags, s.addr, s.offset, s.size, s.link,
+                                     s.info, s.align, s.entsize))  # fmt: skip
+            fields = list(eh)
+            fields[6] = shoff
+            out.seek(0)
+            out.write(_EHDR.pack(*fields))
+    finally:
+        os.close(fd)
+
+
+def _copy_range(src: int, src_off: int, dst: int, dst_off: int, size: int, path: str) -> None:
+    done = 0
+    while done < size:
+        try:
+            n = os.copy_file_range(src, dst, size - done, src_off + done, dst_off + done)
+        except OSError:
+            n = 0
+        if n <= 0:  # another filesystem, or none of it: plain reads, bounded
+            chunk = os.pread(src, min(size - done, 1 << 24), src_off + done)
+            if not chunk:
+                raise _bad(path, "shorter than its section headers say")
+            n = os.pwrite(dst, chunk, dst_off + done)
+        done += n

@@ -1,0 +1,340 @@
+"""Line tables against the references, on files gcc builds here.
+
+Every instruction of a small program (functions inlined two deep, code in
+``.text.unlikely`` and ``.init.text``, a header reached through ``sub/../``),
+built with ``-g -O2`` in DWARF 4 and 5, plain and with compressed debug
+sections, is named by kreld's line table exactly as ``llvm-symbolizer
+--inlines`` names it in the executable, and as ``eu-addr2line -i -f -j
+SECTION`` names it in the relocatable object, whose sections kreld places at
+bases of its own: every frame's function, file (normalized both sides) and
+line, innermost first, and which frames are inlined.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kreld.core.errors import InvalidArgument, LineTableError, StoreCorrupt
+from kreld.core.model import (
+    Anchors,
+    BootSnapshot,
+    Clock,
+    Incarnation,
+    ModuleState,
+    SeenBy,
+    Timestamp,
+)
+from kreld.debuginfo.lines import LineTable, build_line_table, normalize_path
+from kreld.debuginfo.lines_reloc import place_sections
+from kreld.store import Store
+from kreld.store.linetabs import CHUNK
+from kreld.symbols.linequery import lines_at
+from kreld.symbols.queries import AddressMap
+
+SRC = Path(__file__).parent / "lines_src"
+VARIANTS = {
+    "dwarf4": ["-gdwarf-4"],
+    "dwarf5": ["-gdwarf-5"],
+    "dwarf5-gz": ["-gdwarf-5", "-gz"],
+    "dwarf4-gz": ["-gdwarf-4", "-gz"],
+}
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed"),
+    pytest.mark.skipif(
+        shutil.which("llvm-symbolizer") is None or shutil.which("eu-addr2line") is None,
+        reason="llvm-symbolizer or eu-addr2line missing (scripts/setup installs llvm, elfutils)",
+    ),
+]
+
+Frames = list[tuple[str, str | None, int, bool]]
+
+
+def _norm(path: str) -> str | None:
+    return normalize_path("", "", path) if path and path != "??" else None
+
+
+def _gcc(tmp: Path, variant: str, relocatable: bool) -> Path:
+    out = tmp / (f"prog-{variant}" + (".o" if relocatable else ""))
+    cmd = ["gcc", "-g", "-O2", *VARIANTS[variant], "-o", str(out), "prog.c"]
+    if relocatable:
+        cmd.insert(1, "-c")
+    subprocess.run(cmd, cwd=SRC, check=True)
+    return out
+
+
+def _instructions(obj: Path) -> dict[str, list[int]]:
+    """Each code section's instruction addresses, as objdump -d lists them."""
+    text = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True, check=True)
+    out: dict[str, list[int]] = {}
+    section = ""
+    for line in text.stdout.splitlines():
+        m = re.match(r"Disassembly of section (\S+):", line)
+        if m:
+            section = m.group(1)
+            continue
+        m = re.match(r"\s+([0-9a-f]+):\t", line)
+        if m:
+            out.setdefault(section, []).append(int(m.group(1), 16))
+    return out
+
+
+def _llvm(exe: Path, addresses: list[int]) -> list[Frames]:
+    text = subprocess.run(
+        ["llvm-symbolizer", "--inlines", "--output-style=JSON", "-e", str(exe)],
+        input="\n".join(hex(a) for a in addresses),
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    out = []
+    for entry in (json.loads(line) for line in text.splitlines() if line.strip()):
+        syms = entry["Symbol"]
+        # Where the DWARF has no line (code of crt files), llvm-symbolizer takes a
+        # file name from the symbol table.
+        out.append([(s["FunctionName"], _norm(s["FileName"]) if s["Line"] else None, s["Line"],
+                     k + 1 < len(syms)) for k, s in enumerate(syms)])  # fmt: skip
+    return out
+
+
+def _eu(obj: Path, section: str, offsets: list[int]) -> list[Frames]:
+    text = subprocess.run(
+        ["eu-addr2line", "-a", "-i", "-f", "-j", section, "-e", str(obj), *map(hex, offsets)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    out: list[Frames] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("0x"):
+            out.append([])
+            i += 1
+            continue
+        func = lines[i].split(" inlined at ")[0]
+        m = re.fullmatch(r"(.*?):(\d+)(?::\d+)?", lines[i + 1])  # file:line[:column]
+        file, line = (m.group(1), m.group(2)) if m else ("??", "0")
+        out[-1].append((func, _norm(file), int(line), True))
+        i += 2
+    return [[(f, p, n, k + 1 < len(fr)) for k, (f, p, n, _) in enumerate(fr)] for fr in out]
+
+
+def _ours(table: LineTable, address: int) -> Frames:
+    return [(f.function, f.file, f.line, f.inlined) for f in table.frames(address)]
+
+
+def _named(ref: Frames) -> bool:
+    return bool(ref) and ref[0][0] not in ("", "??")
+
+
+def _symbol_only(ref: Frames) -> bool:
+    """The reference found a function in the symbol table alone (no DWARF
+    line): kreld gives no frames there (Resolve names the symbol)."""
+    return len(ref) == 1 and ref[0][2] == 0
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_instruction_of_an_executable_is_named_as_llvm_symbolizer_names_it(
+    tmp_path: Path, variant: str
+) -> None:
+    exe = _gcc(tmp_path, variant, relocatable=False)
+    table = LineTable.from_bytes(build_line_table(exe).to_bytes())
+    addresses = sorted(a for sec in _instructions(exe).values() for a in sec)
+    refs = _llvm(exe, addresses)
+    assert len(refs) == len(addresses)
+    compared = 0
+    inlined = 0
+    for address, ref in zip(addresses, refs, strict=True):
+        if not _named(ref):
+            continue
+        if _symbol_only(ref):
+            assert _ours(table, address) == [], hex(address)
+            continue
+        assert _ours(table, address) == ref, hex(address)
+        compared += 1
+        inlined += len(ref) > 1
+    assert compared > 50 and inlined > 20  # the fixture has inlined code to check
+    files = {f.file for a in addresses for f in table.frames(a)}
+    assert str(SRC / "helpers.h") in files  # "./sub/../helpers.h" normalized
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_instruction_of_a_relocatable_object_is_named_by_section_as_eu_addr2line_does(
+    tmp_path: Path, variant: str
+) -> None:
+    obj = _gcc(tmp_path, variant, relocatable=True)
+    table = LineTable.from_bytes(build_line_table(obj).to_bytes())
+    sections = _instructions(obj)
+    assert {".text", ".text.unlikely", ".init.text"} <= set(sections)
+    inlined = 0
+    for section, offsets in sections.items():
+        refs = _eu(obj, section, offsets)
+        assert len(refs) == len(offsets)
+        for offset, ref in zip(offsets, refs, strict=True):
+            address = table.section_address(section, offset)
+            assert address is not None
+            if _named(ref) and not _symbol_only(ref):
+                assert _ours(table, address) == ref, (section, hex(offset))
+                inlined += len(ref) > 1
+    assert inlined > 20
+
+
+def test_each_section_of_a_relocatable_object_gets_a_base_no_other_section_overlaps(
+    tmp_path: Path,
+) -> None:
+    obj = _gcc(tmp_path, "dwarf5", relocatable=True)
+    placed = place_sections(obj.read_bytes(), str(obj))
+    spans = sorted((s.base, s.base + s.size) for s in placed.sections)
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(spans))
+    assert spans[0][0] > 0
+
+
+def test_an_offset_past_its_section_or_an_unknown_section_finds_no_address(tmp_path: Path) -> None:
+    table = build_line_table(_gcc(tmp_path, "dwarf5", relocatable=True))
+    size = table.sections[".init.text"].size
+    assert table.section_address(".init.text", size - 1) is not None
+    assert table.section_address(".init.text", size) is None
+    assert table.section_address(".no.such", 0) is None
+
+
+def test_addresses_outside_every_function_get_no_frames_not_a_wrong_line(tmp_path: Path) -> None:
+    table = build_line_table(_gcc(tmp_path, "dwarf5", relocatable=False))
+    far = np.array([0, table.base + (1 << 33), (1 << 64) - 1], dtype=np.uint64)
+    assert (table.locations(far) == 0xFFFFFFFF).all()
+    assert table.frames(1 << 40) == []
+
+
+def test_a_damaged_table_is_refused_with_a_named_error(tmp_path: Path) -> None:
+    good = build_line_table(_gcc(tmp_path, "dwarf5", relocatable=False)).to_bytes()
+    for bad in (good[:10], b"X" + good[1:], good[: len(good) // 2]):
+        with pytest.raises(LineTableError):
+            LineTable.from_bytes(bad)
+
+
+def test_a_file_that_is_not_elf_is_refused_with_a_named_error(tmp_path: Path) -> None:
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"not an elf file at all" * 10)
+    with pytest.raises(LineTableError, match="not a 64-bit"):
+        build_line_table(junk)
+    with pytest.raises(LineTableError, match="not an ELF"):
+        place_sections(b"junk", "junk")
+
+
+def test_normalized_names_drop_dot_and_dotdot_but_keep_a_relative_build_prefix() -> None:
+    assert normalize_path("", "debian/build/x/./include", "../lib/a.c") == "debian/build/x/lib/a.c"
+    assert normalize_path("/src", "./sub/../", "helpers.h") == "/src/helpers.h"
+    assert normalize_path("/src", "/usr/include", "stdlib.h") == "/usr/include/stdlib.h"
+
+
+# -- kept in the store, answered for a recorded boot -------------------------
+
+KERNEL_BUILD = "ab" * 20
+MODULE_BUILD = "cd" * 20
+RUNTIME_TEXT = 0xFFFFFFFF9A000000
+MODULE_BASES = {".text": 0xFFFFFFFFC0101000, ".text.unlikely": 0xFFFFFFFFC0100400,
+                ".init.text": 0xFFFFFFFFC0900000, ".text.startup": 0xFFFFFFFFC0100800}  # fmt: skip
+
+
+def _recorded(link_text: int, image_size: int) -> tuple[AddressMap, int]:
+    t0 = Timestamp(1_000, 1_000, 1_000)
+    boot = BootSnapshot(
+        boot_id="00000000-0000-0000-0000-000000000001", release="6.1.0", version="#1",
+        build_id=KERNEL_BUILD,
+        anchors=Anchors(RUNTIME_TEXT, RUNTIME_TEXT, RUNTIME_TEXT + image_size),
+        kaslr=None, restricted=False, restricted_reason=None, kptr_restrict=0, first_seen=t0,
+    )  # fmt: skip
+    state = ModuleState(
+        name="prog", build_id=MODULE_BUILD, sections=MODULE_BASES, coresize=0x2000,
+        initsize=0x1000, initstate="coming", srcversion=None, taint=None,
+        core_base=0xFFFFFFFFC0100000, restricted=False, inode=1,
+    )  # fmt: skip
+    inc = Incarnation(
+        boot_id=boot.boot_id, seq=1, state=state, loaded=t0, seen_by=SeenBy.STARTUP,
+        init_live=True, init_done=None, unloaded=None,
+    )  # fmt: skip
+    return AddressMap(boot, [inc], Clock.MONOTONIC, None), link_text
+
+
+def test_a_recorded_boots_image_and_module_addresses_get_the_lines_of_their_stored_tables(
+    tmp_path: Path,
+) -> None:
+    """The kernel image's addresses are moved back by the boot's KASLR offset;
+    a module's are (section, offset) through its incarnation's recorded
+    bases; the tables come back from a real store."""
+    exe = tmp_path / "image"
+    subprocess.run(["gcc", "-g", "-O2", "-gdwarf-5", "-Wl,--defsym=_text=hot", "-o", str(exe),
+                    "prog.c"], cwd=SRC, check=True)  # fmt: skip
+    obj = _gcc(tmp_path, "dwarf5-gz", relocatable=True)
+    image, module = build_line_table(exe), build_line_table(obj)
+    link_text = image.meta["text"]
+    assert isinstance(link_text, int)
+    with Store(tmp_path / "state") as store:
+        store.line_tables.put(KERNEL_BUILD, image.to_bytes(), str(exe))
+        store.line_tables.put(MODULE_BUILD, module.to_bytes(), str(obj))
+    with Store(tmp_path / "state", readonly=True) as store:
+
+        def tables(build: str) -> LineTable | str:
+            got = store.line_tables.get(build)
+            return (
+                f"no line table for build {build}"
+                if got is None
+                else LineTable.from_bytes(got.data)
+            )
+
+        amap, _ = _recorded(link_text, 0x1000)
+        code = _instructions(exe)[".text"]
+        image_addrs = [RUNTIME_TEXT + a - link_text for a in code if a >= link_text]
+        mod_addrs = [
+            (s, o) for s, offs in _instructions(obj).items() for o in offs if s in MODULE_BASES
+        ]
+        addrs = image_addrs + [MODULE_BASES[s] + o for s, o in mod_addrs]
+        answers = lines_at(amap, addrs, tables)
+    refs = _llvm(exe, [a - RUNTIME_TEXT + link_text for a in image_addrs])
+    for sec in dict.fromkeys(s for s, _ in mod_addrs):
+        refs += _eu(obj, sec, [o for s, o in mod_addrs if s == sec])
+    compared = 0
+    for a, ans, ref in zip(addrs, answers, refs, strict=True):
+        ours = [(f.function, f.file, f.line, f.inlined) for f in ans.frames]
+        if _named(ref) and not _symbol_only(ref):
+            assert ours == ref, hex(a)
+            compared += 1
+        elif not ours:
+            assert ans.why_not
+    assert compared > 80
+
+
+def test_an_address_of_a_build_without_a_table_keeps_no_line_and_says_why(tmp_path: Path) -> None:
+    amap, _ = _recorded(0xFFFFFFFF81000000, 0x1000)
+    answers = lines_at(amap, [RUNTIME_TEXT + 0x10, MODULE_BASES[".text"] + 4, 0x1234],
+                       lambda b: f"no debuginfo for build {b}, looked in /nowhere")  # fmt: skip
+    assert [a.frames for a in answers] == [(), (), ()]
+    assert answers[0].why_not == f"no debuginfo for build {KERNEL_BUILD}, looked in /nowhere"
+    assert answers[1].why_not == f"no debuginfo for build {MODULE_BUILD}, looked in /nowhere"
+    assert answers[2].why_not is not None and "not in the kernel image" in answers[2].why_not
+
+
+def test_a_stored_line_table_comes_back_whole_across_chunks_and_a_damaged_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    data = np.random.default_rng(1).bytes(2 * CHUNK + 123)
+    with Store(tmp_path / "state") as store:
+        store.line_tables.put(MODULE_BUILD, data, "/x.ko")
+        got = store.line_tables.get(MODULE_BUILD)
+        assert got is not None and got.data == data and got.manifest["chunks"] == 3
+        store.line_tables.put(MODULE_BUILD, b"short", "/y.ko")  # replaced: old chunks gone
+        got = store.line_tables.get(MODULE_BUILD)
+        assert got is not None and got.data == b"short"
+        assert set(store.line_tables.listing()) == {MODULE_BUILD}
+        assert store.line_tables.get(KERNEL_BUILD) is None
+        with pytest.raises(InvalidArgument):
+            store.line_tables.put("../etc", b"", "")
+        db = store.env.dbs[b"linetabs"]
+        with store.env.lmdb.begin(write=True) as txn:
+            txn.put(MODULE_BUILD.encode() + b"/\0\0\0\0", b"shorx", db=db)
+        with pytest.raises(StoreCorrupt):
+            store.line_tables.get(MODULE_BUILD)
