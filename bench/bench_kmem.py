@@ -4,7 +4,7 @@ Where kptr_restrict=2 zeroes ``/sys/module/*/sections``, the tracker still reads
 each module's sysfs directory (build-id, sizes, state; the sections read as
 zeros) and then walks the kernel's module list in ``/proc/kcore`` for the
 addresses.  Both sides run in process on files built like the real ones
-(tests/faketree.py for sysfs, tests/kmodimage.py for a kcore image in the pre-6.4
+(tests/support/faketree.py for sysfs, tests/support/kmodimage.py for a kcore image in the pre-6.4
 layout with its BTF), 100 modules of 24 sections each:
 
 * at start: all 100 read; baseline: the same 100 read in a sysfs tree that
@@ -45,7 +45,7 @@ SECTIONS += [".static_call_sites", ".exit.data", ".init.rodata"]
 
 def _build(tmp: Path) -> tuple[Root, Root, KernelMemory, list[str]]:
     faketree = load_faketree()
-    import kmodimage  # tests/ is on the path once faketree is loaded
+    from support import kmodimage
 
     visible = faketree.FakeTree(tmp / "visible")
     zeroed = faketree.FakeTree(tmp / "zeroed", kptr_restrict=2)

@@ -28,7 +28,7 @@ from kreld.config.settings import Config, load_bytes, load_config
 from kreld.core import consts
 from kreld.core.errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SETTINGS = settings(
     max_examples=200,
     deadline=None,

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ctl_json, kreldctl
-from faketree import FakeTree
+
+from support.faketree import FakeTree
+from support.run import ctl_json, kreldctl
 
 TEXT2 = 0xFFFFFFFFA4200000
 HEX = re.compile(r"^0x[0-9a-f]+$")

@@ -11,15 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import kreldctl, start, symbol_worker
-from faketree import FakeTree
-from test_startup import HEAVY, imported_by, run_cli
 
 from kreld.client import Client
 from kreld.config.settings import load_config
 from kreld.core import uuids
 from kreld.core.errors import ConfigError
 from kreld.kernel.kallsyms import KallsymsText
+
+from support.faketree import FakeTree
+from support.run import kreldctl, start
+from support.startup import HEAVY, imported_by, run_cli
+from support.symbols import symbol_worker
 
 COMMENTS = "# kreld's configuration: every key at its default.\n\n  #[log]\n\t# level = 'info'\n"
 

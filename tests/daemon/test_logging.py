@@ -27,11 +27,12 @@ from typing import Any
 
 import pytest
 import structlog
-from conftest import notify_messages, notify_socket
-from faketree import FakeTree
 
 from kreld.client import Client
 from kreld.core import log as klog
+
+from support.faketree import FakeTree
+from support.run import notify_messages, notify_socket
 
 KRELD = str(Path(sys.executable).parent / "kreld")
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")

@@ -8,19 +8,16 @@ import ctypes.util
 import json
 import os
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from conftest import kreldctl, start
-from faketree import FakeTree
+from support.faketree import FakeTree
+from support.run import kreldctl, start
+from support.startup import HEAVY, imported_by, run_cli
 
 MOD_A = 0xFFFFFFFFC0400000
 MOD_B = 0xFFFFFFFFC0900000
-# Loaded by no command below that does not need them.
-HEAVY = {"structlog", "elftools", "watchdog", "pyudev", "systemd", "asyncio"}
 
 
 class OpenCounter:
@@ -106,23 +103,6 @@ def test_a_load_after_the_start_reads_kallsyms_again(
         assert d.stop() == 0
     finally:
         opens.close()
-
-
-def imported_by(code: str) -> set[str]:
-    """The top-level names of the modules a fresh interpreter has after *code*."""
-    probe = f"{code}\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))\n"
-    cp = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    )
-    return set(json.loads(cp.stdout.splitlines()[-1]))
-
-
-def run_cli(argv: list[str]) -> str:
-    return (
-        "import contextlib, io, kreld.cli\n"
-        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
-        f"    kreld.cli.main({argv!r})\n"
-    )
 
 
 def test_kreldctl_help_imports_no_store_no_client_no_logging() -> None:

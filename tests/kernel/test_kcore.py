@@ -1,6 +1,6 @@
 """Kernel memory through a kcore-shaped ELF core (kreld/kernel/kcore.py) and the
 module list walked in it (kreld/kernel/kmodules.py), on files built in
-tests/kmembuild.py and tests/kmodimage.py in both layouts of struct module."""
+tests/support/kmembuild.py and tests/support/kmodimage.py in both layouts of struct module."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from kmembuild import KcoreImage
-from kmodimage import MODAREA, MODULES_HEAD, NEW, ModuleImage, new_btf, old_btf
 
 from kreld.core.errors import (
     AddressNotMapped,
@@ -22,6 +20,9 @@ from kreld.kernel.btf import Btf
 from kreld.kernel.kcore import MAX_READ, Kcore
 from kreld.kernel.kmodules import walk_modules
 from kreld.kernel.modlayout import module_layout
+
+from support.kmembuild import KcoreImage
+from support.kmodimage import MODAREA, MODULES_HEAD, NEW, ModuleImage, new_btf, old_btf
 
 BTF = {"old": old_btf, "new": new_btf}
 DUMMY = {

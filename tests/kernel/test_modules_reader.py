@@ -8,8 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import fast_tmpdir
-from faketree import FakeTree, build_id_note, note
 
 from kreld.kernel.info import Root
 from kreld.kernel.modules import (
@@ -19,6 +17,9 @@ from kreld.kernel.modules import (
     read_module,
     read_proc_modules,
 )
+
+from support.faketree import FakeTree, build_id_note, note
+from support.tmpdirs import fast_tmpdir
 
 BASE = 0xFFFFFFFFC0A00000
 BUILD_ID = "5f1e3d2c4b6a79881726354433221100ffeeddcc"

@@ -11,15 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import kreldctl, start, wait_until
-from faketree import FakeTree
-from kmodimage import KTEXT, MODAREA, MODULES_HEAD, ModuleImage, new_btf, old_btf
 
 from kreld.core.model import AddressSource, Anchors
 from kreld.kernel.info import Root
 from kreld.kernel.kmodules import KernelModule
 from kreld.kernel.modules import read_module
 from kreld.kernel.seethrough import open_kernel_memory, see_through
+
+from support.faketree import FakeTree
+from support.kmodimage import KTEXT, MODAREA, MODULES_HEAD, ModuleImage, new_btf, old_btf
+from support.run import kreldctl, start
+from support.wait import wait_until
 
 RELEASE = "6.1.0-fake"
 OFFSET = 0x2A000000

@@ -7,10 +7,11 @@ import struct
 from pathlib import Path
 
 import pytest
-from conftest import ctl_json
 
 from kreld.kernel.info import Root
 from kreld.kernel.snapshot import take_snapshot
+
+from support.run import ctl_json
 
 pytestmark = pytest.mark.live
 

@@ -4,7 +4,7 @@ another exception.
 
 The corpus is seeded from real ``perf record`` runs on this machine (a command,
 system-wide, pipe mode, ``-z``; skipped, saying why, where perf cannot record) and
-from the files tests/perffile.py writes (module maps, MMAP2 build-ids, both
+from the files tests/support/perffile.py writes (module maps, MMAP2 build-ids, both
 compressed kinds, pipe mode); hypothesis mutates them (bit flips, cuts, length and
 offset fields set to huge or boundary values, spliced and repeated runs of bytes)
 and generates record streams of its own.  Bounded: a few hundred examples, some
@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from perffile import FINISHED_INIT, PerfFile, compressed, mmap, record
 
 from kreld.core.errors import KreldError
 from kreld.perf import records as perfrecords
 from kreld.perf.reader import PerfHeader, read_perf_header
+
+from support.perffile import FINISHED_INIT, PerfFile, compressed, mmap, record
 
 SETTINGS = settings(
     max_examples=150,

@@ -22,16 +22,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import kreldctl
-from faketree import FakeTree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from perffile import PerfFile
 
 from kreld.core.textin import bounded_lines
 from kreld.perf.commands import symbolize_for
 from kreld.perf.reader import read_perf_header
 from kreld.store import Store
+
+from support.faketree import FakeTree
+from support.perffile import PerfFile
+from support.run import kreldctl
 
 TEXT = 0xFFFFFFFF9D000000
 SETTINGS = settings(

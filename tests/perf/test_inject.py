@@ -29,16 +29,17 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from conftest import Daemon, kreldctl
-from test_perf import perf as perf
-from test_perf import perf_env
-from test_symbols import BASE_A, BASE_B, Machine
-from test_symbols import daemons as daemons
-from test_symbols import sock_dir as sock_dir
 
 from kreld.core.errors import ExitCode
 from kreld.perf.inject import inject as inject_file
 from kreld.store import Store
+
+from support.perftool import perf as perf
+from support.perftool import perf_env
+from support.run import Daemon, kreldctl
+from support.symbols import BASE_A, BASE_B, Machine
+from support.symbols import daemons as daemons
+from support.symbols import sock_dir as sock_dir
 
 WORK = ["dd", "if=/dev/zero", "of=/dev/null", "bs=512", "count=2500000"]
 # (how perf record is told, file name): each recorded once, side by side
@@ -48,7 +49,7 @@ KINDS = {
     "zstd": ["-e", "cpu-clock", "-k", "monotonic", "-z"],
     "wide": ["-a", "-e", "cpu-clock", "-e", "task-clock", "-k", "monotonic"],
 }
-# Offsets in brd's .text (tests/test_symbols.py MOD): open, read, ioctl, exit.
+# Offsets in brd's .text (tests/symbols/test_symbols.py MOD): open, read, ioctl, exit.
 IN_BRD = {0x10: "brd_open", 0x90: "brd_read", 0x1C4: "brd_ioctl", 0x1810: "brd_exit"}
 REPORT_LINE = re.compile(r"^\s*([0-9.]+)%\s+(\S+)\s+\[(.)\]\s+(\S+)\s*$")
 

@@ -1,4 +1,4 @@
-"""``kreldctl inject`` on perf.data files written here (tests/perffile.py), for
+"""``kreldctl inject`` on perf.data files written here (tests/support/perffile.py), for
 what needs no perf: damaged input refused by name with nothing written, the
 output's rules, and the layouts of what inject writes (sample_id order, the
 module's text range)."""
@@ -9,25 +9,16 @@ import struct
 import subprocess
 from pathlib import Path
 
-import pytest
-from conftest import _bin, kreldctl
-from faketree import FakeTree
-from perffile import PerfFile
-
 from kreld.core.model import Clock, Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.perf.inject import Unloads, text_range
 from kreld.perf.match import SampleClock
 from kreld.perf.synth import AttrLayout, SampleType, kernel_mmap, ksymbol
 
-TEXT = 0xFFFFFFFF9D000000
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> tuple[list[str], FakeTree]:
-    tree = FakeTree(tmp_path / "root", text=TEXT)
-    opts = ["--root", str(tree.root), "--state-dir", str(tmp_path / "state")]
-    kreldctl(*opts, "snapshot")
-    return opts, tree
+from support.faketree import FakeTree
+from support.inject import TEXT
+from support.inject import store as store
+from support.perffile import PerfFile
+from support.run import bin_path, kreldctl
 
 
 def recording(tree: FakeTree) -> PerfFile:
@@ -88,7 +79,9 @@ def test_a_pipe_mode_recording_streams_to_stdout(
 ) -> None:
     opts, tree = store
     src = recording(tree).write_pipe(tmp_path / "in.data")
-    cp = subprocess.run([_bin("kreldctl"), "inject", "-i", str(src), *opts], capture_output=True)
+    cp = subprocess.run(
+        [bin_path("kreldctl"), "inject", "-i", str(src), *opts], capture_output=True
+    )
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout == src.read_bytes()
 

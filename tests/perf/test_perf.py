@@ -11,14 +11,9 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
-
-import pytest
-from conftest import kreldctl
 
 from kreld.client import resolutions
 from kreld.core.model import Anchors, BootSnapshot, Clock, Timestamp
@@ -26,41 +21,11 @@ from kreld.core.symtab import SymbolTable, kernel_table
 from kreld.kernel.kallsyms import parse_kallsyms
 from kreld.symbols.queries import AddressMap
 
+from support.perftool import perf as perf
+from support.perftool import perf_env, record
+from support.run import kreldctl
+
 KERNEL_LINE = re.compile(r"^\s*([0-9.]+)%\s+\[k\]\s+(\S+)\s*$")
-
-
-def perf_env(home: Path) -> dict[str, str]:
-    home.mkdir(exist_ok=True)
-    return {**os.environ, "HOME": str(home)}
-
-
-def record(perf: str, out: Path, *options: str) -> list[str]:
-    """perf record, system-wide, on the cpu-clock; -N: no build-id cache written."""
-    return [perf, "record", "-e", "cpu-clock", "-a", "-N", "-q", "-o", str(out), *options, "--"]
-
-
-@pytest.fixture
-def perf(tmp_path: Path) -> str:
-    """perf, if it can record system-wide here; else skip saying why."""
-    exe = shutil.which("perf")
-    if exe is None:
-        pytest.skip("perf is not installed (Debian package linux-perf)")
-    if os.geteuid() != 0:
-        pytest.skip("not root: /proc/kallsyms shows zeros and perf record -a needs privilege")
-    first = Path("/proc/kallsyms").read_bytes().split(b" ", 1)[0]
-    if not first.strip(b"0"):
-        pytest.skip("/proc/kallsyms shows zero addresses (kernel.kptr_restrict)")
-    probe = subprocess.run(
-        [*record(exe, tmp_path / "probe.data"), "sleep", "0.5"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=perf_env(tmp_path / "probe-home"),
-        check=False,
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"perf record -e cpu-clock -a fails here: {probe.stderr.strip()[-300:]}")
-    return exe
 
 
 def kernel_frames(perf: str, data: Path, kallsyms: Path, home: Path) -> list[tuple[str, str]]:

@@ -1,6 +1,6 @@
 """The perf.data reader, on files the real ``perf record`` of this machine wrote
 (a normal recording, ``-k monotonic``, ``-z`` and pipe mode), on files written
-byte by byte (tests/perffile.py: module maps, MMAP2 build-ids, both compressed
+byte by byte (tests/support/perffile.py: module maps, MMAP2 build-ids, both compressed
 record types), and on damaged files, which give :class:`PerfDataError`.
 """
 
@@ -15,13 +15,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import kreldctl
-from perffile import FINISHED_INIT, PerfFile, record, sample
 
 from kreld.core.errors import ExitCode, PerfDataError
-from kreld.kernel.info import Root, read_kernel_build_id, scan_kallsyms_anchors
+from kreld.kernel.info import Root, read_kernel_build_id
 from kreld.perf import reader as perfdata
 from kreld.perf.reader import read_perf_header
+
+from support.perffile import FINISHED_INIT, PerfFile, record, sample
+from support.perftool import live_text
+from support.run import kreldctl
 
 # -- real recordings ---------------------------------------------------------------------
 
@@ -59,13 +61,6 @@ def rec(tmp_path_factory: pytest.TempPathFactory) -> Recordings:
     if cp.returncode != 0:
         pytest.skip(f"perf record -e cpu-clock -a fails here: {cp.stderr.strip()[-300:]}")
     return r
-
-
-def live_text() -> int:
-    anchors = scan_kallsyms_anchors(Path("/proc/kallsyms").read_bytes())
-    if not anchors.get("_text"):
-        pytest.skip("/proc/kallsyms shows zero addresses (kernel.kptr_restrict)")
-    return anchors["_text"]
 
 
 def live_modules() -> dict[str, int]:
@@ -197,7 +192,7 @@ def test_mmap2_records_with_build_ids_give_kernel_and_module_build_ids(tmp_path:
 
 def test_a_kernel_map_relative_to_stext_says_so(tmp_path: Path) -> None:
     """Where the kernel has no _text perf names its map [kernel.kallsyms]_stext."""
-    from perffile import mmap
+    from support.perffile import mmap
 
     f = PerfFile()
     raw = f.write(tmp_path / "p.data").read_bytes()
@@ -311,7 +306,7 @@ def test_absurd_sizes_are_refused(tmp_path: Path) -> None:
 
 
 def test_a_short_mmap_and_bad_compressed_data_are_refused(tmp_path: Path) -> None:
-    from perffile import mmap
+    from support.perffile import mmap
 
     raw = PerfFile(text=None).write(tmp_path / "s.data").read_bytes()
     tramp = mmap("__entry_SYSCALL_64_trampoline", 0xFFFFFE0000000000, 0x1000, 0)
@@ -357,9 +352,9 @@ def test_prefix_limit_bounds_a_file_without_any_stop(
 
 
 def test_a_compressed_record_is_refused_while_it_inflates_past_the_limit(tmp_path: Path) -> None:
-    from perffile import compressed, zstd_bomb
-
     from kreld.core.errors import PerfDataTooLarge
+
+    from support.perffile import compressed, zstd_bomb
 
     f = PerfFile()
     bomb = compressed(zstd_bomb(16370 << 17))  # 64 KiB that inflate to 2 GiB
@@ -372,7 +367,7 @@ def test_a_compressed_record_is_refused_while_it_inflates_past_the_limit(tmp_pat
 def test_the_scan_ends_at_the_record_limit_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perffile import ROUND, module_maps
+    from support.perffile import ROUND, module_maps
 
     monkeypatch.setattr(perfdata, "RECORD_LIMIT", 1000)
     f = PerfFile(modules=MODS)
@@ -385,10 +380,10 @@ def test_the_scan_ends_at_the_record_limit_and_says_so(
 def test_module_maps_past_the_cap_are_too_large(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perffile import module_maps
-
     from kreld.core.errors import PerfDataTooLarge
     from kreld.perf import records as perfrecords
+
+    from support.perffile import module_maps
 
     monkeypatch.setattr(perfrecords, "MAX_MODULE_MAPS", 50)
     f = PerfFile()

@@ -3,7 +3,7 @@ symbolized at each sample's time.
 
 kreld runs as a real subprocess on a fake machine (test_symbols.Machine) for
 three boots of one kernel build; perf.data files say what ``perf record``
-would have written on each (tests/perffile.py).  ``kreldctl`` runs as a
+would have written on each (tests/support/perffile.py).  ``kreldctl`` runs as a
 subprocess on the store.
 
     A: slide 0, brd at BASE_A
@@ -22,11 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, _bin, kreldctl
-from perffile import PerfFile
-from test_symbols import BASE_A, BASE_B, BASE_C, BUILD_ID, LINK, RELEASE, SLIDES, Machine
-from test_symbols import daemons as daemons
-from test_symbols import sock_dir as sock_dir
 
 from kreld.core.errors import NoBootForRecording
 from kreld.core.model import (
@@ -40,6 +35,12 @@ from kreld.core.model import (
 )
 from kreld.perf.match import SampleClock, match_boot
 from kreld.perf.reader import ClockData, ModuleMap, PerfHeader
+
+from support.perffile import PerfFile
+from support.run import Daemon, bin_path, kreldctl
+from support.symbols import BASE_A, BASE_B, BASE_C, BUILD_ID, LINK, RELEASE, SLIDES, Machine
+from support.symbols import daemons as daemons
+from support.symbols import sock_dir as sock_dir
 
 SIZE = 0x4000  # FakeTree's coresize
 OTHER_SLIDE = 0x1E000000
@@ -73,7 +74,7 @@ class World:
         if stdin is None:
             return kreldctl(*args, *opts, check=check)
         return subprocess.run(
-            [_bin("kreldctl"), *args, *opts], input=stdin, capture_output=True, text=True
+            [bin_path("kreldctl"), *args, *opts], input=stdin, capture_output=True, text=True
         )
 
 

@@ -13,7 +13,7 @@ import ast
 import re
 from pathlib import Path
 
-KRELD = Path(__file__).resolve().parent.parent / "kreld"
+KRELD = Path(__file__).resolve().parents[2] / "kreld"
 README = KRELD.parent / "README.md"
 
 # The layers, lowest first: README.md's "Architecture" section, in code.

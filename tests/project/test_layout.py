@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-KRELD = Path(__file__).resolve().parent.parent / "kreld"
+KRELD = Path(__file__).resolve().parents[2] / "kreld"
 
 MAX_FUNCTION = 60
 MAX_CLASS = 300

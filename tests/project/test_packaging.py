@@ -29,7 +29,7 @@ from kreld.core import log as klog
 from kreld.core.errors import ConfigError, ExitCode
 from kreld.ctl import args as kreldctl
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MAN = REPO / "man"
 UNITS = REPO / "systemd"
 KRELD = Path(sys.executable).parent / "kreld"

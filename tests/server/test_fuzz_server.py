@@ -8,11 +8,12 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from conftest import raw_exchange, start
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kreld.client import Client, resolutions
+
+from support.run import raw_exchange, start
 
 METHODS = [
     "io.kreld.GetBoot", "io.kreld.ListBoots", "io.kreld.GetModules", "io.kreld.Resolve",

@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, ctl_json, kreldctl, start, wait_until
-from faketree import FakeTree
 
 from kreld.varlink.interface import IO_KRELD, Interface, parse_interface
 
-REPO = Path(__file__).resolve().parent.parent
+from support.faketree import FakeTree
+from support.run import Daemon, ctl_json, kreldctl, start
+from support.wait import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "go"
 IDL = REPO / "kreld" / "io.kreld.varlink"
 MODULE_BASE = 0xFFFFFFFFC0000000

@@ -16,9 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, _bin, kreldctl, notify_messages, notify_socket, raw_exchange, start
-from faketree import FakeTree
-from test_store import snap
 
 from kreld.client import (
     Client,
@@ -32,6 +29,18 @@ from kreld.core.model import Timestamp
 from kreld.core.record import replace
 from kreld.store import Store
 from kreld.varlink.wire import encode_call
+
+from support.faketree import FakeTree
+from support.records import snap
+from support.run import (
+    Daemon,
+    bin_path,
+    kreldctl,
+    notify_messages,
+    notify_socket,
+    raw_exchange,
+    start,
+)
 
 
 @pytest.fixture
@@ -402,7 +411,7 @@ def test_sd_notify_ready_watchdog_status_and_stopping(
     env = dict(os.environ, NOTIFY_SOCKET=str(sockdir / "notify"), WATCHDOG_USEC="200000")
     log = open(tmp_path / "kreld.log", "wb")  # noqa: SIM115 - outlives the Popen call
     proc = subprocess.Popen(
-        [_bin("kreld"), "--root", str(tree.root), "--state-dir", str(state_dir),
+        [bin_path("kreld"), "--root", str(tree.root), "--state-dir", str(state_dir),
          "--socket", str(sock)],
         env=env, stdout=log, stderr=log,
     )  # fmt: skip
@@ -430,7 +439,7 @@ def test_sd_notify_ready_watchdog_status_and_stopping(
 def test_socket_activation(tree: FakeTree, state_dir: Path, sockdir: Path, tmp_path: Path) -> None:
     sock = sockdir / "activated.sock"
     log = open(tmp_path / "kreld.log", "wb")  # noqa: SIM115 - outlives the Popen call
-    kreld = _bin("kreld")
+    kreld = bin_path("kreld")
     proc = subprocess.Popen(
         ["systemd-socket-activate", "-l", str(sock), kreld, "--log-format", "json",
          "--root", str(tree.root), "--state-dir", str(state_dir),

@@ -33,15 +33,16 @@ from typing import Any
 
 import pytest
 import varlink
-from conftest import Daemon, raw_exchange, start
-from faketree import FakeTree
 from varlink import scanner
 
 from kreld.client import resolutions
 from kreld.core import consts
 from kreld.varlink.interface import SERVICE_DESCRIPTION
 
-REPO = Path(__file__).resolve().parent.parent
+from support.faketree import FakeTree
+from support.run import Daemon, raw_exchange, start
+
+REPO = Path(__file__).resolve().parents[2]
 IDL = REPO / "kreld" / "io.kreld.varlink"
 
 # The grammar of https://varlink.org/Interface-Definition, for names.

@@ -19,14 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _bin, kreldctl
-from faketree import FakeTree
-from test_queries import incarnation
-from test_store import snap
 
 from kreld.core.errors import StoreCorrupt
 from kreld.core.model import BootSnapshot, Incarnation
 from kreld.store import Store, inc_key, lmdbcheck
+
+from support.faketree import FakeTree
+from support.queries import incarnation
+from support.records import snap
+from support.run import bin_path, kreldctl
 
 
 def grow_and_free_again(store: Store) -> None:
@@ -122,7 +123,7 @@ def test_a_data_mdb_cut_short_at_several_points_is_refused_and_nothing_dies_of_a
             lmdbcheck.check_datafile(cut)
         for argv in (["snapshot"], ["boots"], ["modules", "--boot", BOOT0]):
             cp = subprocess.run(
-                [_bin("kreldctl"), "--root", str(tree.root), "--state-dir", str(cut), *argv],
+                [bin_path("kreldctl"), "--root", str(tree.root), "--state-dir", str(cut), *argv],
                 capture_output=True,
                 text=True,
                 timeout=60,

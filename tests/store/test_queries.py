@@ -14,11 +14,7 @@ from pathlib import Path
 from kreld.client import resolutions
 from kreld.core import record
 from kreld.core.model import (
-    Anchors,
-    BootSnapshot,
     Clock,
-    Incarnation,
-    ModuleState,
     SeenBy,
     Timestamp,
 )
@@ -27,63 +23,10 @@ from kreld.store import Store
 from kreld.symbols.queries import AddressMap
 from kreld.varlink.requests import Resolve, parse
 
-T0 = Timestamp(1_000, 1_000, 1_000)
+from support.queries import T0, boot, incarnation
+
 T1 = Timestamp(2_000, 2_000, 2_000)
 T2 = Timestamp(3_000, 3_000, 3_000)
-
-
-def boot() -> BootSnapshot:
-    return BootSnapshot(
-        boot_id="00000000-0000-0000-0000-000000000001",
-        release="6.1.0",
-        version="#1",
-        build_id="ab" * 20,
-        anchors=Anchors(0xFFFFFFFF81000000, 0xFFFFFFFF81000000, 0xFFFFFFFF82000000),
-        kaslr=None,
-        restricted=False,
-        restricted_reason=None,
-        kptr_restrict=0,
-        first_seen=T0,
-    )
-
-
-def incarnation(
-    name: str, seq: int, core: int, coresize: int, init: int, **kw: object
-) -> Incarnation:
-    sections = {
-        ".text": core,
-        ".rodata": core + 0x1000,
-        ".data": core + 0x2000,
-        ".gnu.linkonce.this_module": core + 0x2400,
-        ".bss": core + 0x2800,
-        ".init.text": init,
-        ".init.data": init + 0x400,
-        ".symtab": init + 0x800,
-        ".strtab": init + 0xC00,
-    }
-    state = ModuleState(
-        name=name,
-        build_id=f"{seq:02x}" * 20,
-        sections=sections,
-        coresize=coresize,
-        initsize=0x1000,
-        initstate="live",
-        srcversion=None,
-        taint=None,
-        core_base=core,
-        restricted=False,
-        inode=seq,
-    )
-    defaults: dict[str, object] = {"init_live": False, "init_done": None, "unloaded": None}
-    defaults.update(kw)
-    return Incarnation(
-        boot_id=boot().boot_id,
-        seq=seq,
-        state=state,
-        loaded=T0,
-        seen_by=SeenBy.STARTUP,
-        **defaults,  # type: ignore[arg-type]
-    )
 
 
 def where(amap: AddressMap, addr: int) -> tuple[str, str] | None:

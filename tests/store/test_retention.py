@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conftest import Daemon, start
-from faketree import FakeTree
-
 from kreld.store import Store
+
+from support.faketree import FakeTree
+from support.run import Daemon, start
 
 
 def test_daemon_applies_retention_at_start(
@@ -40,8 +40,7 @@ def test_daemon_applies_retention_at_start(
 
 def test_gc_forgets_a_boots_per_cpu_values_with_its_incarnations(tmp_path: Path) -> None:
     """What one load printed for its per-cpu variables goes with the boot it belongs to."""
-    from test_records import incarnation
-    from test_store import snap
+    from support.records import incarnation, snap
 
     with Store(tmp_path / "st") as store:
         old, new = snap(n=1), snap(n=2)

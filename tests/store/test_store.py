@@ -14,8 +14,6 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from conftest import kreldctl
-from faketree import FakeTree
 
 from kreld.core import consts
 from kreld.core.errors import StoreCorrupt, StoreError, StoreTooNew
@@ -23,34 +21,11 @@ from kreld.core.model import Anchors, BootSnapshot, KaslrOffset, OffsetSource, T
 from kreld.store import Store
 from kreld.store.lock import LOCK_NAME
 
-TEXT = 0xFFFFFFFF9D000000
+from support.faketree import FakeTree
+from support.records import BUILD_ID, TEXT, snap
+from support.run import kreldctl
+
 LINK = 0xFFFFFFFF81000000
-BUILD_ID = "0123456789abcdef0123456789abcdef01234567"
-
-
-def snap(
-    boot_id: str | None = None,
-    *,
-    n: int = 0,
-    text: int | None = TEXT,
-    kaslr: KaslrOffset | None = None,
-    restricted: bool = False,
-    build_id: str | None = BUILD_ID,
-    kptr_restrict: int | None = 0,
-) -> BootSnapshot:
-    anchors = Anchors() if text is None else Anchors(text, text, text + 0x1000000)
-    return BootSnapshot(
-        boot_id=boot_id or str(uuid.uuid4()),
-        release="6.1.0-fake",
-        version="#1 SMP",
-        build_id=build_id,
-        anchors=anchors,
-        kaslr=kaslr,
-        restricted=restricted,
-        restricted_reason="kernel.kptr_restrict=2 hides kernel pointers" if restricted else None,
-        kptr_restrict=kptr_restrict,
-        first_seen=Timestamp(1_000 + n, 2_000 + n, 1_700_000_000_000_000_000 + n),
-    )
 
 
 # -- one record per boot -----------------------------------------------------------------

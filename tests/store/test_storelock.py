@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import _bin, kreldctl, start, wait_until
-from faketree import FakeTree
-from test_store import snap
-
 from kreld.client import Client
 from kreld.core.errors import ExitCode
 from kreld.store import Store
+
+from support.faketree import FakeTree
+from support.records import snap
+from support.run import bin_path, kreldctl, start
+from support.wait import wait_until
 
 
 def sha256(p: Path) -> str:
@@ -160,7 +161,7 @@ def test_kreldctl_reads_beside_a_daemon_and_its_writes_without_the_daemon_are_lo
     via = json.loads(kreldctl("--socket", str(sock), "snapshot", "--json").stdout)
     assert via["boot"]["boot_id"] == tree.boot_id
     cp = subprocess.run(
-        [_bin("kreldctl"), "--root", str(tree.root), "--state-dir", str(state), "snapshot"],
+        [bin_path("kreldctl"), "--root", str(tree.root), "--state-dir", str(state), "snapshot"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -168,7 +169,7 @@ def test_kreldctl_reads_beside_a_daemon_and_its_writes_without_the_daemon_are_lo
     assert cp.returncode == 7, cp.stderr
     assert "another kreld" in cp.stderr and str(d.proc.pid) in cp.stderr
     gc = subprocess.run(
-        [_bin("kreldctl"), "--state-dir", str(state), "gc", "--keep-boots", "1"],
+        [bin_path("kreldctl"), "--state-dir", str(state), "gc", "--keep-boots", "1"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,9 +1,6 @@
 """Helpers of the fault suite (tests/faults): store reads, history invariants, process
 figures.  (The opt-in, tests skipped unless ``-m faults`` selects them, is a hook in
 tests/conftest.py keyed on the ``faults`` marker each module sets in its pytestmark.)
-
-Not a conftest.py on purpose: tests/conftest.py is imported as ``conftest`` by the
-other test modules, and a second conftest.py would replace it in sys.modules.
 """
 
 from __future__ import annotations
@@ -171,7 +168,7 @@ def write_config(path: Path, **sections: dict[str, Any]) -> Path:
 
 
 class Measured:
-    """One command run through tests/faults/peak.py: its exit status and the kernel's
+    """One command run through tests/support/peak.py: its exit status and the kernel's
     account of it alone (``wait4``), not of the pytest process it was started from."""
 
     def __init__(self, rc: int, maxrss_kib: int, cpu_s: float, wall_s: float, timed_out: bool):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[2]
-ADAPTER_DIR = Path(__file__).resolve().parent / "bin"
+ADAPTER_DIR = REPO / "tests/vm/bin"
 VENVS = (REPO / ".venv", REPO / ".venv-vm")
 REAL_VIRTIOFSD = (Path("/usr/libexec/virtiofsd"), Path("/usr/lib/qemu/virtiofsd"))
 SYSMAP_DIR = Path("/var/lib/kreld-vm")
@@ -126,7 +126,7 @@ def _wrapper(env: Mapping[str, str], out: Path, cwd: Path) -> str:
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
     return (
         "#!/bin/sh\n"
-        "# Written by tests/vm/harness.py; runs inside the guest.\n"
+        "# Written by tests/support/harness.py; runs inside the guest.\n"
         f"{exports}"
         f"cd {shlex.quote(str(cwd))} || exit 125\n"
         f"sh {shlex.quote(str(out / 'command.sh'))} "

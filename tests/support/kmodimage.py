@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from kmembuild import BtfBuilder, KcoreImage
+from support.kmembuild import BtfBuilder, KcoreImage
 
 KTEXT = 0xFFFFFFFF81000000  # the kernel image
 MODULES_HEAD = KTEXT + 0x80000

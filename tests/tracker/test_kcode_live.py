@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from bpfprog import load_socket_filter
-from conftest import ctl_json, kreldctl, wait_until
 
 from kreld.client import Client
 from kreld.core import consts
@@ -34,6 +32,10 @@ from kreld.kernel.sideband import merge_by_time
 from kreld.store import Store
 from kreld.tracker.kcode import KernelCodeFollower, stamper
 from kreld.tracker.kcodeplan import CodeState
+
+from support.bpfprog import load_socket_filter
+from support.run import ctl_json, kreldctl
+from support.wait import wait_until
 
 ROOT = Root(Path("/"))
 
@@ -450,7 +452,7 @@ class Recording(NamedTuple):
 def filter_recording(daemon_factory: Any, tmp_path: Path, sockdir: Path) -> Recording:
     """kreld on the real root while a per-task ``perf record -k monotonic`` records a
     task that runs a BPF filter another process loads and unloads mid-recording
-    (tests/kcode_workload/): such a recording gets no KSYMBOL record."""
+    (tests/tracker/kcode_workload/): such a recording gets no KSYMBOL record."""
     perf = shutil.which("perf")
     if perf is None:
         pytest.skip("perf is not installed (Debian package linux-perf)")

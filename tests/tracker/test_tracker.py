@@ -17,13 +17,16 @@ from typing import Any
 
 import pytest
 import structlog
-from conftest import fast_tmpdir, kreldctl, wait_until
-from faketree import FakeTree
 
 from kreld.core.model import SeenBy
 from kreld.kernel.info import Root
 from kreld.store import Store
 from kreld.tracker.tracker import Hint, ModuleTracker
+
+from support.faketree import FakeTree
+from support.run import kreldctl
+from support.tmpdirs import fast_tmpdir
+from support.wait import wait_until
 
 BASE_A = 0xFFFFFFFFC0400000
 BASE_B = 0xFFFFFFFFC0900000

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bpfprog import load_socket_filter
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from support.bpfprog import load_socket_filter
 
 SO_ATTACH_BPF = 50
 
