@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import pickle
 import sys
-import time
 from typing import ClassVar
 
 import pytest
@@ -111,25 +109,6 @@ def test_what_it_does_not_carry_out_is_refused_not_ignored() -> None:
 
             def __post_init__(self) -> None:
                 pass
-
-
-def test_defining_a_record_costs_less_than_half_a_frozen_slotted_dataclass() -> None:
-    """One reason it exists: best of 5 rounds of 20 class definitions each."""
-
-    def cost(decorate: object) -> float:
-        best = float("inf")
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(20):
-                body = {"__annotations__": {"a": "int", "b": "str", "c": "int", "d": "str"}}
-                body |= {"c": 0, "d": "", "__doc__": "doc"}
-                decorate(type("R", (), body))  # type: ignore[operator]
-            best = min(best, time.perf_counter() - t0)
-        return best
-
-    ours = cost(record)
-    theirs = cost(lambda c: dataclasses.dataclass(c, frozen=True, slots=True))
-    assert ours < 0.5 * theirs, (ours, theirs)
 
 
 def test_kreldctl_s_store_reads_never_import_dataclasses_or_inspect() -> None:
