@@ -252,18 +252,16 @@ def test_subscribe_streams_loads_and_unloads(served: Any) -> None:
         first = next(stream)
         assert first["event"] == "snapshot"
         assert sorted(m["name"] for m in first["modules"]) == ["dummy", "veth"]
-        t0 = time.monotonic()
         tree.add_module("loop", 0xFFFFFFFFC0300000)
         ev = next(stream)
-        latency = time.monotonic() - t0
         assert ev["event"] == "load" and ev["module"]["name"] == "loop"
         assert ev["module"]["sections"][".text"] == "0xffffffffc0300000"
+        # Delivered from the load's own event, not by a later poll (the module
+        # issue's inotify goal, p99 < 20 ms, is bench/bench_modules.py's to measure).
+        assert ev["module"]["seen_by"] != "poll", ev["module"]["seen_by"]
         tree.remove_module("loop")
         ev = next(stream)
         assert ev["event"] == "unload" and ev["module"]["unloaded"] is not None
-    # The module issue's inotify goal is p99 < 20 ms; one sample on a busy machine
-    # gets a wide margin, but an event that only a later poll would deliver fails.
-    assert latency < 0.9
 
 
 def test_slow_subscriber_is_dropped_and_others_are_served(
