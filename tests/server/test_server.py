@@ -341,9 +341,8 @@ def test_idle_connection_is_closed_after_the_timeout(
     sock = sockdir / "k.sock"
     start(daemon_factory, tree, state_dir, sock, "--config", str(cfg))
     s = connect_unix(str(sock), 10)
-    t0 = time.monotonic()
-    assert s.recv(10) == b""  # closed by kreld, not by our 10 s timeout
-    assert time.monotonic() - t0 < 9
+    # An empty read is kreld's close: our own 10 s timeout would raise instead.
+    assert s.recv(10) == b""
     s.close()
 
 
