@@ -22,7 +22,6 @@ import re
 import shutil
 import struct
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from support.run import Daemon, kreldctl
 from support.symbols import BASE_A, BASE_B, Machine
 from support.symbols import daemons as daemons
 from support.symbols import sock_dir as sock_dir
+from support.wait import wait_until
 
 WORK = ["dd", "if=/dev/zero", "of=/dev/null", "bs=512", "count=2500000"]
 # (how perf record is told, file name): each recorded once, side by side
@@ -80,6 +80,19 @@ def perf_record(perf: str, kind: str, out: Path, home: Path) -> subprocess.Popen
     return subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, env=perf_env(home))
 
 
+def workload_running(p: subprocess.Popen[bytes]) -> bool:
+    """A child of *p* has exec'd the workload (dd)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            comm_end = (s := stat.read_text()).rindex(")")
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        ppid = int(s[comm_end + 2 :].split()[1])
+        if ppid == p.pid and s[s.index("(") + 1 : comm_end] == WORK[0]:
+            return True
+    return False
+
+
 @pytest.fixture(scope="module")
 def world(
     tmp_path_factory: pytest.TempPathFactory, sock_dir: Path, daemons: list[Daemon]
@@ -99,7 +112,9 @@ def world(
     k.wait_for("modules_startup")
     raw = {kind: d / f"{kind}.raw" for kind in KINDS}
     procs = {kind: perf_record("perf", kind, raw[kind], home) for kind in KINDS}
-    time.sleep(0.8)
+    # perf enables its events when the workload execs: each dd running means each
+    # perf is recording.
+    wait_until("perf's workloads running", lambda: all(workload_running(p) for p in procs.values()))
     m.load("brd", BASE_A)
     k.wait_for("module_loaded", module="brd")
     k.wait_for("module_symbols", module="brd")
