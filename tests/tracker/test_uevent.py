@@ -26,6 +26,8 @@ from kreld.tracker.sources import (
     parse_uevent,
 )
 
+from support.wait import wait_until
+
 MEM_NULL_UEVENT = "/sys/devices/virtual/mem/null/uevent"
 
 
@@ -299,6 +301,36 @@ def test_the_inotify_watch_is_woken_only_by_module_directories_coming_and_going(
         src.stop()
 
 
+def first_poll_done(src_dir: Path, rec: Recorder) -> None:
+    """Wait until the poller has its first snapshot: probe directories made one
+    after another until one is told (made after the snapshot); wait for the rest
+    made after it, then remove them all and wait for every removal (each probe is
+    in a snapshot by then), so that none is told later; *rec*'s hints start empty."""
+    made: list[str] = []
+
+    def told() -> set[str]:
+        with rec.lock:
+            return {n for _s, a, n in rec.hints if a == "add" and n in made}
+
+    def probe() -> bool:
+        made.append(f"probe{len(made)}")
+        (src_dir / made[-1]).mkdir()
+        return bool(told())
+
+    wait_until("the poller's first snapshot", probe, 10, step=0.05)
+    first = min(made.index(n) for n in told())
+    wait_until("every later probe told", lambda: set(made[first:]) <= told(), 10)
+    for n in made:
+        (src_dir / n).rmdir()
+    wait_until(
+        "the probes' removals told",
+        lambda: {n for _s, a, n in rec.hints if a == "remove"} >= set(made),
+        10,
+    )
+    with rec.lock:
+        rec.hints.clear()
+
+
 def test_the_polling_snapshot_sees_loads_unloads_and_a_reload_under_the_same_name(
     tmp_path: Path,
 ) -> None:
@@ -313,7 +345,7 @@ def test_the_polling_snapshot_sees_loads_unloads_and_a_reload_under_the_same_nam
     stop = threading.Event()
     src.start(stop)
     try:
-        time.sleep(0.3)  # the first snapshot is taken
+        first_poll_done(src_dir=mods, rec=rec)
         (mods / "new").mkdir()
         # Moved away, not removed: a disk filesystem would give the new
         # directory the freed inode (kernfs numbers each directory anew).
