@@ -41,6 +41,7 @@ from support.run import (
     raw_exchange,
     start,
 )
+from support.wait import wait_until
 
 
 @pytest.fixture
@@ -69,6 +70,14 @@ def at_the_limit(sock: Path, n: int) -> Iterator[list[Client]]:
     finally:
         for c in held:
             c.close()
+
+
+def only_this_connection(sock: Path) -> bool:
+    """Status, asked on a new connection, counts it alone (a refusal is no)."""
+    with Client(str(sock)) as c:
+        c.send("Status", {})
+        reply = c.receive()
+    return bool(reply.get("parameters", {}).get("connections") == 1)
 
 
 def test_every_method_answers_what_the_store_holds(served: Any) -> None:
@@ -355,7 +364,9 @@ def test_too_many_connections_get_a_named_error(
     start(daemon_factory, tree, state_dir, sock, "--config", str(cfg))
     with at_the_limit(sock, 3) as held:
         held[0].close()
-        time.sleep(0.2)
+        wait_until(
+            "kreld let the closed one go", lambda: held[1].call("Status")["connections"] == 2
+        )
         with Client(str(sock)) as again:
             assert again.call("GetBoot")["boot"]["boot_id"] == tree.boot_id
 
@@ -483,7 +494,7 @@ def test_sighup_reloads_and_keeps_running_config_on_error(
     d.proc.send_signal(1)
     ev = d.wait_for("config_reload_failed")
     assert "limits.max_connections" in ev["error"] and "50-bad.toml" in ev["error"]
-    time.sleep(0.2)
+    wait_until("kreld let the held ones go", lambda: only_this_connection(sock))
     with at_the_limit(sock, 2):
         pass  # still 2: the bad drop-in changed nothing
     assert d.stop() == 0
