@@ -215,9 +215,10 @@ def real_server_listing(boots_total: int, memory_ns: int, pages: int, quick: boo
 
     sys.path.insert(0, str(REPO / "tests"))
     import obstore
-    from s3server import running_s3, weed_binary
 
     from kreld.fleet.s3 import open_bucket
+
+    from support.s3server import running_s3, weed_binary
 
     if weed_binary() is None:
         log("no weed binary: the real-server listing is skipped")

@@ -29,9 +29,9 @@ from typing import Any
 from common import REPO, Kreld, Result, bench_main, log, median, now_ns, venv_tool
 
 sys.path.insert(0, str(REPO / "tests"))
-from bpfprog import load_socket_filter
-
 from kreld.tracker.kernel_code import THREAD_NAME
+
+from support.bpfprog import load_socket_filter
 
 CPU_GOAL_MS = 1.0
 IDLE_GOAL_PCT = 0.5

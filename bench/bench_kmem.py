@@ -4,7 +4,7 @@ Where kptr_restrict=2 zeroes ``/sys/module/*/sections``, the tracker still reads
 each module's sysfs directory (build-id, sizes, state; the sections read as
 zeros) and then walks the kernel's module list in ``/proc/kcore`` for the
 addresses.  Both sides run in process on files built like the real ones
-(tests/faketree.py for sysfs, tests/kmodimage.py for a kcore image in the pre-6.4
+(tests/support/faketree.py for sysfs, tests/support/kmodimage.py for a kcore image in the pre-6.4
 layout with its BTF), 100 modules of 24 sections each:
 
 * at start: all 100 read; baseline: the same 100 read in a sysfs tree that
@@ -17,7 +17,7 @@ same file system (page cache); on a real kernel each sysfs read and each kcore
 read costs more (the VM figures are in tests/vm/test_seethrough_vm.py's notes).
 
 And the kernel's own symbol table on a stock host: decoding its kallsyms tables
-(150,000 symbols, encoded as scripts/kallsyms.c does, tests/kallsymsbuild.py)
+(150,000 symbols, encoded as scripts/kallsyms.c does, tests/support/kallsymsbuild.py)
 from a kcore image and checking them against kallsyms' names, against reading
 ``/proc/kallsyms`` itself (this host's, every line formatted by its kernel).
 
@@ -52,7 +52,7 @@ SECTIONS += [".static_call_sites", ".exit.data", ".init.rodata"]
 
 def _build(tmp: Path) -> tuple[Root, Root, KernelMemory, list[str]]:
     faketree = load_faketree()
-    import kmodimage  # tests/ is on the path once faketree is loaded
+    from support import kmodimage
 
     visible = faketree.FakeTree(tmp / "visible")
     zeroed = faketree.FakeTree(tmp / "zeroed", kptr_restrict=2)
@@ -136,8 +136,8 @@ SYMBOLS = 150_000
 def _tables(n: int) -> list[Result]:
     """The kernel's table decoded from memory against a read of /proc/kallsyms."""
     load_faketree()
-    import kallsymsbuild
-    from kmembuild import KcoreImage
+    from support import kallsymsbuild
+    from support.kmembuild import KcoreImage
 
     text = 0xFFFFFFFFAB000000
     lines = [(0x1000, "A", "irq_stack_backing_store"), (text, "T", "_text"), (text, "T", "_stext")]

@@ -2,7 +2,7 @@
 daemon costs.
 
 * Event-to-visible latency: ``kreld`` runs as a real subprocess on a fake
-  tree (``tests/faketree.py``) with 100 modules already loaded; the bench
+  tree (``tests/support/faketree.py``) with 100 modules already loaded; the bench
   loads modules (``FakeTree.add_module``: the directory is renamed into
   ``sys/module`` at once) and reads a read-only :class:`kreld.store.Store`
   (what ``kreldctl`` reads) every 0.5 ms (inotify) or 2 ms (polling) until

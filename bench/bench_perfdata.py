@@ -5,7 +5,7 @@ of perf's synthesized records and never scans the samples.
 The recording is real when perf can record here (root, ``perf record -e
 cpu-clock -g -a`` at a high rate while dd runs, repeated with a longer
 workload until the file passes 100 MB); otherwise a file of the same size is
-written (tests/perffile.py: a header, the synthesized records, then samples).
+written (tests/support/perffile.py: a header, the synthesized records, then samples).
 The store holds this boot (``kreldctl snapshot``), so the export matches it.
 
 Figures (medians over interleaved runs, the file in the page cache):
@@ -66,7 +66,7 @@ def record_real(d: Path) -> Path | None:
 def written(d: Path, text: int, build_id: str | None, release: str) -> Path:
     """A file of MIN_SIZE bytes written here, for a machine where perf cannot record."""
     sys.path.insert(0, str(REPO / "tests"))
-    from perffile import PerfFile, sample
+    from support.perffile import PerfFile, sample
 
     samples = b"".join(sample(text + 0x1000 + i, i) for i in range(10_000))
     f = PerfFile(text=text, kernel_build_id=build_id, osrelease=release)

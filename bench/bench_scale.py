@@ -10,7 +10,7 @@ its 100 incarnations; at the end the open index of the finished boots is
 dropped (``close_other_boots``), as the next boot's daemon does.  Symbol
 tables are not in it (``bench_symbols`` measures what they add per boot).
 
-The daemon then runs on that store with a fake tree (``tests/faketree.py``)
+The daemon then runs on that store with a fake tree (``tests/support/faketree.py``)
 that is a new boot with 100 modules, ``kreld --root TREE --state-dir STORE
 --socket S`` as a real subprocess.  Figures, each against a baseline of the
 same run:

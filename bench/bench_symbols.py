@@ -18,7 +18,7 @@
   (built once from ``/proc/kallsyms``) doing the same lookups, parsing the
   same hex strings.  Goals: 1,000,000/s in-process, 500,000/s over the socket.
 * Bytes stored per additional boot of a known build with 100 modules: a fake
-  tree (``tests/faketree.py``) whose kallsyms is the real core kernel's
+  tree (``tests/support/faketree.py``) whose kallsyms is the real core kernel's
   (shifted to the fake ``_text``) plus 100 modules; ``kreld`` run once, then
   the same build rebooted with another KASLR slide and the modules at other
   addresses, ``kreld`` run again.  Bytes = pages of every named LMDB

@@ -52,9 +52,9 @@ def _tests_on_path() -> None:
 
 
 def load_faketree() -> ModuleType:
-    """``tests/faketree.py`` (FakeTree), which is not an installed module."""
+    """``tests/support/faketree.py`` (FakeTree), which is not an installed module."""
     _tests_on_path()
-    import faketree
+    from support import faketree
 
     return faketree
 
@@ -71,7 +71,7 @@ def real_kallsyms(tree: Any) -> int:
 
 
 _tests_on_path()
-from kreldproc import KreldProcess  # noqa: E402 (tests/ is on the path only now)
+from support.kreldproc import KreldProcess  # noqa: E402 (tests/ is on the path only now)
 
 
 def log(msg: str) -> None:
@@ -329,7 +329,7 @@ def proc_memory(pid: int) -> dict[str, int]:
 
 class Kreld(KreldProcess):
     """``kreld`` as a real subprocess logging JSON lines to a file, started at once
-    (the tests' harness, ``tests/kreldproc.py``)."""
+    (the tests' harness, ``tests/support/kreldproc.py``)."""
 
     def __init__(self, args: list[str], log_path: Path) -> None:
         super().__init__(args, log_path, venv_tool("kreld"))

@@ -3,7 +3,7 @@
 A command imports what it uses, when it uses it: the store (lmdb) only when
 it reads the store, the client only when it talks to the daemon, the
 snapshot's readers only for ``snapshot``.  ``kreldctl --help`` loads none of
-them (tests/test_cli.py checks which modules each loads).
+them (tests/ctl/test_cli.py checks which modules each loads).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ DEFAULT_ROOT: Final = "/"
 MAX_SOCKET_PATH: Final = 108 - 1 - 9
 
 # The project's public address, as org.varlink.service.GetInfo gives it: empty
-# while pyproject.toml names none (tests/test_varlink_reference.py holds the two equal).
+# while pyproject.toml names none (tests/server/test_varlink_reference.py holds the two equal).
 PROJECT_URL: Final = ""
 
 

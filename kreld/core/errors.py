@@ -67,7 +67,7 @@ __all__ = [
 class ExitCode(IntEnum):
     """Exit codes of ``kreld`` and ``kreldctl``; what each means to each program is
     :data:`EXIT_STATUS`, the one table their ``--help``, man pages and README are
-    made from (``scripts/gendocs``, checked by tests/test_docs.py)."""
+    made from (``scripts/gendocs``, checked by tests/project/test_docs.py)."""
 
     OK = 0
     ERROR = 1
@@ -164,7 +164,7 @@ class KreldError(Exception):
     varlink_name: ClassVar[str] = "io.kreld.InternalError"
     exit_code: ClassVar[ExitCode] = ExitCode.ERROR
     #: The varlink error's parameters, each an attribute of the same name: the
-    #: IDL declares the same list (tests/test_errors.py holds the two together).
+    #: IDL declares the same list (tests/core/test_errors.py holds the two together).
     fields: ClassVar[tuple[str, ...]] = ("message",)
 
     def __init__(self, message: str) -> None:

@@ -1,16 +1,16 @@
 """``@record``: kreld's one record system, for every frozen record of kreld/.
 
 Why not ``@dataclass(frozen=True, slots=True)``, measured (bench/bench_startup.py,
-tests/test_record.py; the figures are in bench/RESULTS.md, not here, where they
+tests/core/test_record.py; the figures are in bench/RESULTS.md, not here, where they
 would go stale):
 
 * a frozen, slotted dataclass compiles six methods for each class, one
   ``exec`` apiece, and every start of ``kreld`` and ``kreldctl`` defines some
-  fifty records: :func:`record` compiles ``__init__`` alone (tests/test_record.py
+  fifty records: :func:`record` compiles ``__init__`` alone (tests/core/test_record.py
   holds it to under half a dataclass's cost) and shares the rest;
 * importing :mod:`dataclasses` imports :mod:`inspect` (and with it ``ast``,
   ``dis``, ``tokenize``), a sixth of a ``kreldctl`` command that needs neither;
-  kreldctl's store path imports neither (tests/test_record.py).  The daemon gets
+  kreldctl's store path imports neither (tests/core/test_record.py).  The daemon gets
   :mod:`dataclasses` through structlog anyway; its records are still ``@record``,
   so that there is one kind of record to read, test and pickle.
 * per call, ``__init__`` is a little faster and ``==`` and ``hash`` a little

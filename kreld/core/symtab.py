@@ -129,7 +129,7 @@ def searchable(cols: Columns) -> tuple[array[int], array[int]]:
     on ties, gives every symbol but the last at an address zero length
     (symbols__fixup_end()), then symbols__fixup_duplicate() keeps the one of
     non-zero length (choose_best_symbol()); checked against ``perf script`` in
-    tests/test_perf.py.  A symbol of a type perf drops (r, a: read-only data,
+    tests/perf/test_perf.py.  A symbol of a type perf drops (r, a: read-only data,
     never where a sample lands) is still named where no other starts at its
     address, so data addresses keep their names.
     """

@@ -15,7 +15,7 @@ keeps.  Every file's GNU build-id is read
 another build is refused.
 
 Nothing on the record-time path reaches this folder: reading DWARF is for
-answering, never for recording (tests/test_imports.py holds it).
+answering, never for recording (tests/project/test_imports.py holds it).
 
 May import: ``core``, ``config``, ``kernel``.
 """

@@ -3,7 +3,7 @@ file and the key or line, exit 6, by ``kreld --config`` and by ``kreldctl`` alik
 bounded memory and time, never a traceback, a hang or all the memory there is.
 
 Each run is the program as a child of the test under RLIMIT_AS of 512 MiB and a
-timeout, its peak resident memory and CPU from ``wait4`` through tests/faults/peak.py
+timeout, its peak resident memory and CPU from ``wait4`` through tests/support/peak.py
 (faultlib.run_measured).  Drop-ins are tried like the main file, and a running
 daemon given a hostile drop-in on SIGHUP keeps its configuration and serves on.
 """
@@ -18,14 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import _bin, start
-from faketree import FakeTree
-from faultlib import run_measured
 
 from kreld.client import Client
 from kreld.config import files, shape
 from kreld.core import consts
 from kreld.core.errors import ExitCode
+
+from support.faketree import FakeTree
+from support.faultlib import run_measured
+from support.run import bin_path, start
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -47,7 +48,7 @@ class Run:
 
 
 def run(program: str, *args: str) -> Run:
-    argv = [_bin(program), *args]
+    argv = [bin_path(program), *args]
     with tempfile.TemporaryFile() as err:
         m = run_measured(argv, stdout=err, stderr=err, timeout=TIMEOUT, as_limit=AS_LIMIT)
         if m.timed_out:

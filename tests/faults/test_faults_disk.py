@@ -16,9 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import fast_tmpdir, start, wait_until
-from faketree import FakeTree
-from faultlib import (
+
+from kreld.client import Client
+from kreld.core import consts
+from kreld.core.errors import StoreFull
+from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.store import Store
+
+from support.faketree import FakeTree
+from support.faultlib import (
     assert_history_sane,
     assert_kept,
     fill,
@@ -26,12 +32,9 @@ from faultlib import (
     tiny_tmpfs,
     write_config,
 )
-
-from kreld.client import Client
-from kreld.core import consts
-from kreld.core.errors import StoreFull
-from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
-from kreld.store import Store
+from support.run import start
+from support.tmpdirs import fast_tmpdir
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -334,7 +337,7 @@ def _inc(name: str, i: int) -> Incarnation:
 
 
 def test_tiny_map_takes_thousands_of_incarnations_and_a_record_larger_than_it() -> None:
-    """Store level (tests/test_store.py grows a tiny map with boots): here module
+    """Store level (tests/store/test_store.py grows a tiny map with boots): here module
     incarnations, reader threads running through every growth, and one write bigger than
     several doublings of the map."""
     boot = str(uuid.uuid4())

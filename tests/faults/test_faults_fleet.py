@@ -6,7 +6,7 @@ Two hosts, A and B, each a fake tree with its own kreld as a real subprocess,
 publish to a pristine prefix once per module; each test copies that prefix to a
 fresh one, tampers with it as an attacker would, and runs kreldctl as a child
 under RLIMIT_AS and a timeout, its peak memory and CPU taken from wait4
-(tests/faults/peak.py).  Asked about the tampered boot by name, kreldctl gives
+(tests/support/peak.py).  Asked about the tampered boot by name, kreldctl gives
 FleetObjectInvalid (exit 5) naming the object and why; asked for the listing, it
 skips what it cannot believe, names it on stderr (and in --json), and still lists
 and answers for every other boot.
@@ -24,14 +24,15 @@ from typing import Any
 
 import pytest
 import zstandard
-from conftest import _bin, kreldctl
-from faultlib import run_measured
-from kreldproc import KreldProcess
-from s3server import S3Server, running_s3, weed_binary
-from test_fleet import BUCKET, Host, create_bucket
 
 from kreld.fleet import objects as fleet
 from kreld.fleet.s3 import Bucket, open_bucket
+
+from support.faultlib import run_measured
+from support.fleet import BUCKET, Host, create_bucket
+from support.kreldproc import KreldProcess
+from support.run import bin_path, kreldctl
+from support.s3server import S3Server, running_s3, weed_binary
 
 pytestmark = [
     pytest.mark.faults,
@@ -108,7 +109,7 @@ class Out:
 def ctl(url: str, *args: str) -> Out:
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         m = run_measured(
-            [_bin("kreldctl"), "--from", url, *args],
+            [bin_path("kreldctl"), "--from", url, *args],
             stdout=out,
             stderr=err,
             timeout=TIMEOUT,

@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _bin, fast_tmpdir, kreldctl, start, wait_until
-from faketree import FakeTree
-from faultlib import fill, history, proc_status, run_measured, tiny_tmpfs, write_config
 
 from kreld.client import Client, RemoteError
 from kreld.core.errors import ExitCode
+
+from support.faketree import FakeTree
+from support.faultlib import fill, history, proc_status, run_measured, tiny_tmpfs, write_config
+from support.run import bin_path, kreldctl, start
+from support.tmpdirs import fast_tmpdir
+from support.wait import wait_until
 
 pytestmark = [
     pytest.mark.faults,
@@ -61,8 +64,8 @@ def measured(argv: list[str], tmp: Path) -> tuple[int, str]:
 def program(which: str, tree: FakeTree, state: Path, tmp: Path) -> list[str]:
     common = ["--root", str(tree.root), "--state-dir", str(state), "--socket", str(tmp / "k.sock")]
     if which == "kreld":
-        return [_bin("kreld"), "--log-format", "json", *common]
-    return [_bin("kreldctl"), *common, "snapshot"]
+        return [bin_path("kreld"), "--log-format", "json", *common]
+    return [bin_path("kreldctl"), *common, "snapshot"]
 
 
 @pytest.mark.parametrize("which", ["kreld", "kreldctl-snapshot"])
@@ -163,7 +166,7 @@ def test_a_restart_on_a_full_disk_serves_the_store_it_has(
         assert d.proc.poll() is None
         assert d.stop() == 0
         cp = subprocess.run(
-            [_bin("kreldctl"), "--state-dir", str(state), "--socket", "/none", "boots"],
+            [bin_path("kreldctl"), "--state-dir", str(state), "--socket", "/none", "boots"],
             capture_output=True,
             text=True,
             timeout=60,

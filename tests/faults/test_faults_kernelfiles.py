@@ -27,13 +27,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _bin, fast_tmpdir
-from faketree import FakeTree, kcore, note
-from faultlib import proc_status, write_config
-from kmembuild import BtfBuilder
 
 from kreld.client import Client
 from kreld.core.errors import ExitCode, KreldError
+
+from support.faketree import FakeTree, kcore, note
+from support.faultlib import proc_status, write_config
+from support.kmembuild import BtfBuilder
+from support.run import bin_path
+from support.tmpdirs import fast_tmpdir
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -162,7 +164,7 @@ class Host:
         ]
         for args, codes in runs:
             cp = subprocess.run(
-                [_bin("kreldctl"), *common, *args], capture_output=True, text=True, timeout=60
+                [bin_path("kreldctl"), *common, *args], capture_output=True, text=True, timeout=60
             )
             assert cp.returncode in codes, (args, cp.returncode, cp.stderr[-2000:])
             assert "Traceback" not in cp.stderr, cp.stderr[-2000:]
@@ -393,7 +395,7 @@ def test_a_kerneloffset_the_kernel_cannot_have_is_not_stored(host: Any, offset: 
     h.check(event_says("kaslr_source_skipped", "KERNELOFFSET"), "offset refused")
     shown = subprocess.run(
         [
-            _bin("kreldctl"),
+            bin_path("kreldctl"),
             "--state-dir",
             str(h.state),
             "--root",
@@ -459,18 +461,18 @@ def test_a_perf_data_cut_short_while_inject_reads_it_is_a_named_error(
     """kreldctl inject is stopped once it has the input open (and, where it maps it,
     mapped), the input is cut to *keep* bytes, and inject goes on: it ends in a named
     error or a whole output, never in SIGBUS."""
-    from perffile import PerfFile
+    from support.perffile import PerfFile
 
     tree = FakeTree(tmp_path / "root")
     opts = ["--root", str(tree.root), "--state-dir", str(tmp_path / "state")]
-    subprocess.run([_bin("kreldctl"), *opts, "snapshot"], check=True, capture_output=True)
+    subprocess.run([bin_path("kreldctl"), *opts, "snapshot"], check=True, capture_output=True)
     src = PerfFile(
         text=tree.text, kernel_build_id=tree.build_id, osrelease=tree.release, samples=2_000_000
     ).write(tmp_path / "in.data")
     out = tmp_path / "out.data"
     with tempfile.TemporaryFile() as err:
         p = subprocess.Popen(
-            [_bin("kreldctl"), *opts, "inject", "-i", str(src), "-o", str(out)],
+            [bin_path("kreldctl"), *opts, "inject", "-i", str(src), "-o", str(out)],
             stderr=err, preexec_fn=limit_memory,
         )  # fmt: skip
         deadline = time.monotonic() + SECONDS

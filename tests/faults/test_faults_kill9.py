@@ -16,16 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import fast_tmpdir, wait_until
-from faketree import FakeTree
-from faultlib import (
-    assert_history_sane,
-    assert_kept,
-    history,
-    write_config,
-)
 
 from kreld.client import Client
+
+from support.faketree import FakeTree
+from support.faultlib import assert_history_sane, assert_kept, history, write_config
+from support.tmpdirs import fast_tmpdir
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 

@@ -22,9 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import fast_tmpdir, start, wait_until
-from faketree import FakeTree
-from faultlib import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kreld.client import Client, connect_unix, resolutions
+
+from support.faketree import FakeTree
+from support.faultlib import (
     assert_history_sane,
     fd_count,
     history,
@@ -32,10 +36,9 @@ from faultlib import (
     run_measured,
     write_config,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from kreld.client import Client, connect_unix, resolutions
+from support.run import start
+from support.tmpdirs import fast_tmpdir
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -79,7 +82,7 @@ def served(daemon_factory: Any, tmp_path: Path, sockdir: Path) -> Any:
         sock = sockdir / "kreld.sock"
         state = fast / "state"
         # 1,100 connections at once are wanted here: above the default 1,024 limit
-        # (whose refusal, TooManyConnections, tests/test_server.py checks).
+        # (whose refusal, TooManyConnections, tests/server/test_server.py checks).
         cfg = write_config(
             tmp_path / "kreld.toml",
             modules={"watch": "inotify"},

@@ -27,15 +27,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import _bin, kreldctl
-from faketree import FakeTree
-from faultlib import NOBODY, fill, tiny_tmpfs
-from perffile import PerfFile
-from test_inject_files import TEXT
-from test_inject_files import store as store
 
 from kreld.core.errors import ExitCode, OutputError
 from kreld.core.safeout import safe_output, write_output
+
+from support.faketree import FakeTree
+from support.faultlib import NOBODY, fill, tiny_tmpfs
+from support.inject import TEXT
+from support.inject import store as store
+from support.perffile import PerfFile
+from support.run import bin_path, kreldctl
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -180,7 +181,7 @@ def test_a_fifo_is_fed_not_replaced(store: tuple[list[str], FakeTree], tmp_path:
     got = bytearray()
     try:
         p = subprocess.Popen(
-            [_bin("kreldctl"), *opts, "export", "kallsyms", "-o", str(fifo)],
+            [bin_path("kreldctl"), *opts, "export", "kallsyms", "-o", str(fifo)],
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -224,7 +225,7 @@ def test_dev_stdout_and_dev_fd_write_through_kreldctls_own_descriptors(
     want = expected(opts)
     with open(tmp_path / "redirected", "wb") as f:
         cp = subprocess.run(
-            [_bin("kreldctl"), *opts, "export", "kallsyms", "-o", "/dev/stdout"],
+            [bin_path("kreldctl"), *opts, "export", "kallsyms", "-o", "/dev/stdout"],
             stdout=f,
             stderr=subprocess.PIPE,
             text=True,
@@ -242,7 +243,7 @@ def test_dev_stdout_and_dev_fd_write_through_kreldctls_own_descriptors(
     t = threading.Thread(target=drain)
     t.start()
     p = subprocess.run(
-        [_bin("kreldctl"), *opts, "export", "kallsyms", "-o", f"/dev/fd/{w}"],
+        [bin_path("kreldctl"), *opts, "export", "kallsyms", "-o", f"/dev/fd/{w}"],
         pass_fds=(w,),
         capture_output=True,
         text=True,

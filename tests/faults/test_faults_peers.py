@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import start
-from faketree import FakeTree
-from faultlib import NOBODY, write_config
 
 from kreld.client import Client
+
+from support.faketree import FakeTree
+from support.faultlib import NOBODY, write_config
+from support.run import start
 
 pytestmark = [
     pytest.mark.faults,

@@ -4,9 +4,9 @@ bounds, and never costs unbounded memory, a hang or a traceback.
 
 Every run is kreldctl as a child of the test, under RLIMIT_AS of 512 MiB and a
 timeout; its peak resident memory and CPU come from ``wait4`` (the kernel's account
-of the child), not from the child itself, through tests/faults/peak.py so that the
+of the child), not from the child itself, through tests/support/peak.py so that the
 figures are kreldctl's alone and not the high-water mark of this pytest process.
-The files are built here (tests/perffile.py); the pipe and FIFO cases use real
+The files are built here (tests/support/perffile.py); the pipe and FIFO cases use real
 pipes, FIFOs and, where it records here, the machine's own ``perf record -o -``.
 """
 
@@ -26,9 +26,6 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from conftest import _bin
-from faultlib import run_measured
-from perffile import ROUND, PerfFile, compressed, module_maps, record, zstd_bomb
 
 from kreld.core.errors import ExitCode
 from kreld.core.model import Anchors, BootSnapshot, Timestamp
@@ -36,6 +33,10 @@ from kreld.perf import formats as perfrecords
 from kreld.perf import input as perfinput
 from kreld.perf import reader as perfdata
 from kreld.store import Store
+
+from support.faultlib import run_measured
+from support.perffile import ROUND, PerfFile, compressed, module_maps, record, zstd_bomb
+from support.run import bin_path
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 
@@ -64,7 +65,7 @@ def run_bounded(*args: str, stdin: int | IO[bytes] | None = None, timeout: float
     """kreldctl *args* under RLIMIT_AS, killed at *timeout* (a failure: it hung)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         m = run_measured(
-            [_bin("kreldctl"), *args],
+            [bin_path("kreldctl"), *args],
             stdin=subprocess.DEVNULL if stdin is None else stdin,
             stdout=out,
             stderr=err,
@@ -299,7 +300,7 @@ def test_real_perf_record_to_a_pipe_is_read_from_dash(tmp_path: Path, state: Pat
         p.wait(30)
     if r.rc == ExitCode.ERROR and "truncated (0 of 16" in r.err:
         pytest.skip(f"perf record -o - wrote nothing here: {p.stderr.read()[-300:]!r}")  # type: ignore[union-attr]
-    from test_perfdata import live_text
+    from support.perftool import live_text
 
     assert_refused(r, ExitCode.NO_SUCH_BOOT, f"_text at {live_text():#x}")
 
@@ -405,7 +406,7 @@ def test_pipe_mode_tracing_data_is_stepped_over_and_a_lie_about_its_size_is_boun
 def test_build_ids_past_the_cap_are_too_large(tmp_path: Path, state: Path, pipe: bool) -> None:
     """65,537 build-id entries (the feature of a file, or pipe mode's HEADER_BUILD_ID
     records): refused at MAX_BUILD_IDS, not kept."""
-    from perffile import build_id_event
+    from support.perffile import build_id_event
 
     n = perfrecords.MAX_BUILD_IDS + 1
     ids = b"".join(build_id_event(f"/x/{i}", f"{i:040x}", kernel=False) for i in range(n))

@@ -3,7 +3,7 @@ socket directory someone else controls, a socket path planted by someone else.
 
 Each is refused with a clear message and the documented exit code (``kreld --help``:
 5 the store is unusable, 1 any other startup error such as the socket), and nothing
-is written, replaced or followed.  (tests/test_store.py covers the same files through
+is written, replaced or followed.  (tests/store/test_store.py covers the same files through
 the Store class and kreldctl; here it is the daemon.)
 """
 
@@ -19,12 +19,14 @@ from typing import Any
 
 import lmdb
 import pytest
-from conftest import _bin, wait_until
-from faketree import FakeTree
-from faultlib import NOBODY, sha256, sha256_tree
 
 from kreld.core.model import Anchors, BootSnapshot, Timestamp
 from kreld.store import Store
+
+from support.faketree import FakeTree
+from support.faultlib import NOBODY, sha256, sha256_tree
+from support.run import bin_path
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -67,7 +69,7 @@ def run_refused(
 
 
 def test_exit_codes_are_documented() -> None:
-    out = subprocess.run([_bin("kreld"), "--help"], capture_output=True, text=True).stdout
+    out = subprocess.run([bin_path("kreld"), "--help"], capture_output=True, text=True).stdout
     assert "1  an error kept it from running" in out
     assert "5  the store is unusable: corrupt, truncated, foreign" in out
     assert "7  another kreld writes to this store" in out

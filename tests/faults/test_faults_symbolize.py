@@ -4,10 +4,10 @@ thousands of digits, a line of unclosed ``[unknown] (`` frames, a line of tens o
 megabytes with no newline.  Each is read in bounded memory and time and copied
 through byte for byte where it is not a frame kreld names; none is a traceback.
 
-kreldctl runs as a child (tests/faults/peak.py: its own peak memory and CPU from
+kreldctl runs as a child (tests/support/peak.py: its own peak memory and CPU from
 wait4) against a real store snapshotted from a fake tree whose kernel starts at
 TEXT, so that TEXT+0x1010 is start_kernel+0x10; the recording for ``--for`` is
-a perf.data of that boot written by tests/perffile.py.  Times are compared only
+a perf.data of that boot written by tests/support/perffile.py.  Times are compared only
 as ratios against a baseline run in the same test.
 """
 
@@ -19,14 +19,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import _bin
-from faketree import FakeTree
-from faultlib import Measured, run_measured
-from perffile import PerfFile
-from test_inject_files import TEXT
-from test_inject_files import store as store
 
 from kreld.varlink.requests import MAX_RESOLVE_ADDRESSES
+
+from support.faketree import FakeTree
+from support.faultlib import Measured, run_measured
+from support.inject import TEXT
+from support.inject import store as store
+from support.perffile import PerfFile
+from support.run import bin_path
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -74,7 +75,7 @@ def symbolize(opts: list[str], data: bytes, *args: str) -> Out:
         f.write(data)
         f.seek(0)
         m = run_measured(
-            [_bin("kreldctl"), *opts, "symbolize", *args],
+            [bin_path("kreldctl"), *opts, "symbolize", *args],
             stdin=f,
             stdout=out,
             stderr=err,
@@ -195,7 +196,7 @@ def test_a_pipe_of_perf_script_text_is_read_as_it_comes(
     opts, _ = store
     data = sample() + frame() + b"\n"
     cp = subprocess.run(
-        [_bin("kreldctl"), *opts, "symbolize", "--for", str(rec)],
+        [bin_path("kreldctl"), *opts, "symbolize", "--for", str(rec)],
         input=data,
         capture_output=True,
         timeout=60,

@@ -23,11 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import fast_tmpdir, kreldctl, start, wait_until
-from faketree import FakeTree
-from faultlib import history, proc_status, write_config
 
 from kreld.client import Client
+
+from support.faketree import FakeTree
+from support.faultlib import history, proc_status, write_config
+from support.run import kreldctl, start
+from support.tmpdirs import fast_tmpdir
+from support.wait import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(180)]
 

@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 
-from bpfprog import load_socket_filter
+from support.bpfprog import load_socket_filter
 
 
 def main() -> None:

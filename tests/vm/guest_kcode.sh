@@ -86,7 +86,7 @@ sleep 3 # the follower's look at kallsyms after the loss (rate-limited to 1 s)
 # 3. CPU 1 offline and back: its event stays off for good; kreld opens a new one.
 load() { # CPU NAME: load a socket filter on CPU and close it
     PYTHONPATH=$KRELD_REPO/tests taskset -c "$1" "$V/python" -c \
-        'import os, sys; from bpfprog import load_socket_filter as f; os.close(f(sys.argv[1]))' \
+        'import os, sys; from support.bpfprog import load_socket_filter as f; os.close(f(sys.argv[1]))' \
         "$2" || fail "load $2 on CPU $1"
 }
 if [ -w /sys/devices/system/cpu/cpu1/online ]; then

@@ -1,5 +1,5 @@
 """kreld following BPF programs on a real kernel (issue 21): the Debian cloud
-kernel under QEMU (tests/vm/harness.py), one boot running tests/vm/guest_kcode.sh:
+kernel under QEMU (tests/support/harness.py), one boot running tests/vm/guest_kcode.sh:
 bpftrace loads and unloads a kprobe and a kfunc program on vfs_read during a
 per-task ``perf record -k monotonic`` of a workload, then a burst of 300
 short-lived programs runs with kreld stopped (SIGSTOP) for its middle, and CPU 1
@@ -22,12 +22,11 @@ from typing import Any, NamedTuple
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness
-
 from kreld.core import consts
 from kreld.core.kernel_code import KernelCode, LossReason
 from kreld.core.model import Clock
+
+from support import harness
 
 pytestmark = [pytest.mark.realkernel, pytest.mark.timeout(900)]
 

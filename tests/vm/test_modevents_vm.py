@@ -1,5 +1,5 @@
 """kreld following modules by the module tracepoints on a real kernel: the
-Debian cloud kernel under QEMU (tests/vm/harness.py; ``KRELD_VM_KERNEL`` picks
+Debian cloud kernel under QEMU (tests/support/harness.py; ``KRELD_VM_KERNEL`` picks
 the release), one boot running tests/vm/guest_modevents.sh.
 
 * A module of the test's own (tests/vm/slowinit, built here against the
@@ -32,9 +32,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bigvmlinux
-import harness
 
 from kreld.core.model import Incarnation
+
+from support import harness
 
 pytestmark = [pytest.mark.realkernel, pytest.mark.timeout(1200)]
 

@@ -33,7 +33,6 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -43,22 +42,41 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness
+from support import harness
+from support.realkernel import CTL, addr, anchors_of, ctl, host_ctl
+
+
+@pytest.fixture(scope="module")
+def rw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The guest's writable host directory: facts, the state dir, logs.
+
+    KRELD_VM_DIR=DIR keeps it in DIR (left in place for a look afterwards);
+    with KRELD_VM_REUSE=1 as well, boots whose facts are complete there are
+    not run again (to iterate on the host-side checks without booting).
+    """
+    keep = os.environ.get("KRELD_VM_DIR")
+    if keep:
+        d = Path(keep).resolve()
+        if not os.environ.get("KRELD_VM_REUSE") and d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True, exist_ok=True)
+        yield d
+        return
+    d = tmp_path_factory.mktemp("vm")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def state(rw: Path) -> Path:
+    return rw / "state"
+
 
 pytestmark = [pytest.mark.realkernel, pytest.mark.timeout(900)]
 
 GUEST_SCRIPT = Path(__file__).resolve().parent / "guest.sh"
 ANCHORS = ("_text", "_stext", "_etext", "_sinittext", "_einittext")
 BOOT_TIMEOUT = 420.0
-CTL = next(
-    (
-        p
-        for p in (Path(sys.executable).parent / "kreldctl", harness.REPO / ".venv/bin/kreldctl")
-        if p.exists()
-    ),
-    Path("kreldctl"),
-)
 
 
 # -- what the guest read itself -------------------------------------------------------
@@ -186,47 +204,6 @@ def host_module_build_id(release: str, name: str) -> str:
 # -- what kreld recorded, read on the host ---------------------------------------------------
 
 
-def reader_root(state: Path, boot_id: str) -> Path:
-    """A --root whose boot-id is *boot_id*, for reading the store as that boot."""
-    root = state.parent / f"reader-root-{boot_id}"
-    f = root / "proc/sys/kernel/random/boot_id"
-    f.parent.mkdir(parents=True, exist_ok=True)
-    f.write_text(boot_id + "\n")
-    return root
-
-
-def host_ctl(state: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``kreldctl --config <checkout's> --state-dir STATE ARGS`` run on the host."""
-    argv = [str(CTL), "--config", str(harness.REPO / "etc/kreld/kreld.toml")]
-    return subprocess.run(
-        [*argv, "--state-dir", str(state), *args], capture_output=True, text=True, timeout=timeout
-    )
-
-
-def ctl(state: Path, *args: str, as_boot: str | None = None, check: bool = True) -> Any:
-    """kreldctl on the host against the guest's store (no daemon: read-only LMDB).
-
-    With *as_boot*, kreldctl runs with a --root that says that boot-id, as if
-    on that boot (what is current); without, it reads as the host, whose own
-    boot is not in the store (test_host_reads_a_store_recorded_elsewhere).
-    """
-    root = ["--root", str(reader_root(state, as_boot))] if as_boot else []
-    cp = host_ctl(state, *root, *args, "--json", timeout=60)
-    if check and cp.returncode != 0:
-        raise AssertionError(f"kreldctl {' '.join(args)} -> {cp.returncode}\n{cp.stderr}")
-    return json.loads(cp.stdout)
-
-
-def addr(v: str | None) -> int | None:
-    return None if v is None else int(v, 16)
-
-
-def anchors_of(rec: dict[str, Any]) -> dict[str, int | None]:
-    """A boot record's anchors by kernel symbol name: the wire names them without
-    the leading underscore ("text" is _text)."""
-    return {f"_{k}": addr(v) for k, v in rec["anchors"].items()}
-
-
 @dataclass
 class Boot:
     facts: Facts
@@ -300,32 +277,6 @@ def boot(
 @pytest.fixture(scope="module", autouse=True)
 def _selected(request: pytest.FixtureRequest) -> None:
     harness.skip_unless_selected(request.config.getoption("markexpr"))
-
-
-@pytest.fixture(scope="module")
-def rw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The guest's writable host directory: facts, the state dir, logs.
-
-    KRELD_VM_DIR=DIR keeps it in DIR (left in place for a look afterwards);
-    with KRELD_VM_REUSE=1 as well, boots whose facts are complete there are
-    not run again (to iterate on the host-side checks without booting).
-    """
-    keep = os.environ.get("KRELD_VM_DIR")
-    if keep:
-        d = Path(keep).resolve()
-        if not os.environ.get("KRELD_VM_REUSE") and d.exists():
-            shutil.rmtree(d)
-        d.mkdir(parents=True, exist_ok=True)
-        yield d
-        return
-    d = tmp_path_factory.mktemp("vm")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def state(rw: Path) -> Path:
-    return rw / "state"
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import harness
 import pytest
-from test_realkernel import addr, anchors_of, ctl, host_ctl
+
+from support import harness
+from support.realkernel import addr, anchors_of, ctl, host_ctl
 
 GUEST_SCRIPT = Path(__file__).resolve().parent / "guest_restricted.sh"
 BOOT_TIMEOUT = 420.0

@@ -10,9 +10,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import harness
 import pytest
-from test_realkernel import addr, anchors_of, ctl
+
+from support import harness
+from support.realkernel import addr, anchors_of, ctl
 
 GUEST_SCRIPT = Path(__file__).resolve().parent / "guest_stock.sh"
 BOOT_TIMEOUT = 420.0
