@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from tests.debuginfo_elves import build, build_id_of, section_flags
 
 from kreld.core.errors import DebuginfoNotFound, InvalidArgument
 from kreld.debuginfo.cache import DebugCache
 from kreld.debuginfo.finder import DebuginfoFinder, Origin
 from kreld.debuginfo.places import Kind, Layout, Wanted, search_roots
+
+from support.debuginfo_elves import build, build_id_of, section_flags
 
 R = "6.1.0-57-cloud-amd64"
 

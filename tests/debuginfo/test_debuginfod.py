@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.debuginfo_elves import build
 
+from support.debuginfo_elves import build
+
+HERE = Path(__file__).resolve().parent
+NS_HELPER = HERE.parent / "support" / "debuginfod_ns.py"
 HERE = Path(__file__).resolve().parent
 
 
@@ -51,7 +54,13 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     info = {"good": good, "wrong": wrong, "absent": "ee" * 20}
     (work / "info.json").write_text(json.dumps(info))
     cp = subprocess.run(
-        ["unshare", "-n", sys.executable, str(HERE / "debuginfod_ns.py"), str(work)],
+        [
+            "unshare",
+            "-n",
+            sys.executable,
+            str(NS_HELPER),
+            str(work),
+        ],
         capture_output=True,
         text=True,
         timeout=240,
