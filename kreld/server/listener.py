@@ -18,7 +18,6 @@ and can stop kreld anyway; they stay under the global cap.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import os
 import resource
@@ -33,6 +32,7 @@ from kreld.core.errors import KreldError, SocketError
 from kreld.core.kcode import CodeEvent, KernelCode
 from kreld.core.model import Incarnation, ModuleEvent
 from kreld.core.record import record
+from kreld.core.supervise import supervisor
 from kreld.server.access import Policy, check_socket_dir, group_id, peer_comm, peer_cred
 from kreld.server.methods import METHODS, answer, lookup
 from kreld.server.service import Service
@@ -152,7 +152,7 @@ class Server:
         self._exempt = frozenset({0, os.geteuid()})
         self._tasks: set[asyncio.Task[None]] = set()
         # One thread for the calls that may take a while (see kreld.server.methods, Method.quick).
-        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="calls")
+        self._worker = supervisor().executor("calls", 1)
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -410,7 +410,7 @@ class Server:
                     pass
             self._end_subscription(conn)
 
-        watcher = asyncio.create_task(hangup())
+        watcher = supervisor().task("subscriber", hangup(), forever=False, transient=True)
         try:
             while (event := await queue.get()) is not None:
                 conn.writer.write(reply(event, continues=True))

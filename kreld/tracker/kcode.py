@@ -38,6 +38,7 @@ from kreld.core.kcode import (
     kind_of,
 )
 from kreld.core.model import Timestamp
+from kreld.core.supervise import supervisor
 from kreld.kernel.bpfinfo import bpf_functions, bpf_programs
 from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
@@ -179,10 +180,7 @@ class KernelCodeFollower:
     def start(self, stop: threading.Event) -> None:
         if not self.enabled:
             return
-        self._thread = threading.Thread(
-            target=self.run, args=(stop,), name="kernel-code", daemon=True
-        )
-        self._thread.start()
+        self._thread = supervisor().thread("kernel-code", self.run, stop)
 
     def stop(self) -> None:
         """Wake the thread (the daemon set its stop event) and end it; a last
