@@ -35,11 +35,12 @@ from systemd import daemon as sd
 from kreld import __version__
 from kreld.config.options import build_parser, epilog, leave, resolve_config
 from kreld.config.settings import RESTART_KEYS, Config
-from kreld.core import heap
+from kreld.core import heap, supervise
 from kreld.core import log as klog
 from kreld.core.errors import ExitCode, KernelReadError, KreldError
 from kreld.core.model import AddressSource, BootSnapshot, HintAction, Timestamp
 from kreld.core.record import fields, replace
+from kreld.core.supervise import Supervisor, supervisor
 from kreld.ctl.render import status_line
 from kreld.kernel.addresses import ModuleAddresses
 from kreld.kernel.info import Root, read_boot_id
@@ -127,6 +128,9 @@ class Daemon:
         self.log = log
         self.started = time.monotonic_ns()
         self.stop_threads = threading.Event()
+        self.supervisor: Supervisor = supervisor()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._status_due = asyncio.Event()
         self.root = Root(Path(cfg.root))
         self.addresses = ModuleAddresses(self.root, log)  # sysfs, or kernel memory
         # Module events first of all, before anything slow (the store's checks,
@@ -170,6 +174,7 @@ class Daemon:
             self.reading = (snap.restricted, snap.restricted_reason, snap.address_source)
         klog.journal_context["KRELD_BOOT_ID"] = stored.boot_id
         log_boot(self.log, stored, added, changed, notes)
+        self.status_changed()
         return stored, added, changed
 
     def current_boot(self) -> BootSnapshot:
@@ -207,10 +212,7 @@ class Daemon:
         tracker.listeners.append(symbols.on_event)
         symbols.start(self.stop_threads, tracker.loaded(), ks)
         del ks
-        thread = threading.Thread(
-            target=tracker.run, args=(self.stop_threads,), name="tracker", daemon=True
-        )
-        thread.start()
+        thread = self.supervisor.thread("tracker", tracker.run, self.stop_threads)
         self.tracking = Tracking(tracker, sources, symbols, thread, watch)
         self.log.info(
             "watching",
@@ -289,6 +291,7 @@ class Daemon:
             "module_followers": module_followers(self.cfg, tracking.sources, tracking.watch),
             "publish": None if tracking.publisher is None else tracking.publisher.health(),
             "kernel_code": self.kernel_code.status(),
+            "degraded": [f.to_json() for f in self.supervisor.failures()],
         } | ({} if self.server is None else self.server.counts())  # connections, once served
 
     def started_tracking(self) -> Tracking:
@@ -299,10 +302,19 @@ class Daemon:
     def healthy(self) -> bool:
         return self.tracking is not None and self.tracking.healthy()
 
+    def status_changed(self, *_: object) -> None:
+        """Something STATUS= says may have changed (from any thread): a module
+        event, a failure, a Snapshot.  The line is sent when it changes, with
+        no timer of its own to wake an idle daemon."""
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: stopping
+                self._loop.call_soon_threadsafe(self._status_due.set)
+
     # -- the main loop -------------------------------------------------------------
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        self._loop = loop
         stop = asyncio.Event()
 
         def on_stop(sig: signal.Signals) -> None:
@@ -328,18 +340,26 @@ class Daemon:
         await self.server.start(self.listening_socket())
         tracker.listeners.append(self.server.publish)
         self.kernel_code.listeners.append(self.server.publish)
-        sd.notify(f"READY=1\nSTATUS={status_line(self.status())}")
+        tracker.listeners.append(self.status_changed)
+        self.supervisor.on_change(self.status_changed)
+        line = status_line(self.status())
+        sd.notify(f"READY=1\nSTATUS={line}")
         self.log.info(
             "ready", state_dir=self.cfg.state_dir, root=self.cfg.root, socket=self.cfg.socket
         )
+        sup = self.supervisor
         tasks = [
-            asyncio.create_task(self._status_updates()),
-            asyncio.create_task(self._retention()),
+            sup.task("status-updates", self._status_updates(line)),
+            sup.task("retention", self._retention()),
         ]
         usec = _watchdog_usec()
         if usec:
-            tasks.append(asyncio.create_task(self._watchdog(usec)))
+            # The one periodic wake of an idle daemon that systemd asks for.
+            tasks.append(sup.task("watchdog", sup.pinger(usec / 2e6, sd.notify)))
+        else:
+            sup.arm()
         await stop.wait()
+        sup.stopping.set()
         sd.notify("STOPPING=1")
         for t in tasks:
             t.cancel()
@@ -347,22 +367,14 @@ class Daemon:
         self.shutdown()
         return int(ExitCode.OK)
 
-    async def _watchdog(self, usec: int) -> None:
-        self.log.info("watchdog", interval_s=usec / 2e6)
-        while True:
-            if self.healthy():
-                sd.notify("WATCHDOG=1")
-            else:
-                self.log.error("watchdog_withheld", reason="tracker thread stopped")
-            await asyncio.sleep(usec / 2e6)
-
     async def _retention(self) -> None:
         """Apply the retention policy at start and then daily, off the loop."""
         loop = asyncio.get_running_loop()
+        pool = self.supervisor.executor("retention")
         while True:
             if self.cfg.keep_boots or self.cfg.keep_days:
                 try:
-                    removed = await loop.run_in_executor(None, self.gc)
+                    removed = await loop.run_in_executor(pool, self.gc)
                     if any(removed.values()):
                         self.log.info("retention", **removed)
                     if self.server is not None:
@@ -376,11 +388,16 @@ class Daemon:
             self.cfg.keep_boots, self.cfg.keep_days, self.current_boot().boot_id, time.time_ns()
         )
 
-    async def _status_updates(self) -> None:
-        """STATUS= when the summary changes (checked every 10 s)."""
-        last = ""
+    async def _status_updates(self, last: str) -> None:
+        """STATUS= when the summary changes (*last*: the line sent with READY=1)."""
         while True:
-            await asyncio.sleep(10)
+            # A change asks for a line at once; every 10 s the look's pace is checked
+            # too (slow while module events flow, fast when none do).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(10):
+                    await self._status_due.wait()
+                    await asyncio.sleep(1)  # a burst of loads: one line
+            self._status_due.clear()
             if self.tracking is not None:
                 await asyncio.get_running_loop().run_in_executor(
                     None, self.tracking.adjust_poll, self.cfg
@@ -395,6 +412,7 @@ class Daemon:
         _reload(self)
 
     def shutdown(self) -> None:
+        self.supervisor.stopping.set()
         self.stop_threads.set()
         self.tracepoints.stop()  # also a source of tracking's: stopping twice is nothing
         if self.tracking is not None:
@@ -471,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     level = args.log_level or ("debug" if args.debug else cfg.log_level)
     klog.configure(level, args.log_format or cfg.log_format)
     log = klog.get()
+    supervise.configure(log)  # before the first thread starts
     heap.tune()  # before the first large buffer: see kreld.core.heap
     # Every journal entry carries the boot; if it cannot be read, the snapshot
     # says why below.

@@ -196,6 +196,13 @@ def render_status(st: dict[str, Any], out: TextIO) -> None:
                 f"{v['records']} records, {v['lost']} lost in {v['loss_windows']} windows",
                 file=out,
             )
+        elif k == "degraded":
+            for f in v:
+                print(
+                    f"{k:<{width}}  {f['kind']} {f['name']} ended at "
+                    f"{fmt_realtime(f['when_ns'])}: {f['reason']}",
+                    file=out,
+                )
         elif k == "sources":
             for src in v:
                 state = "ok" if src["healthy"] else f"FAILED: {src['last_error']}"
@@ -222,4 +229,9 @@ def status_line(st: dict[str, Any]) -> str:
         f"{st['incarnations']} incarnations in {st['boots']} boots"
         + (", addresses restricted" if st["restricted"] else "")
         + (", a damaged store was set aside" if st["damaged_stores"] else "")
+        + (
+            ", DEGRADED: " + ", ".join(f"{f['name']} ({f['reason']})" for f in st["degraded"])
+            if st.get("degraded")
+            else ""
+        )
     )

@@ -36,6 +36,7 @@ from kreld.core import consts
 from kreld.core.errors import KernelReadError, KreldError
 from kreld.core.model import BootSnapshot, BootSymbols, Incarnation
 from kreld.core.record import field, fields, record
+from kreld.core.supervise import supervisor
 from kreld.core.symtab import module_symbol_key
 from kreld.fleet import objects as fleet
 from kreld.fleet.kernel_code_objects import CodeDelta
@@ -292,10 +293,7 @@ class Publisher:
     # -- control (loop thread) ------------------------------------------------------
 
     def start(self, stop: threading.Event) -> None:
-        self._thread = threading.Thread(
-            target=self.run, args=(stop,), name="publisher", daemon=True
-        )
-        self._thread.start()
+        self._thread = supervisor().thread("publisher", self.run, stop)
 
     def retarget(self, target: Target | None) -> None:
         """SIGHUP: publish to *target* from the next round on (None: stop publishing)."""

@@ -27,7 +27,6 @@ held only by the global cap.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import os
@@ -46,6 +45,7 @@ from kreld.core.errors import (
 from kreld.core.kernel_code import CodeEvent, KernelCode
 from kreld.core.model import Incarnation, ModuleEvent
 from kreld.core.record import record
+from kreld.core.supervise import supervisor
 from kreld.server.access import Policy, peer_comm, peer_cred
 from kreld.server.conn import Conn as _Conn
 from kreld.server.conn import ReplyUnread
@@ -161,7 +161,7 @@ class Server:
         self._first: tuple[int, bytes] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # One thread for the calls that may take a while (see kreld.server.methods, Method.quick).
-        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="calls")
+        self._worker = supervisor().executor("calls", 1)
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -408,7 +408,7 @@ class Server:
                     pass
             self._end_subscription(conn)
 
-        watcher = asyncio.create_task(hangup())
+        watcher = supervisor().task("subscriber", hangup(), forever=False, transient=True)
         try:
             while (event := await queue.get()) is not None:
                 # A reader that lets its socket buffer fill stalls only this task;

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from kreld.core import consts, heap
 from kreld.core.errors import KernelReadError, KreldError
 from kreld.core.model import AddressSource, BootSnapshot, Incarnation, ModuleState
+from kreld.core.supervise import supervisor
 from kreld.core.symtab import (
     FROM_ELF,
     MODULE_ABSOLUTE,
@@ -123,7 +124,7 @@ class SymbolCapture:
         for inc in loaded:
             self._pending.put(inc)
         self._pending.put(None)  # marks the kernel's turn, first
-        threading.Thread(target=self._run, args=(stop,), name="symbols", daemon=True).start()
+        supervisor().thread("symbols", self._run, stop)
 
     def _run(self, stop: threading.Event) -> None:
         self._kernel_done = False

@@ -36,6 +36,7 @@ from kreld.core.kernel_code import (
     kind_of,
 )
 from kreld.core.model import BOOT_START, Timestamp
+from kreld.core.supervise import supervisor
 from kreld.kernel.bpfinfo import bpf_functions, bpf_programs
 from kreld.kernel.info import Root, bpf_programs_listed, set_thread_name
 from kreld.kernel.kallsyms import KallsymsText
@@ -162,10 +163,7 @@ class KernelCodeFollower:
     def start(self, stop: threading.Event) -> None:
         if not self.enabled:
             return
-        self._thread = threading.Thread(
-            target=self.run, args=(stop,), name="kernel-code", daemon=True
-        )
-        self._thread.start()
+        self._thread = supervisor().thread("kernel-code", self.run, stop)
 
     def stop(self) -> None:
         """Wake the thread (the daemon set its stop event) and end it; a last

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kreld.core.errors import KernelReadError
 from kreld.core.model import HintAction, ModuleState, SeenBy, Timestamp
+from kreld.core.supervise import supervisor
 from kreld.kernel.modtrace import ModuleTrace, ModuleTraceRings, TraceEvent
 from kreld.tracker.modules_plan import Hint
 
@@ -89,10 +90,8 @@ class TracepointSource:
         if self.rings is None or self._thread is not None:
             return
         self._wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._thread = threading.Thread(
-            target=self._run, args=(stop,), name="module-tracepoints", daemon=True
-        )
-        self._thread.start()
+        # It may end by itself when its rings are closed: only an exception is a failure.
+        self._thread = supervisor().thread("module-tracepoints", self._run, stop, forever=False)
 
     def _run(self, stop: threading.Event) -> None:
         import select

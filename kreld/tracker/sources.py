@@ -23,6 +23,7 @@ from watchdog.events import (
 
 from kreld.core.model import HintAction, SeenBy
 from kreld.core.record import record
+from kreld.core.supervise import supervisor
 from kreld.kernel.info import on_sysfs
 from kreld.tracker.modevents import FAKE_ROOT, TracepointSource
 
@@ -150,8 +151,9 @@ class UeventSource:
         return self.healthy
 
     def start(self, stop: threading.Event) -> None:
-        self._thread = threading.Thread(target=self._run, args=(stop,), name="uevent", daemon=True)
-        self._thread.start()
+        # It returns when netlink fails for good: said in its health, and a
+        # failure of the daemon's (the module tracker hears no more uevents).
+        self._thread = supervisor().thread("uevent", self._run, stop)
 
     def handle(self, ev: Uevent) -> None:
         self.received += 1
@@ -317,12 +319,14 @@ class WatchSource:
     def start(self, stop: threading.Event) -> None:
         try:
             self.observer.start()
+            supervisor().watch(self.name, self.observer.is_alive)  # watchdog's own thread
         except OSError as e:
             self.healthy = False
             self.last_error = str(e)
             self.log.error("watch_source_failed", path=self.path, error=str(e))
 
     def stop(self) -> None:
+        supervisor().unwatch(self.name)
         if self.observer.is_alive():
             self.observer.stop()
             self.observer.join(timeout=5)
