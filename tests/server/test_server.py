@@ -143,6 +143,12 @@ def test_a_batch_the_client_joins_as_it_is_gets_the_answers_of_one_encoded_by_js
         + b"\0"
     )
     with Client(str(sock)) as c:
+        # The kernel's symbols are captured after the boot is recorded: both calls
+        # must see the same table, so ask once it is there.
+        wait_until(
+            "the kernel's symbol table",
+            lambda: c.call("Resolve", addresses=asked[:1])["symbol"][0] >= 0,
+        )
         joined = c.call("Resolve", addresses=asked)
         c.sock.sendall(
             json.dumps({"method": "io.kreld.Resolve", "parameters": {"addresses": asked}}).encode()
