@@ -69,10 +69,16 @@ def run_refused(
 
 
 def test_exit_codes_are_documented() -> None:
+    """kreld --help lists every exit code it can end with, each with its meaning
+    from the one table (core.errors.EXIT_STATUS)."""
+    from kreld.core.errors import EXIT_STATUS, ExitCode
+
     out = subprocess.run([bin_path("kreld"), "--help"], capture_output=True, text=True).stdout
-    assert "1  an error kept it from running" in out
-    assert "5  the store is unusable: corrupt, truncated, foreign" in out
-    assert "7  another kreld writes to this store" in out
+    flat = " ".join(out.split())
+    for code, (_short, sentence) in EXIT_STATUS["kreld"].items():
+        assert f"{int(code)} {sentence}" in flat, code
+    for code in (ExitCode.ERROR, ExitCode.STORE, ExitCode.STORE_LOCKED):
+        assert code in EXIT_STATUS["kreld"]
 
 
 # -- data.mdb that is not a whole kreld store ------------------------------------------------
