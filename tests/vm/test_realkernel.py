@@ -378,11 +378,13 @@ def test_modules_present_at_startup_are_recorded(first: Boot) -> None:
         assert startup[name]["sections"], name
 
 
-def seen_first_by_the_uevent(facts: Facts, by: str | None, action: str, module: str) -> bool:
-    """Whether the uevent saw this load (*action* ``add``) or unload (``remove``)
-    first; or the poll did, once a second, in the moment before the kernel sent the
-    uevent (a load's, after the module's init), and the uevent came as well."""
-    if by == "uevent":
+def seen_first_by_an_event(facts: Facts, by: str | None, action: str, module: str) -> bool:
+    """Whether a kernel event saw this load (*action* ``add``) or unload
+    (``remove``) first: the module tracepoint (exact, a load's before its init),
+    or where none could be opened the uevent; or the poll did, in the moment
+    before the kernel sent the uevent (a load's, after the module's init), and
+    the uevent came as well."""
+    if by in ("tracepoint", "uevent"):
         return True
     return by == "poll" and any(
         r.get("event") == "uevent" and r.get("action") == action and r.get("module") == module
@@ -403,7 +405,7 @@ def test_every_incarnation_recorded_with_the_kernels_sections(first: Boot) -> No
         assert len(m.sections) >= 10, (label, sorted(m.sections))
         assert {".text", ".data", ".gnu.linkonce.this_module"} <= set(m.sections)
         assert {k: addr(v) for k, v in inc["sections"].items()} == m.sections, label
-        assert seen_first_by_the_uevent(f, inc["seen_by"], "add", name), (label, inc["seen_by"])
+        assert seen_first_by_an_event(f, inc["seen_by"], "add", name), (label, inc["seen_by"])
         assert inc["boot_id"] == f.boot_id
         assert inc["restricted"] is False and inc["faults"] == [], label
         assert m.build_id and inc["build_id"] == m.build_id, label
@@ -422,7 +424,7 @@ def test_unload_times(first: Boot) -> None:
     dummy1, dummy2 = first.incs("dummy")
     (veth,) = first.incs("veth")
     assert dummy1["unloaded"] is not None
-    assert seen_first_by_the_uevent(f, dummy1["unload_seen_by"], "remove", "dummy")
+    assert seen_first_by_an_event(f, dummy1["unload_seen_by"], "remove", "dummy")
     gone = dummy1["unloaded"]["monotonic"]
     assert f.mono("dummy1.before_rmmod") <= gone <= f.mono("dummy1.unload_seen")
     after = dummy1["unloaded_after"]["monotonic"]
@@ -549,7 +551,7 @@ def test_second_boot_is_a_new_record_and_the_first_is_intact(
     # Boot B's history is its own: the dummy it loaded, at its own addresses.
     (dummy,) = second.incs("dummy")
     assert dummy["boot_id"] == b.boot_id
-    assert seen_first_by_the_uevent(b, dummy["seen_by"], "add", "dummy"), dummy["seen_by"]
+    assert seen_first_by_an_event(b, dummy["seen_by"], "add", "dummy"), dummy["seen_by"]
     m = b.module("dummy")
     assert {k: addr(v) for k, v in dummy["sections"].items()} == m.sections
     assert all(i["boot_id"] == b.boot_id for i in second.modules)
