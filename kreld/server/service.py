@@ -264,12 +264,8 @@ class Service:
             why = "not captured yet" if is_current else "kallsyms was not captured for it"
             raise SymbolsUnavailable(boot.boot_id, why)
         incs = loaded_at(self._incarnations(boot.boot_id), clock, t)
-        # The kernel lists modules newest first (each load goes to the list head, in
-        # add_unformed_module()).  The record order (seq) is that order: the start-up
-        # scan numbers the modules as /proc/modules lists them, and later loads as
-        # they are recorded.  Not the load times: a tracepoint's exact time is taken
-        # after the module joined the list, and loads run in parallel at boot.
-        incs.sort(key=lambda i: i.seq, reverse=True)
+        # The kernel lists modules newest first (each load goes to the list head).
+        incs.sort(key=lambda i: (i.loaded.monotonic, i.seq), reverse=True)
         keys = {rec.kernel}
         keys |= {k for i in incs if (k := module_key(i)) is not None}
         absolutes = self.store.absolutes(boot.boot_id)
