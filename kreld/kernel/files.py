@@ -101,15 +101,21 @@ def pread_exact(fd: int, length: int, offset: int, path: str) -> bytes:
     return data
 
 
-def hex_address(text: str | bytes) -> int:
-    """A kernel address as the kernel prints it (hex, ``0x`` optional): zero
-    (restricted) or in the kernel's half; :class:`ValueError` says why not."""
+def _number(text: str | bytes, base: int, width: int, what: str) -> tuple[str, int]:
+    """*text* stripped, as ASCII, and its value in *base*: at most *width*
+    digits, no ``_`` separators (:class:`ValueError` names *what* it is not)."""
     s = text.strip()
     if isinstance(s, bytes):
         s = s.decode("ascii", "replace")
-    if not s or len(s) > _HEX_CHARS or "_" in s:
-        raise ValueError(f"not a 64-bit hex address: {s[:40]!r}")
-    value = _int(s, 16, repr(s))
+    if not s or len(s) > width or "_" in s:
+        raise ValueError(f"not {what}: {s[:40]!r}")
+    return s, _int(s, base, repr(s))
+
+
+def hex_address(text: str | bytes) -> int:
+    """A kernel address as the kernel prints it (hex, ``0x`` optional): zero
+    (restricted) or in the kernel's half; :class:`ValueError` says why not."""
+    s, value = _number(text, 16, _HEX_CHARS, "a 64-bit hex address")
     low, high = consts.KERNEL_HALF
     if value and not low <= value < high:
         raise ValueError(f"{s} is not an address in the kernel's half")
@@ -118,12 +124,7 @@ def hex_address(text: str | bytes) -> int:
 
 def hex_u64(text: str | bytes) -> int:
     """A 64-bit value in hex (a per-cpu offset, which kallsyms prints absolute)."""
-    s = text.strip()
-    if isinstance(s, bytes):
-        s = s.decode("ascii", "replace")
-    if not s or len(s) > _HEX_CHARS or "_" in s:
-        raise ValueError(f"not a 64-bit hex number: {s[:40]!r}")
-    value = _int(s, 16, repr(s))
+    s, value = _number(text, 16, _HEX_CHARS, "a 64-bit hex number")
     if not 0 <= value < 1 << 64:
         raise ValueError(f"{s} is not a 64-bit number")
     return value
@@ -131,12 +132,7 @@ def hex_u64(text: str | bytes) -> int:
 
 def module_size(text: str | bytes) -> int:
     """A module's size (decimal, as ``coresize`` shows it): ``unsigned int``."""
-    s = text.strip()
-    if isinstance(s, bytes):
-        s = s.decode("ascii", "replace")
-    if not s or len(s) > _DEC_CHARS or "_" in s:
-        raise ValueError(f"not a number: {s[:40]!r}")
-    value = _int(s, 10, repr(s))
+    s, value = _number(text, 10, _DEC_CHARS, "a number")
     if not 0 <= value < consts.MAX_MODULE_SIZE:
         raise ValueError(f"{s} is not a size a module can have")
     return value
