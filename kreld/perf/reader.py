@@ -103,7 +103,7 @@ DECOMPRESSED_LIMIT = 16 << 20
 # attacker packs into it.  ``perf record -z`` (zstd level 1 by default) packs
 # perf's records some 3 to 10 times; a frame of repeated bytes packs thousands.
 DECOMPRESSED_RATIO = 32
-DECOMPRESSED_SLACK = 32 << 20
+DECOMPRESSED_SLACK = DECOMPRESSED_LIMIT
 _READ_CHUNK = 1 << 16
 # The records the scan looks at; any other is only counted and stepped over.
 _WANTED = frozenset(
