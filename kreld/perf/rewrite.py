@@ -323,24 +323,24 @@ class Recording:
     def _prefix(self, c: _Chunk) -> None:
         """perf's kernel map and FINISHED_INIT among the first :data:`_INIT_SCAN`
         records before the first timed one, and that record's offset."""
-        e = self.e
-        for j in range(len(c.offs)):
+        timed = np.flatnonzero(c.times > 0)
+        first = int(timed[0]) if len(timed) else None
+        # Only the first _INIT_SCAN records are looked at one by one.
+        look = min(len(c.offs) if first is None else first + 1, max(0, _INIT_SCAN - self.seen))
+        for j in range(look):
             at = int(c.offs[j])
-            index = self.seen + j
-            if index < _INIT_SCAN:
-                rtype, misc, size = struct.unpack_from(e + "IHH", c.buf, at)
-                if not self._kmap_done and rtype in (1, 10) and misc & 7 == 1:
-                    name = 40 if rtype == 1 else 72
-                    if c.buf[at + name : at + name + len(_KERNEL_MAP)] == _KERNEL_MAP:
-                        self.kmap_end, self._kmap_done = c.base + at + size, True
-                if rtype == _FINISHED_INIT and self.init_at is None:
-                    self.init_at = c.base + at
-            elif self.kmap_end is None:
-                self._kmap_done = True
-            if c.times[j] > 0:
-                self._kmap_done = True
-                self.timed_at = c.base + at
-                return
+            rtype, misc, size = struct.unpack_from(self.e + "IHH", c.buf, at)
+            if not self._kmap_done and rtype in (1, 10) and misc & 7 == 1:
+                name = 40 if rtype == 1 else 72
+                if c.buf[at + name : at + name + len(_KERNEL_MAP)] == _KERNEL_MAP:
+                    self.kmap_end, self._kmap_done = c.base + at + size, True
+            if rtype == _FINISHED_INIT and self.init_at is None:
+                self.init_at = c.base + at
+        if self.seen + len(c.offs) >= _INIT_SCAN:
+            self._kmap_done = True
+        if first is not None:
+            self._kmap_done = True
+            self.timed_at = c.base + int(c.offs[first])
 
     def early_at(self) -> int:
         """Where records of no time go: after perf's kernel map; in a recording with
