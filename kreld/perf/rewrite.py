@@ -91,7 +91,7 @@ class Recording:
 
     Its records are walked twice at most (:meth:`placement`), each walk holding one
     chunk of :data:`_CHUNK` bytes and the compressed records' inflation (bounded by
-    :func:`~kreld.perf.reader.inflate_budget`), so memory does not grow with the file.
+    :class:`~kreld.perf.reader.InflateBudget`), so memory does not grow with the file.
     """
 
     def __init__(self, path: str) -> None:
@@ -390,7 +390,7 @@ class Recording:
 class _InnerTimes:
     """The records inside compressed records, read through one zstd stream (as
     perf keeps one per session: a record may span two compressed ones), every
-    byte inflated counted against :func:`~kreld.perf.reader.inflate_budget`."""
+    byte inflated counted against :class:`~kreld.perf.reader.InflateBudget`."""
 
     def __init__(self, rec: Recording) -> None:
         self.rec = rec
