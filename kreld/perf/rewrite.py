@@ -31,21 +31,15 @@ import stat
 import struct
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import IO, cast
+from typing import cast
 
 import numpy as np
 
 from kreld.core.errors import PerfDataError, PerfDataTooLarge
 from kreld.core.record import record
 from kreld.core.safeout import Sink
-from kreld.perf.reader import (
-    ATTR_SIZES,
-    ATTRS_LIMIT,
-    DECOMPRESSED_LIMIT,
-    Feature,
-    InflateBudget,
-    RecordType,
-)
+from kreld.perf.inner import InnerTimes, chunk_times
+from kreld.perf.reader import ATTR_SIZES, ATTRS_LIMIT, Feature, RecordType
 from kreld.perf.synth import AttrLayout
 
 __all__ = ["Added", "Recording", "write_with"]
@@ -53,7 +47,6 @@ __all__ = ["Added", "Recording", "write_with"]
 _MAGIC = b"PERFILE2"
 _FILE_HEADER = 104
 _PIPE_HEADER = 16
-_SAMPLE = int(RecordType.SAMPLE)
 _AUXTRACE = int(RecordType.AUXTRACE)
 _TRACING_DATA = int(RecordType.HEADER_TRACING_DATA)
 _COMPRESSED = (int(RecordType.COMPRESSED), int(RecordType.COMPRESSED2))
@@ -195,7 +188,7 @@ class Recording:
 
     # -- walking the records ---------------------------------------------------------------
 
-    def _chunks(self, inner: _InnerTimes) -> Iterator[_Chunk]:
+    def _chunks(self, inner: InnerTimes) -> Iterator[_Chunk]:
         """Every chunk of records in file order; *inner* inflates compressed records."""
         pos = self.start
         while pos < self.end:
@@ -204,7 +197,7 @@ class Recording:
         if pos != self.end:
             raise PerfDataError(self.path, "last record truncated", self.end)
 
-    def _chunk_at(self, pos: int, inner: _InnerTimes) -> tuple[_Chunk, int]:
+    def _chunk_at(self, pos: int, inner: InnerTimes) -> tuple[_Chunk, int]:
         """The records that lie whole in the chunk read at *pos*, and where the next
         chunk begins (a record is at most 64 KiB: every chunk holds one)."""
         n = min(_CHUNK, self.end - pos)
@@ -230,12 +223,12 @@ class Recording:
         local = np.frombuffer(offs, dtype=np.int64)
         if self.pipe:
             self._pipe_attrs(buf, local, specials)
-        times = self._times(buf, local)
+        times = chunk_times(buf, local, self.layout, self.e)
         for i in specials:
             o = int(local[i])
             rtype, _misc, size = struct.unpack_from(self.e + "IHH", buf, o)
             if rtype in _COMPRESSED:
-                times[i] = inner.newest(rtype, buf, o, size, pos + o)
+                times[i] = inner.newest(rtype, buf, o, size, pos + o, self.layout)
         return _Chunk(pos, buf, local, times), pos + at
 
     def _pipe_attrs(self, buf: bytes, offs: np.ndarray, specials: Sequence[int]) -> None:
@@ -265,36 +258,12 @@ class Recording:
             return n + (-n % 8)
         return 0
 
-    def _times(self, buf: bytes, offs: np.ndarray) -> np.ndarray:
-        times = np.full(len(offs), -1, dtype=np.int64)
-        raw = np.frombuffer(buf, dtype=np.uint8)
-        big = self.e == ">"
-        lo, hi = raw[offs + 6].astype(np.int64), raw[offs + 7].astype(np.int64)
-        sizes = (lo << 8 | hi) if big else (hi << 8 | lo)
-        types = raw[offs + (3 if big else 0)]
-        lay = self.layout
-        dt = np.dtype(self.e + "i8")
-        spots: list[tuple[np.ndarray, np.ndarray]] = []
-        if lay.sample_time_offset is not None:
-            sel = np.nonzero((types == _SAMPLE) & (sizes >= lay.sample_time_offset + 8))[0]
-            spots.append((sel, offs[sel] + lay.sample_time_offset))
-        back = lay.time_from_end
-        if back is not None:
-            kernel = (types < _USER_TYPES) & (types != _SAMPLE) & (sizes >= 8 + back)
-            sel = np.nonzero(kernel)[0]
-            spots.append((sel, offs[sel] + sizes[sel] - back))
-        for sel, at in spots:
-            if len(sel):
-                gathered = raw[at[:, None] + np.arange(8)]
-                times[sel] = gathered.view(dt).reshape(-1)
-        return times
-
     # -- what the first pass finds ---------------------------------------------------------
 
     def _first_pass(self) -> None:
         """The span of the times, each chunk's start and newest time, and where
         perf's synthesized records end (:meth:`_prefix`)."""
-        inner = _InnerTimes(self)
+        inner = InnerTimes(self.path, self.e)
         self.first = self.last = -1
         self.kmap_end: int | None = None
         self.init_at: int | None = None
@@ -368,10 +337,12 @@ class Recording:
         where = np.searchsorted(self.chunk_newest, want, side="left")
         needed = {int(k) for k in where if k < len(self.chunk_starts)}
         if self.compressed:
-            chunks: Iterator[tuple[int, _Chunk]] = enumerate(self._chunks(_InnerTimes(self)))
+            chunks: Iterator[tuple[int, _Chunk]] = enumerate(
+                self._chunks(InnerTimes(self.path, self.e))
+            )
         else:
             chunks = (
-                (k, self._chunk_at(int(self.chunk_starts[k]), _InnerTimes(self))[0])
+                (k, self._chunk_at(int(self.chunk_starts[k]), InnerTimes(self.path, self.e))[0])
                 for k in sorted(needed)
             )
         for k, c in chunks:
@@ -385,77 +356,6 @@ class Recording:
             if self.compressed and k >= max(needed):
                 break
         return out
-
-
-class _InnerTimes:
-    """The records inside compressed records, read through one zstd stream (as
-    perf keeps one per session: a record may span two compressed ones), every
-    byte inflated counted against :class:`~kreld.perf.reader.InflateBudget`."""
-
-    def __init__(self, rec: Recording) -> None:
-        self.rec = rec
-        self.pending = b""
-        self.out: list[bytes] = []
-        self.total = 0
-        self.budget = InflateBudget(rec.path)
-        self.at = 0
-        self.stream: object | None = None
-
-    def write(self, data: bytes) -> int:
-        self.total += len(data)
-        if self.total > DECOMPRESSED_LIMIT:
-            raise PerfDataTooLarge(
-                self.rec.path,
-                "bytes inflated from one compressed record",
-                DECOMPRESSED_LIMIT,
-                self.at,
-            )
-        self.budget.inflated(len(data), self.at)
-        self.out.append(data)
-        return len(data)
-
-    def newest(self, rtype: int, buf: bytes, at: int, size: int, offset: int) -> int:
-        import zstandard
-
-        rec, e = self.rec, self.rec.e
-        if self.stream is None:
-            self.stream = zstandard.ZstdDecompressor().stream_writer(cast("IO[bytes]", self))
-        stream = cast("zstandard.ZstdDecompressionWriter", self.stream)
-        payload = buf[at + 8 : at + size]
-        if rtype == RecordType.COMPRESSED2:
-            (n,) = struct.unpack_from(e + "Q", buf, at + 8)
-            payload = buf[at + 16 : at + 16 + min(n, size - 16)]
-        self.out, self.total, self.at = [], 0, offset
-        self.budget.compressed(len(payload))
-        try:
-            stream.write(payload)
-            stream.flush()  # type: ignore[no-untyped-call]
-        except zstandard.ZstdError as err:
-            raise PerfDataError(rec.path, f"compressed record: {err}", offset) from err
-        data = self.pending + b"".join(self.out)
-        self.out = []
-        newest, pos = -1, 0
-        lay = rec.layout
-        while pos + 8 <= len(data):
-            t, _misc, n = struct.unpack_from(e + "IHH", data, pos)
-            if n < 8:
-                raise PerfDataError(rec.path, f"record of size {n} in a compressed record", offset)
-            if pos + n > len(data):
-                break
-            newest = max(newest, _time_of(data, pos, t, n, lay, e))
-            pos += n
-        self.pending = data[pos:]
-        return newest
-
-
-def _time_of(data: bytes, pos: int, rtype: int, size: int, lay: AttrLayout, e: str) -> int:
-    if rtype == _SAMPLE:
-        off = lay.sample_time_offset
-        if off is not None and size >= off + 8:
-            return int(struct.unpack_from(e + "q", data, pos + off)[0])
-    elif rtype < _USER_TYPES and lay.time_from_end is not None and size >= 8 + lay.time_from_end:
-        return int(struct.unpack_from(e + "q", data, pos + size - lay.time_from_end)[0])
-    return -1
 
 
 def write_with(
