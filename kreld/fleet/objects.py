@@ -50,6 +50,7 @@ __all__ = [
     "MAX_BATCH_INFLATED",
     "MAX_COMPONENT",
     "MAX_MANIFEST",
+    "MAX_MANIFEST_BATCHES",
     "MAX_TABLE",
     "MAX_TABLE_INFLATED",
     "TABLE_MAGIC",
@@ -91,6 +92,10 @@ MAX_BATCH_INFLATED = 64 << 20
 MAX_TABLE = 64 << 20
 MAX_TABLE_INFLATED = 128 << 20
 MAX_JSON_DEPTH = 16
+# The distinct batches one manifest may name: a publisher compacts a boot once it
+# has COMPACT_AFTER of them, so a manifest naming more is not one kreld wrote, and
+# reading them (each up to MAX_BATCH) would cost what its writer chose.
+MAX_MANIFEST_BATCHES = 8 * COMPACT_AFTER
 _ZSTD_WINDOW = 1 << 23  # kreld compresses at level 6: a 2 MiB window
 _BATCH = re.compile(r"batch-[0-9]{8}")
 _MACHINE_ID = re.compile(r"[0-9a-f]{32}")
@@ -387,6 +392,14 @@ def decode_manifest(name: str, data: bytes, boot_id: str | None = None) -> Manif
         raise FleetObjectInvalid(name, f"malformed manifest: {e!r}") from e
     if boot_id is not None and boot.boot_id != boot_id:
         raise FleetObjectInvalid(name, f"the manifest of boot {boot.boot_id}, not of {boot_id}")
+    # A batch named again adds nothing: each is kept once, where it first appears.
+    batches = tuple(dict.fromkeys(batches))
+    if len(batches) > MAX_MANIFEST_BATCHES:
+        raise FleetObjectInvalid(
+            name,
+            f"names {len(batches):,} distinct batches, more than {MAX_MANIFEST_BATCHES} "
+            f"(a publisher compacts a boot after {COMPACT_AFTER})",
+        )
     sym = obj.get("symbols")
     symbols = None if sym is None else BootSymbols.from_json(sym)
     return Manifest(host, boot, symbols, batches, obj.get("gen"))

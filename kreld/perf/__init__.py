@@ -3,7 +3,7 @@ reader (``reader``) and its bounded input, a file or a pipe (``input``),
 finding the boot and loads a recording was made on (``match``),
 ``export``/``symbolize --for perf.data`` (``commands``), and ``kreldctl
 inject`` (``inject``: the records ``synth`` builds, placed by ``rewrite`` in
-a copy of the recording).
+a copy of the recording, read in chunks, the records' times from ``inner``).
 
 May import everything below ``server`` and ``server`` itself.
 """

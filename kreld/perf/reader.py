@@ -69,10 +69,13 @@ __all__ = [
     "ATTRS_LIMIT",
     "ATTR_SIZES",
     "DECOMPRESSED_LIMIT",
+    "DECOMPRESSED_RATIO",
+    "DECOMPRESSED_SLACK",
     "FEATURE_LIMIT",
     "PREFIX_LIMIT",
     "RECORD_LIMIT",
     "SMALL_FEATURE_LIMIT",
+    "InflateBudget",
     "read_perf_header",
 ]
 
@@ -94,6 +97,13 @@ ATTR_SIZES = range(64 + 16, 4096 + 16 + 1)
 # One compressed record never inflates past this (perf's own bound is its
 # mmap size, HEADER_COMPRESSED's mmap_len: 516 KiB by default).
 DECOMPRESSED_LIMIT = 16 << 20
+# All of a recording's compressed records together inflate to at most
+# DECOMPRESSED_RATIO times their compressed bytes, plus DECOMPRESSED_SLACK: the
+# work of reading what they hold then grows with the file, not with what an
+# attacker packs into it.  ``perf record -z`` (zstd level 1 by default) packs
+# perf's records some 3 to 10 times; a frame of repeated bytes packs thousands.
+DECOMPRESSED_RATIO = 32
+DECOMPRESSED_SLACK = DECOMPRESSED_LIMIT
 _READ_CHUNK = 1 << 16
 # The records the scan looks at; any other is only counted and stepped over.
 _WANTED = frozenset(
@@ -106,6 +116,34 @@ _WANTED = frozenset(
     )
 )
 _COMPRESSED = frozenset((int(RecordType.COMPRESSED), int(RecordType.COMPRESSED2)))
+
+
+class InflateBudget:
+    """What a recording's compressed records have inflated to, against their
+    compressed bytes: :class:`PerfDataTooLarge` as soon as the inflation passes
+    :data:`DECOMPRESSED_RATIO` times the input plus :data:`DECOMPRESSED_SLACK`
+    (checked with each chunk zstd hands on, not after a record)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.packed = 0
+        self.out = 0
+
+    def compressed(self, n: int) -> None:
+        """*n* more compressed bytes are about to be inflated."""
+        self.packed += n
+
+    def inflated(self, n: int, offset: int) -> None:
+        self.out += n
+        limit = DECOMPRESSED_SLACK + DECOMPRESSED_RATIO * self.packed
+        if self.out > limit:
+            raise PerfDataTooLarge(
+                self.path,
+                f"bytes inflated from {self.packed:,} compressed bytes "
+                f"({DECOMPRESSED_RATIO} times theirs and {DECOMPRESSED_SLACK >> 20} MiB)",
+                limit,
+                offset,
+            )
 
 
 class _Stop(Exception):
@@ -196,10 +234,12 @@ class _Inflater:
             cast("IO[bytes]", self), write_size=_READ_CHUNK
         )
         self.out = 0
+        self.budget = InflateBudget(scan.path)
 
     def write(self, data: bytes) -> int:
         """Called by zstandard with each inflated chunk."""
         self.out += len(data)
+        self.budget.inflated(len(data), self.records.fixed)
         if self.out > DECOMPRESSED_LIMIT:
             raise PerfDataTooLarge(
                 self.scan.path,
@@ -215,6 +255,7 @@ class _Inflater:
     def inflate(self, payload: bytes, offset: int) -> None:
         self.out = 0
         self.records.fixed = offset
+        self.budget.compressed(len(payload))
         try:
             self.stream.write(payload)
         except _Stop:

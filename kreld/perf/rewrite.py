@@ -17,8 +17,10 @@ section is copied as it is, the data section grows by what is added, and the
 feature sections follow it again, each copied, the build-id table
 (``HEADER_BUILD_ID``) extended.  Pipe mode (``perf record -o -``): the stream is
 copied with the build-id entries added as ``PERF_RECORD_HEADER_BUILD_ID``
-records.  Only regular files are read (the records are indexed before anything
-is written), little- or big-endian.
+records.  Only regular files are read, little- or big-endian, and never whole:
+one pass in chunks finds the times' span, where perf's synthesized records end
+and each chunk's newest time; a second finds the place of each added record;
+the output is then copied range by range.  Memory does not grow with the file.
 """
 
 from __future__ import annotations
@@ -28,15 +30,16 @@ import os
 import stat
 import struct
 from array import array
-from collections.abc import Sequence
-from typing import IO, cast
+from collections.abc import Iterator, Sequence
+from typing import cast
 
 import numpy as np
 
 from kreld.core.errors import PerfDataError, PerfDataTooLarge
 from kreld.core.record import record
 from kreld.core.safeout import Sink
-from kreld.perf.reader import ATTR_SIZES, DECOMPRESSED_LIMIT, Feature, RecordType
+from kreld.perf.inner import InnerTimes, chunk_times
+from kreld.perf.reader import ATTR_SIZES, ATTRS_LIMIT, Feature, RecordType
 from kreld.perf.synth import AttrLayout
 
 __all__ = ["Added", "Recording", "write_with"]
@@ -44,7 +47,6 @@ __all__ = ["Added", "Recording", "write_with"]
 _MAGIC = b"PERFILE2"
 _FILE_HEADER = 104
 _PIPE_HEADER = 16
-_SAMPLE = int(RecordType.SAMPLE)
 _AUXTRACE = int(RecordType.AUXTRACE)
 _TRACING_DATA = int(RecordType.HEADER_TRACING_DATA)
 _COMPRESSED = (int(RecordType.COMPRESSED), int(RecordType.COMPRESSED2))
@@ -52,6 +54,7 @@ _USER_TYPES = 64  # types from here on are perf's own, untimed
 _KERNEL_MAP = b"[kernel.kallsyms]"
 _FINISHED_INIT = int(RecordType.FINISHED_INIT)
 _INIT_SCAN = 100_000  # records looked at for FINISHED_INIT, as for the kernel map
+_CHUNK = 1 << 20  # the data section is read this much at a time (a record is < 64 KiB)
 
 
 @record
@@ -63,29 +66,26 @@ class Added:
     time: int | None
 
 
-def _read_whole(fd: int, size: int, path: str) -> bytearray:
-    """The file's *size* bytes, read rather than mapped: a file cut short while it
-    is mapped kills its reader with SIGBUS, one cut short while it is read ends in
-    :class:`PerfDataError`."""
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
-    try:
-        while got < size:
-            try:
-                n = os.preadv(fd, [view[got:]], got)
-            except OSError as e:
-                raise PerfDataError(path, f"cannot be read: {e.strerror or e}", got) from e
-            if n == 0:
-                raise PerfDataError(path, f"changed while read: it ends at byte {got} of {size}")
-            got += n
-    finally:
-        view.release()
-    return buf
+class _Chunk:
+    """Whole records of one read of the data section: their offsets in *buf* and
+    their times (-1: untimed).  Trailing data (AUXTRACE's) is stepped over unread."""
+
+    def __init__(self, base: int, buf: bytes, offs: np.ndarray, times: np.ndarray) -> None:
+        self.base = base
+        self.buf = buf
+        self.offs = offs
+        self.times = times
 
 
 class Recording:
-    """One perf.data, indexed: where each record starts and when it happened."""
+    """One perf.data, read in chunks and never whole: where its sections are, the
+    first event's layout, and what a pass over its records found (the span of its
+    times, where perf's synthesized records end, each chunk's newest time).
+
+    Its records are walked twice at most (:meth:`placement`), each walk holding one
+    chunk of :data:`_CHUNK` bytes and the compressed records' inflation (bounded by
+    :class:`~kreld.perf.reader.InflateBudget`), so memory does not grow with the file.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -94,41 +94,63 @@ class Recording:
         except OSError as e:
             raise PerfDataError(path, e.strerror or str(e)) from e
         self.fd = fd
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        try:
+            self._open()
+        except BaseException:
             os.close(fd)
-            raise PerfDataError(path, "inject reads a regular file (not a pipe or a directory)")
+            raise
+
+    def _open(self) -> None:
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PerfDataError(
+                self.path, "inject reads a regular file (not a pipe or a directory)"
+            )
         self.size = st.st_size
         if self.size < _PIPE_HEADER:
-            os.close(fd)
-            raise PerfDataError(path, "not a perf.data file (too short)")
-        self.buf = _read_whole(fd, self.size, path)
-        head = self.buf[:8]
-        if head not in (_MAGIC, _MAGIC[::-1]):
-            self.close()
-            raise PerfDataError(path, "not a perf.data file (no PERFILE2 magic)")
-        self.e = "<" if head == _MAGIC else ">"
-        (hsize,) = struct.unpack_from(self.e + "Q", self.buf, 8)
+            raise PerfDataError(self.path, "not a perf.data file (too short)")
+        head = self._pread(0, min(self.size, _FILE_HEADER))
+        if head[:8] not in (_MAGIC, _MAGIC[::-1]):
+            raise PerfDataError(self.path, "not a perf.data file (no PERFILE2 magic)")
+        self.head = head
+        self.e = "<" if head[:8] == _MAGIC else ">"
+        (hsize,) = struct.unpack_from(self.e + "Q", head, 8)
         self.pipe = hsize == _PIPE_HEADER
         self.layouts: list[AttrLayout] = []
+        self.features: dict[int, tuple[int, int]] = {}
         if self.pipe:
             self.start, self.end = _PIPE_HEADER, self.size
-        elif hsize == _FILE_HEADER:
+        elif hsize == _FILE_HEADER and len(head) == _FILE_HEADER:
             self._file_header()
         else:
-            self.close()
-            raise PerfDataError(path, f"header size {hsize}, not {_FILE_HEADER}")
-        self._index()
+            raise PerfDataError(self.path, f"header size {hsize}, not {_FILE_HEADER}")
+        self._first_pass()
 
     def close(self) -> None:
         os.close(self.fd)
 
-    def _u(self, fmt: str, off: int) -> tuple[int, ...]:
-        return struct.unpack_from(self.e + fmt, self.buf, off)
+    def _pread(self, off: int, n: int) -> bytes:
+        """*n* bytes at *off*, read rather than mapped: a file cut short while it is
+        mapped kills its reader with SIGBUS, one cut short while read is refused."""
+        parts: list[bytes] = []
+        got = 0
+        while got < n:
+            try:
+                part = os.pread(self.fd, n - got, off + got)
+            except OSError as e:
+                raise PerfDataError(self.path, f"cannot be read: {e.strerror or e}", off) from e
+            if not part:
+                raise PerfDataError(self.path, f"changed while read: it ends at byte {off + got}")
+            parts.append(part)
+            got += len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _file_header(self) -> None:
-        attr_size, a_off, a_size, d_off, d_size, t_off, t_size = self._u("7Q", 16)
-        self.flags = list(self._u("4Q", 72))
+        e, head = self.e, self.head
+        attr_size, a_off, a_size, d_off, d_size, t_off, t_size = struct.unpack_from(
+            e + "7Q", head, 16
+        )
+        self.flags = list(struct.unpack_from(e + "4Q", head, 72))
         for what, off, n in (("attrs", a_off, a_size), ("data", d_off, d_size)):
             if off > self.size or n > self.size - off:
                 raise PerfDataError(self.path, f"{what} section [{off}, +{n}) lies past the end")
@@ -138,20 +160,23 @@ class Recording:
             raise PerfDataError(
                 self.path, f"attrs section of {a_size} bytes, attr size {attr_size}"
             )
-        for at in range(a_off, a_off + a_size, attr_size):
-            attr = bytes(self.buf[at : at + attr_size - 16])
-            ids_off, ids_size = self._u("QQ", at + attr_size - 16)
+        if a_size > ATTRS_LIMIT:
+            raise PerfDataTooLarge(self.path, "bytes in the attrs section", ATTRS_LIMIT, a_off)
+        attrs = self._pread(a_off, a_size) if a_size else b""
+        for at in range(0, a_size, attr_size):
+            attr = attrs[at : at + attr_size - 16]
+            ids_off, ids_size = struct.unpack_from(e + "QQ", attrs, at + attr_size - 16)
             n = min(ids_size // 8, 1) if ids_off + ids_size <= self.size else 0
-            ids = self._u(f"{n}Q", ids_off) if n else ()
-            self.layouts.append(AttrLayout.from_attr(attr, ids, self.e))
+            ids = struct.unpack_from(f"{e}{n}Q", self._pread(ids_off, 8 * n)) if n else ()
+            self.layouts.append(AttrLayout.from_attr(attr, ids, e))
         self.start, self.end = d_off, d_off + d_size
         bits = [b for b in range(256) if self.flags[b // 64] >> (b % 64) & 1]
         table = self.end
         if table + 16 * len(bits) > self.size:
             raise PerfDataError(self.path, "feature table lies past the end", table)
-        self.features: dict[int, tuple[int, int]] = {}
+        raw = self._pread(table, 16 * len(bits))
         for i, bit in enumerate(bits):
-            off, n = self._u("QQ", table + 16 * i)
+            off, n = struct.unpack_from(e + "QQ", raw, 16 * i)
             if off > self.size or n > self.size - off:
                 raise PerfDataError(self.path, f"feature {bit} section lies past the end", off)
             self.features[bit] = (off, n)
@@ -161,175 +186,176 @@ class Recording:
         """The first event's: added records carry its sample_id and id."""
         return self.layouts[0] if self.layouts else AttrLayout(0, False)
 
-    def _index(self) -> None:
-        """Record offsets, then each record's time (-1: untimed)."""
-        buf, pos, end = self.buf, self.start, self.end
+    # -- walking the records ---------------------------------------------------------------
+
+    def _chunks(self, inner: InnerTimes) -> Iterator[_Chunk]:
+        """Every chunk of records in file order; *inner* inflates compressed records."""
+        pos = self.start
+        while pos < self.end:
+            chunk, pos = self._chunk_at(pos, inner)
+            yield chunk
+        if pos != self.end:
+            raise PerfDataError(self.path, "last record truncated", self.end)
+
+    def _chunk_at(self, pos: int, inner: InnerTimes) -> tuple[_Chunk, int]:
+        """The records that lie whole in the chunk read at *pos*, and where the next
+        chunk begins (a record is at most 64 KiB: every chunk holds one)."""
+        n = min(_CHUNK, self.end - pos)
+        buf = self._pread(pos, n)
         offs = array("q")  # 8 bytes a record (a list would take some 40)
-        append = offs.append
         specials: list[int] = []
         big = self.e == ">"
-        while pos + 8 <= end:
-            size = (buf[pos + 6] << 8 | buf[pos + 7]) if big else (buf[pos + 6] | buf[pos + 7] << 8)
+        at = 0
+        while at + 8 <= n:
+            size = (buf[at + 6] << 8 | buf[at + 7]) if big else (buf[at + 6] | buf[at + 7] << 8)
             if size < 8:
-                raise PerfDataError(self.path, f"record of size {size}", pos)
-            append(pos)
-            rtype = buf[pos + 3] if big else buf[pos]
-            pos += size
+                raise PerfDataError(self.path, f"record of size {size}", pos + at)
+            if at + size > n:
+                break
+            offs.append(at)
+            rtype = buf[at + 3] if big else buf[at]
             if rtype >= _USER_TYPES:
                 specials.append(len(offs) - 1)
-                pos += self._trailing(rtype, pos - size, size)
-        if pos != end:
-            raise PerfDataError(self.path, "last record truncated", offs[-1] if offs else pos)
-        self.offs = np.frombuffer(offs, dtype=np.int64) if offs else np.zeros(0, np.int64)
-        self.ends = np.append(self.offs[1:], end) if offs else self.offs
+                at += self._trailing(rtype, buf, at, size)
+            at += size
+        if not offs:
+            raise PerfDataError(self.path, "last record truncated", pos)
+        local = np.frombuffer(offs, dtype=np.int64)
         if self.pipe:
-            self._pipe_attrs(specials)
-        self.times = self._times()
-        self._specials(specials)
-
-    def _pipe_attrs(self, specials: Sequence[int]) -> None:
-        """Pipe mode's attributes: each a HEADER_ATTR record (the attr, then its ids)."""
+            self._pipe_attrs(buf, local, specials)
+        times = chunk_times(buf, local, self.layout, self.e)
         for i in specials:
-            at = int(self.offs[i])
-            rtype, _misc, size = self._u("IHH", at)
+            o = int(local[i])
+            rtype, _misc, size = struct.unpack_from(self.e + "IHH", buf, o)
+            if rtype in _COMPRESSED:
+                times[i] = inner.newest(rtype, buf, o, size, pos + o, self.layout)
+        return _Chunk(pos, buf, local, times), pos + at
+
+    def _pipe_attrs(self, buf: bytes, offs: np.ndarray, specials: Sequence[int]) -> None:
+        """Pipe mode's attributes: each a HEADER_ATTR record (the attr, then its ids)."""
+        if self.layouts:
+            return  # the first event's is the one used, and the first pass found it
+        for i in specials:
+            at = int(offs[i])
+            rtype, _misc, size = struct.unpack_from(self.e + "IHH", buf, at)
             if rtype != RecordType.HEADER_ATTR or size < 8 + 64:
                 continue
-            (asize,) = self._u("I", at + 12)
+            (asize,) = struct.unpack_from(self.e + "I", buf, at + 12)
             if asize < 64 or 8 + asize > size:
                 raise PerfDataError(self.path, f"HEADER_ATTR of attr size {asize}", at)
             nids = (size - 8 - asize) // 8
-            ids = self._u(f"{min(nids, 1)}Q", at + 8 + asize) if nids else ()
-            self.layouts.append(
-                AttrLayout.from_attr(bytes(self.buf[at + 8 : at + 8 + asize]), ids, self.e)
+            ids = (
+                struct.unpack_from(f"{self.e}{min(nids, 1)}Q", buf, at + 8 + asize) if nids else ()
             )
+            self.layouts.append(AttrLayout.from_attr(buf[at + 8 : at + 8 + asize], ids, self.e))
 
-    def _trailing(self, rtype: int, at: int, size: int) -> int:
+    def _trailing(self, rtype: int, buf: bytes, at: int, size: int) -> int:
         """Bytes of data that follow a record outside any record."""
         if rtype == _AUXTRACE and size >= 16:
-            return int(self._u("Q", at + 8)[0])
+            return int(struct.unpack_from(self.e + "Q", buf, at + 8)[0])
         if rtype == _TRACING_DATA and self.pipe and size >= 12:
-            n = int(self._u("I", at + 8)[0])
+            n = int(struct.unpack_from(self.e + "I", buf, at + 8)[0])
             return n + (-n % 8)
         return 0
 
-    def _times(self) -> np.ndarray:
-        n = len(self.offs)
-        times = np.full(n, -1, dtype=np.int64)
-        if not n:
-            return times
-        raw = np.frombuffer(cast("bytes", self.buf), dtype=np.uint8)
-        sizes = self.ends - self.offs
-        types = raw[self.offs + (3 if self.e == ">" else 0)]
-        lay = self.layout
-        dt = np.dtype(self.e + "i8")
-        spots: list[tuple[np.ndarray, np.ndarray]] = []
-        if lay.sample_time_offset is not None:
-            sel = np.nonzero((types == _SAMPLE) & (sizes >= lay.sample_time_offset + 8))[0]
-            spots.append((sel, self.offs[sel] + lay.sample_time_offset))
-        back = lay.time_from_end
-        if back is not None:
-            kernel = (types < _USER_TYPES) & (types != _SAMPLE) & (sizes >= 8 + back)
-            sel = np.nonzero(kernel)[0]
-            spots.append((sel, self.offs[sel] + sizes[sel] - back))
-        for sel, at in spots:
-            if len(sel):
-                gathered = raw[at[:, None] + np.arange(8)]
-                times[sel] = gathered.view(dt).reshape(-1)
-        return times
+    # -- what the first pass finds ---------------------------------------------------------
 
-    def _specials(self, specials: Sequence[int]) -> None:
-        """Compressed records take the newest time they hold."""
-        inner = _InnerTimes(self)
-        for i in specials:
-            at, size = int(self.offs[i]), int(self.ends[i] - self.offs[i])
-            rtype = self._u("I", at)[0]
-            if rtype in _COMPRESSED:
-                self.times[i] = inner.newest(rtype, at, size)
+    def _first_pass(self) -> None:
+        """The span of the times, each chunk's start and newest time, and where
+        perf's synthesized records end (:meth:`_prefix`)."""
+        inner = InnerTimes(self.path, self.e)
+        self.first = self.last = -1
+        self.kmap_end: int | None = None
+        self.init_at: int | None = None
+        self.timed_at: int | None = None
+        self._kmap_done = False
+        self.seen = 0
+        starts, newest = array("q"), array("q")
+        for c in self._chunks(inner):
+            starts.append(c.base)
+            newest.append(int(c.times.max()))
+            positive = c.times[c.times > 0]
+            if len(positive):
+                lo, hi = int(positive.min()), int(positive.max())
+                self.first = lo if self.first < 0 else min(self.first, lo)
+                self.last = max(self.last, hi)
+            if self.timed_at is None:
+                self._prefix(c)
+            self.seen += len(c.offs)
+        self.compressed = inner.stream is not None
+        self.chunk_starts = (
+            np.frombuffer(starts, dtype=np.int64) if starts else np.zeros(0, np.int64)
+        )
+        newest_np = np.frombuffer(newest, dtype=np.int64) if newest else np.zeros(0, np.int64)
+        self.chunk_newest = np.maximum.accumulate(newest_np) if len(newest_np) else newest_np
 
-    def record_type(self, i: int) -> int:
-        return int(self._u("I", int(self.offs[i]))[0])
-
-    def kernel_map_index(self) -> int | None:
-        """The index of perf's ``[kernel.kallsyms]`` map, among the first records."""
-        for i in range(min(len(self.offs), 100_000)):
-            at = int(self.offs[i])
-            rtype, misc = self._u("IH", at)
-            if rtype in (1, 10) and misc & 7 == 1:
+    def _prefix(self, c: _Chunk) -> None:
+        """perf's kernel map and FINISHED_INIT among the first :data:`_INIT_SCAN`
+        records before the first timed one, and that record's offset."""
+        timed = np.flatnonzero(c.times > 0)
+        first = int(timed[0]) if len(timed) else None
+        # Only the first _INIT_SCAN records are looked at one by one.
+        look = min(len(c.offs) if first is None else first + 1, max(0, _INIT_SCAN - self.seen))
+        for j in range(look):
+            at = int(c.offs[j])
+            rtype, misc, size = struct.unpack_from(self.e + "IHH", c.buf, at)
+            if not self._kmap_done and rtype in (1, 10) and misc & 7 == 1:
                 name = 40 if rtype == 1 else 72
-                if self.buf[at + name : at + name + len(_KERNEL_MAP)] == _KERNEL_MAP:
-                    return i
-            if self.times[i] > 0:
-                return None
-        return None
+                if c.buf[at + name : at + name + len(_KERNEL_MAP)] == _KERNEL_MAP:
+                    self.kmap_end, self._kmap_done = c.base + at + size, True
+            if rtype == _FINISHED_INIT and self.init_at is None:
+                self.init_at = c.base + at
+        if self.seen + len(c.offs) >= _INIT_SCAN:
+            self._kmap_done = True
+        if first is not None:
+            self._kmap_done = True
+            self.timed_at = c.base + int(c.offs[first])
+
+    def early_at(self) -> int:
+        """Where records of no time go: after perf's kernel map; in a recording with
+        none, before perf's FINISHED_INIT (the end of its synthesis, which readers
+        of the synthesized prefix stop at) or else before the first timed record."""
+        if self.kmap_end is not None:
+            return self.kmap_end
+        if self.init_at is not None:
+            return self.init_at
+        return self.timed_at if self.timed_at is not None else self.end
 
     def span(self) -> tuple[int, int] | None:
         """The first and last time of the recording's timed records."""
-        timed = self.times[self.times > 0]
-        if not len(timed):
-            return None
-        return int(timed.min()), int(timed.max())
+        return None if self.last <= 0 else (self.first, self.last)
 
-
-class _InnerTimes:
-    """The records inside compressed records, read through one zstd stream (as
-    perf keeps one per session: a record may span two compressed ones)."""
-
-    def __init__(self, rec: Recording) -> None:
-        self.rec = rec
-        self.pending = b""
-        self.out: list[bytes] = []
-        self.total = 0
-        self.stream: object | None = None
-
-    def write(self, data: bytes) -> int:
-        self.total += len(data)
-        if self.total > DECOMPRESSED_LIMIT:
-            raise PerfDataTooLarge(
-                self.rec.path, "bytes inflated from one compressed record", DECOMPRESSED_LIMIT
+    def placement(self, times: Sequence[int]) -> list[int]:
+        """For each of the sorted *times*, the offset of the first record as new or
+        newer than it or every record before it (end: none).  A second walk, over
+        only the chunks that hold a place when no record is compressed (else over
+        all, replaying the one zstd stream)."""
+        out = [self.end] * len(times)
+        if not len(times) or not len(self.chunk_starts):
+            return out
+        want = np.array(times, dtype=np.int64)
+        where = np.searchsorted(self.chunk_newest, want, side="left")
+        needed = {int(k) for k in where if k < len(self.chunk_starts)}
+        if self.compressed:
+            chunks: Iterator[tuple[int, _Chunk]] = enumerate(
+                self._chunks(InnerTimes(self.path, self.e))
             )
-        self.out.append(data)
-        return len(data)
-
-    def newest(self, rtype: int, at: int, size: int) -> int:
-        import zstandard
-
-        rec, e = self.rec, self.rec.e
-        if self.stream is None:
-            self.stream = zstandard.ZstdDecompressor().stream_writer(cast("IO[bytes]", self))
-        stream = cast("zstandard.ZstdDecompressionWriter", self.stream)
-        payload = rec.buf[at + 8 : at + size]
-        if rtype == RecordType.COMPRESSED2:
-            (n,) = rec._u("Q", at + 8)
-            payload = rec.buf[at + 16 : at + 16 + min(n, size - 16)]
-        self.out, self.total = [], 0
-        try:
-            stream.write(payload)
-            stream.flush()  # type: ignore[no-untyped-call]
-        except zstandard.ZstdError as err:
-            raise PerfDataError(rec.path, f"compressed record: {err}", at) from err
-        data = self.pending + b"".join(self.out)
-        newest, pos = -1, 0
-        lay = rec.layout
-        while pos + 8 <= len(data):
-            t, _misc, n = struct.unpack_from(e + "IHH", data, pos)
-            if n < 8:
-                raise PerfDataError(rec.path, f"record of size {n} in a compressed record", at)
-            if pos + n > len(data):
+        else:
+            chunks = (
+                (k, self._chunk_at(int(self.chunk_starts[k]), InnerTimes(self.path, self.e))[0])
+                for k in sorted(needed)
+            )
+        for k, c in chunks:
+            if k not in needed:
+                continue
+            before = int(self.chunk_newest[k - 1]) if k else -(1 << 63)
+            newest = np.maximum(np.maximum.accumulate(c.times), before)
+            for i in np.nonzero(where == k)[0]:
+                j = int(np.searchsorted(newest, want[i], side="left"))
+                out[int(i)] = c.base + int(c.offs[j]) if j < len(c.offs) else self.end
+            if self.compressed and k >= max(needed):
                 break
-            newest = max(newest, _time_of(data, pos, t, n, lay, e))
-            pos += n
-        self.pending = data[pos:]
-        return newest
-
-
-def _time_of(data: bytes, pos: int, rtype: int, size: int, lay: AttrLayout, e: str) -> int:
-    if rtype == _SAMPLE:
-        off = lay.sample_time_offset
-        if off is not None and size >= off + 8:
-            return int(struct.unpack_from(e + "q", data, pos + off)[0])
-    elif rtype < _USER_TYPES and lay.time_from_end is not None and size >= 8 + lay.time_from_end:
-        return int(struct.unpack_from(e + "q", data, pos + size - lay.time_from_end)[0])
-    return -1
+        return out
 
 
 def write_with(
@@ -339,16 +365,14 @@ def write_with(
     bytes written."""
     early = b"".join(a.data for a in added if a.time is None)
     timed = sorted((a for a in added if a.time is not None), key=lambda a: cast("int", a.time))
-    where = _placement(rec, [cast("int", a.time) for a in timed])
-    k = rec.kernel_map_index()
+    where = rec.placement([cast("int", a.time) for a in timed])
     if rec.pipe:
         early = b"".join(build_ids) + early
-    at_early = int(rec.ends[k]) if k is not None else _first_timed(rec)
-    pieces: list[tuple[int, bytes]] = [(at_early, early)] if early else []
+    pieces: list[tuple[int, bytes]] = [(rec.early_at(), early)] if early else []
     pieces += [(w, a.data) for w, a in zip(where, timed, strict=True)]
     pieces.sort(key=lambda p: p[0])  # stable: early records before timed ones at one place
     grown = sum(len(b) for _, b in pieces)
-    w = _Writer(rec.fd, out)
+    w = _Writer(rec.fd, out, rec.path)
     if rec.pipe:
         w.copy(0, rec.start)
     else:
@@ -361,34 +385,12 @@ def write_with(
         pos = at
     w.copy(pos, rec.end - pos)
     if not rec.pipe:
-        w.data(_features(rec, rec.end + grown, build_ids))
+        _features(rec, w, rec.end + grown, build_ids)
     return w.written
 
 
-def _first_timed(rec: Recording) -> int:
-    """Where synthesized records go in a recording with no kernel map: before
-    perf's FINISHED_INIT (the end of its synthesis, which readers of the
-    synthesized prefix stop at) or else before the first timed record."""
-    timed = np.nonzero(rec.times > 0)[0]
-    first = int(timed[0]) if len(timed) else len(rec.offs)
-    for i in range(min(first, _INIT_SCAN)):
-        if rec.record_type(i) == _FINISHED_INIT:
-            return int(rec.offs[i])
-    return int(rec.offs[first]) if first < len(rec.offs) else rec.end
-
-
-def _placement(rec: Recording, times: Sequence[int]) -> list[int]:
-    """For each time, the offset of the first record as new or newer (end: none)."""
-    if not len(rec.offs):
-        return [rec.end] * len(times)
-    newest = np.maximum.accumulate(rec.times)
-    idx = np.searchsorted(newest, np.array(times, dtype=np.int64), side="left")
-    starts = np.append(rec.offs, rec.end)
-    return [int(starts[i]) for i in idx]
-
-
 def _file_head(rec: Recording, grown: int, build_ids: Sequence[bytes]) -> bytes:
-    head = bytearray(rec.buf[:_FILE_HEADER])
+    head = bytearray(rec.head)
     struct.pack_into(rec.e + "Q", head, 16 + 8 * 4, rec.end - rec.start + grown)
     if build_ids:
         flags = list(rec.flags)
@@ -397,25 +399,32 @@ def _file_head(rec: Recording, grown: int, build_ids: Sequence[bytes]) -> bytes:
     return bytes(head)
 
 
-def _features(rec: Recording, table_at: int, build_ids: Sequence[bytes]) -> bytes:
-    """The feature table and sections, after the data section ending at *table_at*."""
-    sections = {bit: bytes(rec.buf[off : off + n]) for bit, (off, n) in rec.features.items()}
+def _features(rec: Recording, w: _Writer, table_at: int, build_ids: Sequence[bytes]) -> None:
+    """The feature table and sections after the data section ending at *table_at*,
+    each section copied from the input (never held), the build-id table extended."""
+    sections = dict(rec.features)
+    extra = b"".join(build_ids)
     if build_ids:
-        sections[Feature.BUILD_ID] = sections.get(Feature.BUILD_ID, b"") + b"".join(build_ids)
+        sections.setdefault(Feature.BUILD_ID, (0, 0))
     bits = sorted(sections)
+    sizes = [sections[b][1] + (len(extra) if b == Feature.BUILD_ID else 0) for b in bits]
     pos = table_at + 16 * len(bits)
-    table, body = b"", b""
+    table = b""
+    for n in sizes:
+        table += struct.pack(rec.e + "QQ", pos, n)
+        pos += n
+    w.data(table)
     for bit in bits:
-        table += struct.pack(rec.e + "QQ", pos + len(body), len(sections[bit]))
-        body += sections[bit]
-    return table + body
+        w.copy(*sections[bit])
+        if bit == Feature.BUILD_ID:
+            w.data(extra)
 
 
 class _Writer:
     """Copies ranges of the input (in the kernel where it can) and writes bytes."""
 
-    def __init__(self, src: int, dst: Sink) -> None:
-        self.src, self.dst = src, dst
+    def __init__(self, src: int, dst: Sink, path: str) -> None:
+        self.src, self.dst, self.path = src, dst, path
         self.fast = True
 
     @property
@@ -442,8 +451,8 @@ class _Writer:
             try:
                 chunk = os.pread(self.src, min(n, 1 << 20), off)
             except OSError as e:
-                raise PerfDataError("input", f"cannot be read: {e.strerror or e}", off) from e
+                raise PerfDataError(self.path, f"cannot be read: {e.strerror or e}", off) from e
             if not chunk:
-                raise PerfDataError("input", "ended while being copied", off)
+                raise PerfDataError(self.path, "ended while being copied", off)
             self.data(chunk)
             off, n = off + len(chunk), n - len(chunk)

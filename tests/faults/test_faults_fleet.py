@@ -356,3 +356,39 @@ def test_the_untampered_copy_reads_the_same_as_each_hosts_own_store(
         remote = ctl(url, "modules", "--boot", h.tree.boot_id, "--json").json()
         assert [m["sections"] for m in remote] == [m["sections"] for m in local]
     assert os.environ.get("AWS_ENDPOINT_URL", "").startswith("http://127.0.0.1")
+
+
+# -- manifests that name more than any publisher writes ------------------------------------
+
+
+def test_a_manifest_naming_one_batch_thousands_of_times_reads_it_once(
+    fleet_bucket: Fleet, bucket: tuple[str, Bucket]
+) -> None:
+    """A's manifest names its first batch 4,000 times (the most its shape takes):
+    kreldctl fetches and decodes it once, and A still resolves."""
+    url, b = bucket
+    f = fleet_bucket
+    a_id = f.a.tree.boot_id
+    m = manifest_of(b, a_id)
+    m["batches"] = [m["batches"][0]] * 4000 + m["batches"][1:]
+    put_manifest(b, a_id, m)
+    res = ctl(url, "resolve", "--boot", a_id, "0xffffffffc0000010", "--json")
+    assert res.rc == 0 and res.json()[0]["image"] == "amod0", res
+    decoded = fleet.decode_manifest(fleet.manifest_object(a_id), json.dumps(m).encode(), a_id)
+    assert len(decoded.batches) == len(set(m["batches"]))
+
+
+def test_a_manifest_naming_more_distinct_batches_than_a_publisher_keeps_is_refused(
+    fleet_bucket: Fleet, bucket: tuple[str, Bucket]
+) -> None:
+    """B's manifest names one batch more than MAX_MANIFEST_BATCHES: refused by name
+    from the manifest alone, before any batch is fetched; A still listed."""
+    url, b = bucket
+    f = fleet_bucket
+    b_id = f.b.tree.boot_id
+    m = manifest_of(b, b_id)
+    names = [fleet.batch_name(1000 + i) for i in range(fleet.MAX_MANIFEST_BATCHES + 1)]
+    m["batches"] = names
+    put_manifest(b, b_id, m)
+    refused(ctl(url, "show", b_id), fleet.manifest_object(b_id), "distinct batches")
+    still_lists_a(url, f, fleet.manifest_object(b_id))
