@@ -231,6 +231,22 @@ class AddressMap:
         sec = 0 if r.inc is None else table.section_index(r.section)
         return None if sec is None else table.lookup(sec, address - r.rel_base)
 
+    def region_indices(self, addrs: NDArray[np.uint64]) -> tuple[NDArray[np.int64], Any]:
+        """Per address, its region's index (0 for none) and whether it has one."""
+        import numpy as np
+
+        if self._arrays is None:
+            self._arrays = (np.array(self._bases, np.uint64), np.array(self._limits, np.uint64))
+        bases, limits = self._arrays
+        ri = np.searchsorted(bases, addrs, side="right").astype(np.int64) - 1
+        inside = ri >= 0
+        ric = np.where(inside, ri, 0)
+        if len(bases):
+            inside &= addrs < limits[ric]
+        else:
+            inside[:] = False
+        return ric, inside
+
     def resolve_bulk(self, addresses: Addresses, tables: SymbolTables | None = None) -> Resolved:
         """:meth:`resolve` in bulk, with numpy: one ``searchsorted`` over the
         region bases, then one per symbol table over its sorted keys, straight
@@ -239,21 +255,10 @@ class AddressMap:
         outside 64 bits."""
         import numpy as np
 
-        if self._arrays is None:
-            self._arrays = (
-                np.array(self._bases, dtype=np.uint64),
-                np.array(self._limits, dtype=np.uint64),
-            )
-        bases, limits = self._arrays
         addrs = np.asarray(addresses, dtype=np.uint64)
         n = len(addrs)
-        ri = np.searchsorted(bases, addrs, side="right").astype(np.int64) - 1
-        inside = ri >= 0
-        ric = np.where(inside, ri, 0)
-        if len(bases):
-            inside &= addrs < limits[ric]
-        else:
-            inside[:] = False
+        ric, inside = self.region_indices(addrs)
+        bases = self._bases
         # The regions that held an address, in order (few: counted, not sorted).
         used = np.flatnonzero(np.bincount(ric[inside], minlength=len(bases)))
         renumber = np.full(len(bases) or 1, -1, dtype=np.int32)
