@@ -73,6 +73,8 @@ class LineSession:
         from kreld.store.lock import WriterLock
 
         state = Path(self.cfg.state_dir)
+        if not (state / "data.mdb").is_file():
+            return None  # no store here: none is made just to keep tables in
         try:
             lock = WriterLock(state)
         except KreldError:

