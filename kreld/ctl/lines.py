@@ -38,8 +38,10 @@ __all__ = ["LineSession", "frame_text", "print_line_tables", "render_lines", "wi
 
 
 class LineSession:
-    """The store (written under kreld's writer lock when no daemon holds it,
-    else read), the line-table provider, and the source of boot records."""
+    """The store (read), the line-table provider, and the source of boot
+    records.  Tables built here are kept when the command is done, under
+    kreld's writer lock, which is held only for that write: a daemon starting
+    meanwhile is never refused, and one running keeps them itself."""
 
     def __init__(
         self,
@@ -58,10 +60,12 @@ class LineSession:
         self.err = err
         self.stack = contextlib.ExitStack()
         self.store = self._open_store()
-        kept = None if self.store is None else self.store.line_tables
-        keep = None if self.store is None or self.store.readonly else kept
+        self.pending: list[tuple[str, bytes, str, str]] = []
         self.provider: LineTableProvider = provider_for(
-            cfg, args.debuginfo_dirs, kept, None if keep is None else keep.put
+            cfg,
+            args.debuginfo_dirs,
+            None if self.store is None else self.store.line_tables,
+            None if self.store is None else lambda *kept: self.pending.append(kept),
         )
         self.source: BootSource | None = self.store
         if args.source:
@@ -70,26 +74,34 @@ class LineSession:
 
     def _open_store(self) -> Store | None:
         from kreld.store import Store
-        from kreld.store.lock import WriterLock
 
         state = Path(self.cfg.state_dir)
         if not (state / "data.mdb").is_file():
             return None  # no store here: none is made just to keep tables in
-        try:
-            lock = WriterLock(state)
-        except KreldError:
-            lock = None  # a daemon writes it (or it cannot be written): read it
-        if lock is not None:
-            self.stack.callback(lock.release)
-            with contextlib.suppress(KreldError):
-                return self.stack.enter_context(Store(state))
         try:
             return self.stack.enter_context(Store(state, readonly=True))
         except KreldError:
             return None
 
     def close(self) -> None:
+        """Close the store, then keep the tables built (LMDB allows one open
+        of a store per process, so the read-only one goes first)."""
         self.stack.close()
+        if self.pending:
+            self._keep()
+
+    def _keep(self) -> None:
+        from kreld.store import Store
+        from kreld.store.lock import writer_lock
+
+        try:
+            with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
+                for build_id, data, source, what in self.pending:
+                    store.line_tables.put(build_id, data, source, what)
+        except KreldError as e:
+            builds = ", ".join(b for b, *_ in self.pending)
+            print(f"kreldctl: line tables of {builds} not kept: {e}", file=self.err)
+        self.pending.clear()
 
     def address_map(self) -> tuple[AddressMap, str]:
         """The boot's layout at ``--at`` (default: now on the running boot, the

@@ -226,3 +226,19 @@ def test_from_a_bucket_the_reader_finds_debuginfo_by_the_build_ids_the_bucket_na
     assert [r["frames"] for r in got] == [r["frames"] for r in local]
     assert sum(len(r["frames"]) for r in got) > len(addrs)
     assert all(r["host"] for r in got)  # the bucket's answer, with its host
+
+
+def test_while_another_kreld_holds_the_store_lines_are_answered_and_not_kept(
+    built: Built, tmp_path: Path
+) -> None:
+    from kreld.store.lock import writer_lock
+
+    opts = built.recorded(tmp_path)
+    d = built.debug_dir(tmp_path / "debug")
+    addr = hex(built.addresses()[0][3])
+    with writer_lock(tmp_path / "state"):  # as a running daemon holds it
+        cp = kreldctl("resolve", "--lines", "--json", *opts, "--debuginfo-dir", str(d), addr)
+    assert json.loads(cp.stdout)[0]["frames"]
+    assert f"line tables of {built.image_bid} not kept" in cp.stderr
+    assert "another kreld" in cp.stderr
+    assert ctl_json("line-tables", *opts) == []
