@@ -183,10 +183,10 @@ def resolutions(addresses: Sequence[str | int], reply: dict[str, Any]) -> list[d
     ``image``, ``section``, ``base`` (and ``seq``, ``build_id`` when known) and
     the ``offset`` into it; where a symbol is known, ``symbol`` and
     ``symbol_offset``.  Addresses and offsets as ``0x`` hex strings; no nulls.
-    A reply asked with ``lines`` adds either ``frames`` (innermost first, each
-    with ``function``, ``file``, ``line``, ``column`` and ``inlined``; a
-    ``file`` or ``column`` the DWARF or the table lacks is null) or
-    ``lines_why`` (why the address has none)."""
+    A reply asked with ``lines`` adds ``frames`` (innermost first, each with
+    ``function``, ``file``, ``line``, ``column`` and ``inlined``; a ``file``
+    or ``column`` the DWARF or the table lacks is null) and, where there are
+    none, ``no_lines``: why (as ``kreldctl resolve --lines --json`` says)."""
     regions = [{k: v for k, v in r.items() if k != "names"} for r in reply["regions"]]
     bases = [int(r["base"], 16) for r in regions]
     # The names come region by region: the region each lies in.
@@ -208,7 +208,7 @@ def resolutions(addresses: Sequence[str | int], reply: dict[str, Any]) -> list[d
     if lines is not None:
         for r, frames in zip(out, line_frames(lines), strict=True):
             if isinstance(frames, str):
-                r["lines_why"] = frames
+                r["frames"], r["no_lines"] = [], frames
             else:
                 r["frames"] = frames
     return out

@@ -149,17 +149,17 @@ class LineBuilder:
                     return got
                 if self._thread is None or not self._thread.is_alive():
                     return "the line-table builder is not running (see Status degraded)"
+                if bid not in self._queue and not self._is_building(bid):
+                    if len(self._queue) >= MAX_QUEUED:
+                        return f"the line table of build {bid} waits behind too many builds"
+                    self._queue[bid] = want
+                    self._cond.notify_all()
                 left = deadline - self._clock()
                 if left <= 0:
                     return (
                         f"the line table of {want.describe()} (build {bid}) is being built:"
                         " ask again"
                     )
-                if bid not in self._queue and not self._is_building(bid):
-                    if len(self._queue) >= MAX_QUEUED:
-                        return f"the line table of build {bid} waits behind too many builds"
-                    self._queue[bid] = want
-                    self._cond.notify_all()
                 # Woken by the build's end; at least once a second to see the
                 # builder still alive.
                 self._cond.wait(min(left, 1.0))
