@@ -222,8 +222,6 @@ class Service:
 
     def _lines(self, boot: BootSnapshot, amap: AddressMap, req: requests.Resolve) -> bytes:
         """Resolve's ``lines`` member as JSON (see ResolveLines in io.kreld.varlink)."""
-        import orjson
-
         from kreld.symbols.linereply import line_columns
         from kreld.symbols.linetables import wanted_of
 
@@ -233,7 +231,7 @@ class Service:
             source = self._line_tables(wanted_of(amap, boot.release))
         columns = line_columns(amap, req.addresses, source)
         self.bulk_ready = True  # numpy is imported now
-        return orjson.dumps(columns.to_json(), option=orjson.OPT_SERIALIZE_NUMPY)
+        return columns.to_json()
 
     def _map_at(
         self, boot: BootSnapshot, clock: Clock, t: int | None, kernel_key: str | None

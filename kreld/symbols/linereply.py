@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kreld.debuginfo.lines import NONE
+from kreld.symbols.queries import join_quoted, quote_names
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -57,45 +58,52 @@ class LineColumns:
         self.frames[at] = depth
         self._found.append((at, chains, table))
 
-    def to_json(self) -> dict[str, Any]:
-        """The ``ResolveLines`` object (numpy arrays for orjson)."""
+    def to_json(self) -> bytes:
+        """The ``ResolveLines`` object as JSON.  Names are quoted in bulk from
+        the tables' blobs, as Resolve's symbol names are (some 40,000
+        distinct functions for 100,000 kernel addresses)."""
+        import orjson
+
         counts = np.maximum(self.frames, 0)
         start = np.cumsum(counts) - counts
         total = int(counts.sum())
         function = np.zeros(total, dtype=np.int64)
         file = np.full(total, -1, dtype=np.int64)
         line = np.zeros(total, dtype=np.int64)
-        functions: list[str] = []
-        files: list[str] = []
+        functions: list[bytes] = []
+        files: list[bytes] = []
+        nfunc = nfile = 0
         for at, chains, table in self._found:
-            # Each build's functions and files that are used, once.
-            funcs, func_of = np.unique(table.loc_func[chains[chains != NONE]], return_inverse=True)
-            func_base = len(functions)
-            functions += [table.function_name(int(f)) for f in funcs]
-            used_files = table.loc_file[chains[chains != NONE]]
-            known = used_files[used_files != NONE]
-            fids = np.unique(known)
-            file_base = len(files)
-            files += [table.file_name(int(f)) or "" for f in fids]
-            # Frames in depth-major order as chains[chains != NONE] lists
-            # them: where each goes in the columns.
-            d_idx, a_idx = np.nonzero(chains != NONE)
-            where = start[at[a_idx]] + d_idx
+            names, func_offs, paths, file_offs = table.name_blobs()
+            live = chains != NONE
+            d_idx, a_idx = np.nonzero(live)  # row-major: as chains[live] lists them
             locs = chains[d_idx, a_idx]
-            function[where] = func_base + func_of.reshape(-1)
+            where = start[at[a_idx]] + d_idx
+            # Each build's functions and files that are used, once.
+            funcs, func_of = np.unique(table.loc_func[locs], return_inverse=True)
+            function[where] = nfunc + func_of.reshape(-1)
+            functions += quote_names(names, func_offs[1:], funcs)
+            nfunc += len(funcs)
             fl = table.loc_file[locs]
             has = fl != NONE
-            file[where[has]] = file_base + np.searchsorted(fids, fl[has])
+            fids = np.unique(fl[has])
+            file[where[has]] = nfile + np.searchsorted(fids, fl[has])
+            files += quote_names(paths, file_offs[1:], fids) if len(fids) else []
+            nfile += len(fids)
             line[where] = table.loc_line[locs]
-        return {
-            "functions": functions,
-            "files": files,
-            "reasons": list(self.reasons.index),
-            "frames": self.frames,
-            "function": function,
-            "file": file,
-            "line": line,
-        }
+        opt = orjson.OPT_SERIALIZE_NUMPY
+        return b"".join(
+            (
+                b'{"functions":', join_quoted(functions),
+                b',"files":', join_quoted(files),
+                b',"reasons":', orjson.dumps(list(self.reasons.index)),
+                b',"frames":', orjson.dumps(self.frames, option=opt),
+                b',"function":', orjson.dumps(function, option=opt),
+                b',"file":', orjson.dumps(file, option=opt),
+                b',"line":', orjson.dumps(line, option=opt),
+                b"}",
+            )
+        )  # fmt: skip
 
 
 def line_columns(amap: AddressMap, addresses: Any, tables: TableSource) -> LineColumns:
