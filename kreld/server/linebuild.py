@@ -28,6 +28,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kreld.core import heap
+
 if TYPE_CHECKING:
     from kreld.core.supervise import Supervisor
     from kreld.debuginfo.lines import LineTable
@@ -109,6 +111,7 @@ class LineBuilder:
                 self._provider = self._make_provider()
             got = self._provider.table(want)  # a KreldError comes back as a reason
             self._provider.forget([want.build_id])  # held here, by this bound
+            heap.trim()  # the build's reading (hundreds of MiB for a kernel) is freed
             with self._cond:
                 self._building = None
                 if isinstance(got, str):
