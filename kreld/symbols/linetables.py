@@ -15,7 +15,9 @@ answers
 3. else the reason, as a string: where it looked and what each server said.
 
 One build at a time (a lock), so two askers never read the same DWARF twice
-at once and memory holds one build's reading.  Tables read back are kept in
+at once and memory holds one build's reading; a table already held (or an
+absence remembered, :meth:`~LineTableProvider.cached`) is answered without
+waiting for a build under way.  Tables read back are kept in
 memory up to a byte bound, least recently used dropped first.  A build with
 no debug file costs the look-up only (a few ``open`` calls, and one request
 per debuginfod server); its reason is remembered for ``retry_after`` seconds
@@ -139,7 +141,8 @@ class LineTableProvider:
         self.retry_after = retry_after
         self.scratch = scratch
         self._clock = clock
-        self._lock = threading.Lock()  # one build read or built at a time
+        self._building = threading.Lock()  # one build read or built at a time
+        self._state = threading.Lock()  # the dicts below, never held while building
         self._tables: OrderedDict[str, tuple[LineTable, int]] = OrderedDict()
         self._held = 0
         self._missing: dict[str, tuple[float, str]] = {}
@@ -149,31 +152,48 @@ class LineTableProvider:
         self.unkept: dict[str, str] = {}
 
     def table(self, want: Wanted) -> LineTable | str:
-        """*want*'s line table, or why none can be had."""
+        """*want*'s line table, or why none can be had.  A table held in
+        memory (or an absence remembered) is answered at once, also while
+        another build is being read."""
         from kreld.debuginfo.places import checked
 
         try:
             want = checked(want)
         except InvalidArgument as e:
             return f"no line table for build {want.build_id[:130]}: {e}"
-        with self._lock:
-            bid = want.build_id
-            hit = self._tables.get(bid)
+        bid = want.build_id
+        hit = self.cached(bid)
+        if hit is not None:
+            return hit
+        with self._building:
+            hit = self.cached(bid)  # built by another asker meanwhile
             if hit is not None:
-                self._tables.move_to_end(bid)
-                return hit[0]
-            missing = self._missing.get(bid)
-            if missing is not None and self._clock() < missing[0]:
-                return missing[1]
+                return hit
             try:
                 table, size = self._stored(bid) or self._build(want)
-            except KreldError as e:
-                why = _reason(e)
-                self._missing[bid] = (self._clock() + self.retry_after, why)
+            except (KreldError, OSError) as e:
+                why = _reason(bid, e)
+                with self._state:
+                    self._missing[bid] = (self._clock() + self.retry_after, why)
                 return why
-            self._missing.pop(bid, None)
-            self._hold(bid, table, size)
+            with self._state:
+                self._missing.pop(bid, None)
+                self._hold(bid, table, size)
             return table
+
+    def cached(self, build_id: str) -> LineTable | str | None:
+        """What :meth:`table` would answer without reading anything: the table
+        held in memory, the reason remembered for a build found without
+        debuginfo, or None (the store or the debug file must be read)."""
+        with self._state:
+            hit = self._tables.get(build_id)
+            if hit is not None:
+                self._tables.move_to_end(build_id)
+                return hit[0]
+            missing = self._missing.get(build_id)
+            if missing is not None and self._clock() < missing[0]:
+                return missing[1]
+            return None
 
     def source_for(self, wanted: dict[str, Wanted]) -> TableSource:
         """The build-id -> table function :func:`~kreld.symbols.linequery.lines_at`
@@ -190,7 +210,7 @@ class LineTableProvider:
     def forget(self, build_ids: Iterable[str] | None = None) -> None:
         """Drop tables held in memory and remembered absences (all, or of
         *build_ids*): the next ask looks again."""
-        with self._lock:
+        with self._state:
             for bid in list(self._tables) if build_ids is None else list(build_ids):
                 got = self._tables.pop(bid, None)
                 if got is not None:
@@ -256,11 +276,14 @@ def provider_for(
     return LineTableProvider(finder_for(cfg, cfg.root, tuple(given_dirs)), kept, keep)
 
 
-def _reason(e: KreldError) -> str:
+def _reason(build_id: str, e: KreldError | OSError) -> str:
     """An error as the answer's reason: a debuginfo error's own reason
-    (it names the build), else its message."""
+    (it names the build), else its message with the build named."""
     if isinstance(e, DebuginfoError):
         return str(e)
     if isinstance(e, LineTableError):
-        return f"the debug file could not be read: {e}"
-    return str(e)
+        return f"debuginfo for build {build_id}: the debug file could not be read: {e}"
+    if isinstance(e, OSError):
+        why = e.strerror or str(e)
+        return f"debuginfo for build {build_id}: the line table could not be built: {why}"
+    return f"debuginfo for build {build_id}: {e}"

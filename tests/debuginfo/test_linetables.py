@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,41 @@ def test_a_store_that_cannot_be_written_only_costs_the_keeping(tmp_path: Path) -
         table = provider.table(Wanted(bid, Kind.MODULE, R, name="prog"))
         assert isinstance(table, LineTable)
         assert bid in provider.unkept and bid in provider.built
+
+
+def test_a_table_held_in_memory_is_answered_while_another_build_is_being_looked_for(
+    tmp_path: Path,
+) -> None:
+    d = tmp_path / "debug"
+    bid = module_ko(d / "lib" / "modules" / R / "kernel" / "prog.ko")
+    inner = finder(tmp_path, d)
+    entered, gate = threading.Event(), threading.Event()
+
+    class Slow:
+        """The finder, held at the door for the image's build (a slow download)."""
+
+        def find(self, want: Wanted) -> object:
+            if want.kind is Kind.IMAGE:
+                entered.set()
+                gate.wait(60)
+            return inner.find(want)
+
+    provider = LineTableProvider(Slow())  # type: ignore[arg-type]
+    module = Wanted(bid, Kind.MODULE, R, name="prog")
+    table = provider.table(module)
+    assert isinstance(table, LineTable)
+    answers: list[object] = []
+    looking = threading.Thread(
+        target=lambda: answers.append(provider.table(Wanted("ab" * 20, Kind.IMAGE, R)))
+    )
+    looking.start()
+    try:
+        assert entered.wait(60)
+        assert provider.table(module) is table  # not queued behind the image's look-up
+        assert provider.cached("ab" * 20) is None and answers == []
+    finally:
+        gate.set()
+        looking.join(60)
+    (why,) = answers
+    assert isinstance(why, str) and "ab" * 20 in why
+    assert provider.cached("ab" * 20) == why
