@@ -182,7 +182,11 @@ def resolutions(addresses: Sequence[str | int], reply: dict[str, Any]) -> list[d
     ``resolve --json``: ``address``; where a region held it, that region's
     ``image``, ``section``, ``base`` (and ``seq``, ``build_id`` when known) and
     the ``offset`` into it; where a symbol is known, ``symbol`` and
-    ``symbol_offset``.  Addresses and offsets as ``0x`` hex strings; no nulls."""
+    ``symbol_offset``.  Addresses and offsets as ``0x`` hex strings; no nulls.
+    A reply asked with ``lines`` adds ``frames`` (innermost first, each with
+    ``function``, ``file``, ``line``, ``column`` and ``inlined``; a ``file``
+    or ``column`` the DWARF or the table lacks is null) and, where there are
+    none, ``no_lines``: why (as ``kreldctl resolve --lines --json`` says)."""
     regions = [{k: v for k, v in r.items() if k != "names"} for r in reply["regions"]]
     bases = [int(r["base"], 16) for r in regions]
     # The names come region by region: the region each lies in.
@@ -200,4 +204,38 @@ def resolutions(addresses: Sequence[str | int], reply: dict[str, Any]) -> list[d
             r["symbol"] = names[si]
             r["symbol_offset"] = hex(so)
         out.append(r)
+    lines = reply.get("lines")
+    if lines is not None:
+        for r, frames in zip(out, line_frames(lines), strict=True):
+            if isinstance(frames, str):
+                r["frames"], r["no_lines"] = [], frames
+            else:
+                r["frames"] = frames
+    return out
+
+
+def line_frames(lines: dict[str, Any]) -> list[list[dict[str, Any]] | str]:
+    """A Resolve reply's ``lines`` (``ResolveLines``), per address: its frames
+    spelled out, innermost first, or why it has none."""
+    functions, files, reasons = lines["functions"], lines["files"], lines["reasons"]
+    function, file, line = lines["function"], lines["file"], lines["line"]
+    out: list[list[dict[str, Any]] | str] = []
+    at = 0
+    for count in lines["frames"]:
+        if count < 0:
+            out.append(reasons[-1 - count])
+            continue
+        out.append(
+            [
+                {
+                    "function": functions[function[j]],
+                    "file": None if file[j] < 0 else files[file[j]],
+                    "line": line[j],
+                    "column": None,
+                    "inlined": j + 1 < at + count,
+                }
+                for j in range(at, at + count)
+            ]
+        )
+        at += count
     return out

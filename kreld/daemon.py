@@ -68,6 +68,9 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
     from kreld.fleet.publish import Publisher
+    from kreld.server.linebuild import LineBuilder
+    from kreld.store import Store
+    from kreld.symbols.linetables import LineTableProvider
 
 
 def check_config(cfg: Config) -> None:
@@ -156,6 +159,7 @@ class Daemon:
         self.tracking: Tracking | None = None
         self.server: Server | None = None
         self.bound: tuple[str, int] | None = None
+        self.lines: LineBuilder | None = None  # started with the server
         self._snapshot_lock = threading.Lock()
 
     # -- startup ----------------------------------------------------------------
@@ -292,6 +296,7 @@ class Daemon:
             "publish": None if tracking.publisher is None else tracking.publisher.health(),
             "kernel_code": self.kernel_code.status(),
             "degraded": [f.to_json() for f in self.supervisor.failures()],
+            "line_tables": None if self.lines is None else self.lines.status(),
         } | ({} if self.server is None else self.server.counts())  # connections, once served
 
     def started_tracking(self) -> Tracking:
@@ -326,6 +331,8 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
 
         tracker = self.start_tracking().tracker
+        self.lines = line_builder(self.cfg, self.store)
+        self.lines.start(self.supervisor)
         service = Service(
             self.store,
             current_boot=self.current_boot,
@@ -333,6 +340,7 @@ class Daemon:
             loaded=tracker.loaded,
             snapshot=self.record_boot,
             status=self.status,
+            line_tables=self.lines.source_for,
         )
         self.server = Server(
             service, policy_of(self.cfg, self.log), limits_of(self.cfg, self.log), self.log
@@ -414,6 +422,8 @@ class Daemon:
     def shutdown(self) -> None:
         self.supervisor.stopping.set()
         self.stop_threads.set()
+        if self.lines is not None:
+            self.lines.stop()
         self.tracepoints.stop()  # also a source of tracking's: stopping twice is nothing
         if self.tracking is not None:
             self.tracking.stop()
@@ -513,3 +523,29 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def line_builder(cfg: Config, store: Store) -> LineBuilder:
+    """The daemon's line-table builder: debug files found as ``kreldctl
+    resolve --lines`` finds them, tables kept in the store (the provider
+    holds only the one it built; the builder keeps those calls use)."""
+    from kreld.server.linebuild import LineBuilder
+
+    kept = store.line_tables
+
+    def make() -> LineTableProvider:
+        # A debuginfod server may be https: ssl, which kreld.programs keeps
+        # out of the daemon's start, may be imported from now on (before
+        # http.client is, which offers HTTPS only where ssl imports).
+        if "ssl" in sys.modules and sys.modules.get("ssl") is None:
+            del sys.modules["ssl"]
+        from kreld.debuginfo.finder import finder_for
+        from kreld.symbols.linetables import LineTableProvider
+
+        return LineTableProvider(finder_for(cfg, cfg.root), kept, kept.put, memory=0)
+
+    def listing() -> list[dict[str, Any]]:
+        return [{"build_id": b, "size": m.get("size", 0), "source": m.get("source", ""),
+                 "what": m.get("what", "")} for b, m in sorted(kept.listing().items())]  # fmt: skip
+
+    return LineBuilder(make, listing)

@@ -178,7 +178,8 @@ func resolve(ctx context.Context, c *varlink.Connection, o options) error {
 	for i, a := range o.addrs {
 		hex[i] = fmt.Sprintf("%#x", a)
 	}
-	regions, symbols, symbol, offset, err := iokreld.Resolve().Call(ctx, c, hex, o.boot, o.at, o.clock)
+	// Without lines (nil): the reply's lines is null.
+	regions, symbols, symbol, offset, _, err := iokreld.Resolve().Call(ctx, c, hex, o.boot, o.at, o.clock, nil)
 	if err != nil {
 		return err
 	}

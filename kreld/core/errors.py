@@ -490,14 +490,21 @@ class DebuginfoError(KreldError):
     errors of finding, fetching and checking debug files."""
 
     varlink_name = "io.kreld.DebuginfoError"
+    fields: ClassVar[tuple[str, ...]] = ("build_id", "reason")
 
     def __init__(self, build_id: str, reason: str) -> None:
         super().__init__(f"debuginfo for build {build_id}: {reason}")
         self.build_id = build_id
         self.reason = reason
 
-    def parameters(self) -> dict[str, Any]:
-        return {"build_id": self.build_id, "reason": self.reason}
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, Any]) -> KreldError:
+        # The subclasses' constructors take more than the wire carries (where
+        # it looked, the found build-id): each comes back with the reason the
+        # server wrote, which already says all of it.
+        attrs = {f: str(params.get(f, "")) for f in cls.fields}
+        message = f"debuginfo for build {attrs['build_id']}: {attrs['reason']}"
+        return cls._rebuilt(message, **attrs)
 
 
 class DebuginfoMismatch(DebuginfoError):
@@ -537,13 +544,11 @@ class DebuginfodError(DebuginfoError):
     other than the file (the subclasses name the usual ones)."""
 
     varlink_name = "io.kreld.DebuginfodError"
+    fields = ("build_id", "url", "reason")
 
     def __init__(self, build_id: str, url: str, reason: str) -> None:
         super().__init__(build_id, f"debuginfod {url}: {reason}")
         self.url = url
-
-    def parameters(self) -> dict[str, Any]:
-        return {"build_id": self.build_id, "url": self.url, "reason": self.reason}
 
 
 class DebuginfodMissing(DebuginfodError):
@@ -620,14 +625,12 @@ class LineTableError(KreldError):
     kreld does not handle, or DWARF the reader refuses."""
 
     varlink_name = "io.kreld.LineTableError"
+    fields = ("path", "reason")
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
-
-    def parameters(self) -> dict[str, Any]:
-        return {"message": self.message, "path": self.path, "reason": self.reason}
 
 
 class InterfaceNotFound(KreldError):

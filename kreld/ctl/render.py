@@ -175,6 +175,19 @@ def render_resolved(results: list[dict[str, Any]], out: TextIO) -> None:
     render_table(("ADDRESS", "IMAGE", "SECTION", "BASE", "OFFSET", "SYMBOL"), rows, out)
 
 
+def _render_line_tables(v: dict[str, Any], width: int, out: TextIO) -> None:
+    """Status's line_tables: each kept table, the build under way, the builds
+    without debuginfo."""
+    k = "line_table"
+    for t in v["kept"]:
+        print(f"{k:<{width}}  {t['build_id']} {t['what']}: {t['size']} bytes, from {t['source']}",
+              file=out)  # fmt: skip
+    if v["building"] is not None:
+        print(f"{k:<{width}}  building {v['building']}, {v['queued']} more queued", file=out)
+    for build_id, why in v["missing"].items():
+        print(f"{k:<{width}}  {build_id}: none: {why}", file=out)
+
+
 def render_status(st: dict[str, Any], out: TextIO) -> None:
     """Status, a line per member; each source and the publisher said in words."""
     width = max(len(k) for k in st)
@@ -196,6 +209,8 @@ def render_status(st: dict[str, Any], out: TextIO) -> None:
                 f"{v['records']} records, {v['lost']} lost in {v['loss_windows']} windows",
                 file=out,
             )
+        elif k == "line_tables":
+            _render_line_tables(v, width, out)
         elif k == "degraded":
             for f in v:
                 print(

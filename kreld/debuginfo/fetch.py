@@ -21,9 +21,9 @@ from __future__ import annotations
 import http.client
 import os
 import socket
-import ssl
 import time
 from collections.abc import Iterable, Mapping
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from kreld.config.settings import http_url_fault
@@ -125,9 +125,10 @@ def _connect(
     timeout = _remaining(deadline, url, build_id, limits)
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(
-            parts.hostname or "", parts.port, timeout=timeout, context=ssl.create_default_context()
-        )
+        tls = getattr(http.client, "HTTPSConnection", None)
+        if tls is None:  # http.client was imported where ssl could not be
+            raise DebuginfodError(build_id, url, "TLS is not available in this process")
+        conn = tls(parts.hostname or "", parts.port, timeout=timeout, context=_tls_context())
     else:
         conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
     try:
@@ -217,3 +218,11 @@ def _content_length(response: http.client.HTTPResponse, url: str, build_id: str)
     if not value.isdigit() or len(value) > 20:
         raise DebuginfodError(build_id, url, f"Content-Length {value[:40]!r} is not a number")
     return int(value)
+
+
+def _tls_context() -> Any:
+    """A TLS context for an https server (ssl imported when one is used:
+    see kreld.daemon.line_builder)."""
+    import ssl
+
+    return ssl.create_default_context()

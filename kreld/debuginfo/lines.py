@@ -197,6 +197,12 @@ class LineTable:
             level = nxt
         raise LineTableError("<line table>", f"an inline chain deeper than {_MAX_DEPTH}: a loop")
 
+    def name_blobs(self) -> tuple[bytes, NDArray[np.uint32], bytes, NDArray[np.uint32]]:
+        """The function names and file names as kept: each blob and the
+        offsets into it (name *i* is ``blob[offs[i]:offs[i + 1]]``), for
+        readers that take many names at once."""
+        return self._names, self._func_offs, self._files, self._file_offs
+
     def function_name(self, i: int) -> str:
         return self._names[int(self._func_offs[i]) : int(self._func_offs[i + 1])].decode(
             "utf-8", "replace"

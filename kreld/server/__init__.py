@@ -3,7 +3,8 @@ every ``io.kreld`` method from a boot source (``service``), the one method
 table (``methods``), the asyncio varlink server with its limits
 (``listener``), one connection with its bounded, deadlined writes (``conn``),
 the socket file bound safely (``socketfile``), and who may connect
-(``access``: the policy and SO_PEERCRED).
+(``access``: the policy and SO_PEERCRED), and the background builder of
+the line tables Resolve's lines come from (``linebuild``).
 
 May import: ``core``, ``config``, ``kernel``, ``store``, ``varlink``,
 ``symbols``, ``tracker``.

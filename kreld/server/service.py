@@ -26,10 +26,12 @@ from kreld.varlink import requests
 
 if TYPE_CHECKING:
     from kreld.core.kernel_code import KernelCode
+    from kreld.debuginfo.places import Wanted
 
     # Imported by the methods that ask about addresses and times, when they do:
     # kreldctl show, boots and status need neither.
     from kreld.symbols.kernel_code import CodeHistory
+    from kreld.symbols.linequery import TableSource
     from kreld.symbols.queries import AddressMap
 
 __all__ = ["MAP_CACHE", "Reply", "Service"]
@@ -54,8 +56,13 @@ class Service:
         loaded: Callable[[], list[Incarnation]],
         snapshot: Callable[[], tuple[BootSnapshot, bool, bool]] | None = None,
         status: Callable[[], dict[str, Any]] | None = None,
+        line_tables: Callable[[dict[str, Wanted]], TableSource] | None = None,
     ) -> None:
         self.store = store
+        # Resolve's lines: the build-id -> line table (or why not) function for
+        # the builds of a boot (the daemon's LineBuilder.source_for, or a
+        # LineTableProvider's); None: lines are not served, and say so.
+        self._line_tables = line_tables
         # Whether a Resolve has taken the bulk path (numpy imported): until then
         # a Resolve of more than a few addresses leaves the event loop.
         self.bulk_ready = False
@@ -209,7 +216,22 @@ class Service:
             amap.table_keys(), lambda tables: amap.resolve(req.addresses, tables)
         )
         self.bulk_ready = self.bulk_ready or len(req.addresses) > consts.FEW_ADDRESSES
-        return resolved.to_json()
+        if not req.lines:
+            return resolved.to_json()
+        return resolved.to_json()[:-1] + b',"lines":' + self._lines(boot, amap, req) + b"}"
+
+    def _lines(self, boot: BootSnapshot, amap: AddressMap, req: requests.Resolve) -> bytes:
+        """Resolve's ``lines`` member as JSON (see ResolveLines in io.kreld.varlink)."""
+        from kreld.symbols.linereply import line_columns
+        from kreld.symbols.linetables import wanted_of
+
+        if self._line_tables is None:
+            source: TableSource = lambda _b: "source lines are not served here"  # noqa: E731
+        else:
+            source = self._line_tables(wanted_of(amap, boot.release))
+        columns = line_columns(amap, req.addresses, source)
+        self.bulk_ready = True  # numpy is imported now
+        return columns.to_json()
 
     def _map_at(
         self, boot: BootSnapshot, clock: Clock, t: int | None, kernel_key: str | None

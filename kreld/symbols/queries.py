@@ -231,6 +231,22 @@ class AddressMap:
         sec = 0 if r.inc is None else table.section_index(r.section)
         return None if sec is None else table.lookup(sec, address - r.rel_base)
 
+    def region_indices(self, addrs: NDArray[np.uint64]) -> tuple[NDArray[np.int64], Any]:
+        """Per address, its region's index (0 for none) and whether it has one."""
+        import numpy as np
+
+        if self._arrays is None:
+            self._arrays = (np.array(self._bases, np.uint64), np.array(self._limits, np.uint64))
+        bases, limits = self._arrays
+        ri = np.searchsorted(bases, addrs, side="right").astype(np.int64) - 1
+        inside = ri >= 0
+        ric = np.where(inside, ri, 0)
+        if len(bases):
+            inside &= addrs < limits[ric]
+        else:
+            inside[:] = False
+        return ric, inside
+
     def resolve_bulk(self, addresses: Addresses, tables: SymbolTables | None = None) -> Resolved:
         """:meth:`resolve` in bulk, with numpy: one ``searchsorted`` over the
         region bases, then one per symbol table over its sorted keys, straight
@@ -239,21 +255,10 @@ class AddressMap:
         outside 64 bits."""
         import numpy as np
 
-        if self._arrays is None:
-            self._arrays = (
-                np.array(self._bases, dtype=np.uint64),
-                np.array(self._limits, dtype=np.uint64),
-            )
-        bases, limits = self._arrays
         addrs = np.asarray(addresses, dtype=np.uint64)
         n = len(addrs)
-        ri = np.searchsorted(bases, addrs, side="right").astype(np.int64) - 1
-        inside = ri >= 0
-        ric = np.where(inside, ri, 0)
-        if len(bases):
-            inside &= addrs < limits[ric]
-        else:
-            inside[:] = False
+        ric, inside = self.region_indices(addrs)
+        bases = self._bases
         # The regions that held an address, in order (few: counted, not sorted).
         used = np.flatnonzero(np.bincount(ric[inside], minlength=len(bases)))
         renumber = np.full(len(bases) or 1, -1, dtype=np.int32)
@@ -289,7 +294,7 @@ class AddressMap:
         ).astype(np.int32)
         names = [p for i in used.tolist() for p in parts.get(i, ())]
         regions = [{**self.members(i), "names": int(counts[i])} for i in used.tolist()]
-        return Resolved(regions, _join_quoted(names), symbol, offset)
+        return Resolved(regions, join_quoted(names), symbol, offset)
 
     def _name_bulk(
         self,
@@ -363,7 +368,7 @@ def _name_regions(
     for k, lo in enumerate(starts.tolist()):
         reg = int(rr[lo])
         counts[reg] = bounds[k + 1] - bounds[k]
-        parts[reg] = _quote_names(table.names, ends, entries[bounds[k] : bounds[k + 1]])
+        parts[reg] = quote_names(table.names, ends, entries[bounds[k] : bounds[k + 1]])
 
 
 # The names of the symbols a reply names are gathered from the tables' blobs
@@ -371,7 +376,7 @@ def _name_regions(
 # per name): quoted some at a time, then joined.
 
 
-# Bytes of names gathered at a time (see _quote_names): each of a slice's index
+# Bytes of names gathered at a time (see quote_names): each of a slice's index
 # arrays holds 8 bytes a byte of name, and the four a slice makes at once stay
 # together under glibc's mmap threshold as kreld.core.heap fixes it, so that
 # none is mapped (and faulted in) afresh on every call.
@@ -381,7 +386,7 @@ _NAME_BYTES = heap.MMAP_THRESHOLD // (4 * 8)
 _PLAIN_OR_NUL = b"\0" + JSON_PLAIN
 
 
-def _quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> list[bytes]:
+def quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> list[bytes]:
     """'"name",' for entries *entries* of a table (its names *blob*, their
     *ends* in it), some names a part."""
     import numpy as np
@@ -397,7 +402,7 @@ def _quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> 
     cuts = np.searchsorted(upto, np.arange(_NAME_BYTES, int(upto[-1]), _NAME_BYTES)).tolist()
     names = np.frombuffer(blob, dtype=np.uint8)
     return [
-        _quoted(names, start[lo:hi], stop[lo:hi])
+        quoted(names, start[lo:hi], stop[lo:hi])
         for lo, hi in zip([0, *cuts], [*cuts, len(entries)], strict=True)
         if lo < hi
     ]
@@ -423,14 +428,14 @@ def code_regions(
     ]
 
 
-def _join_quoted(parts: list[bytes]) -> bytes:
-    """The names of *parts* (from :func:`_quote_names`) as a JSON array."""
+def join_quoted(parts: list[bytes]) -> bytes:
+    """The names of *parts* (from :func:`quote_names`) as a JSON array."""
     if not parts:
         return b"[]"
     return b"".join((b"[", *parts[:-1], parts[-1][:-1], b"]"))
 
 
-def _quoted(names: NDArray[np.uint8], start: NDArray[np.int64], stop: NDArray[np.int64]) -> bytes:
+def quoted(names: NDArray[np.uint8], start: NDArray[np.int64], stop: NDArray[np.int64]) -> bytes:
     """'"' name '",' for each name ``names[start:stop]``, in order."""
     import numpy as np
 

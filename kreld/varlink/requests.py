@@ -217,6 +217,7 @@ class Resolve(AtTime):
     # Declared without a default (the interface requires it): the default here
     # only lets the field follow AtTime's; parse_addresses refuses a missing one.
     addresses: Addresses = field(default=(), metadata=_ADDRESSES)
+    lines: bool = False
 
 
 @record

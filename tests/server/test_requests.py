@@ -33,7 +33,8 @@ def test_every_declared_method_has_one_request_and_one_table_entry() -> None:
 
 def test_the_parser_reads_signatures_and_types_of_the_description() -> None:
     resolve = IO_KRELD.methods["Resolve"]
-    assert list(resolve.parameters) == ["addresses", "boot_id", "at", "clock"]
+    assert list(resolve.parameters) == ["addresses", "boot_id", "at", "clock", "lines"]
+    assert resolve.returns["lines"] == Type("optional", Type("named", name="ResolveLines"))
     assert resolve.parameters["addresses"] == Type("array", Type("string"))
     assert resolve.parameters["at"] == Type("optional", Type("int"))
     assert resolve.returns["regions"] == Type("array", Type("named", name="ResolveRegion"))

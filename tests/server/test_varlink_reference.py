@@ -336,6 +336,11 @@ def test_varlink_library_calls_in_process(served: Any) -> None:
             asked = [f"{MODULE_BASE + 8:#x}"]
             res = resolutions(asked, con.Resolve(addresses=asked))
             assert (res[0]["image"], res[0]["offset"]) == ("dummy", "0x8")
+            # With lines: the reply conforms with its ResolveLines; no debuginfo here.
+            lined = con.Resolve(addresses=asked, lines=True)
+            reply_conforms(interface(IDL.read_text()), "Resolve", lined)
+            (res,) = resolutions(asked, lined)
+            assert res["frames"] == [] and "dummy" in res["no_lines"]
             with pytest.raises(varlink.VarlinkError) as e:
                 con.GetBoot(boot_id=MISSING_BOOT)
             assert e.value.error() == "io.kreld.NoSuchBoot"

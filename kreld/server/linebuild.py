@@ -1,0 +1,201 @@
+"""The daemon's line tables: built by one background thread, never by a call.
+
+A Resolve with ``lines`` asks :meth:`LineBuilder.source_for` for each build's
+table.  A table in hand (or a build found without debuginfo, remembered for
+:data:`RETRY_AFTER_S`) answers at once.  Anything else is handed to the
+builder thread, ``line-tables`` under the supervisor, which asks the
+:class:`~kreld.symbols.linetables.LineTableProvider` (the store's copy, else
+the debug file found by build-id, read and kept): one build at a time, in the
+order asked, so memory holds one build's reading and the recorder's threads
+are never held by it.
+
+The call then waits for the build up to :data:`WAIT_S`.  What a profiler
+wants is the lines, not a retry protocol: a kernel's table takes a few seconds
+to build once, then every later call answers in milliseconds, so the first
+call waiting those seconds is the cheapest for it.  Past the bound (a slow
+debuginfod, a loaded machine) the addresses answer "being built: ask again"
+rather than hold the daemon's one call worker longer.
+
+A host with no debuginfo does the finder's look-up once per build per
+:data:`RETRY_AFTER_S` (a few ``open`` calls), then answers from memory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kreld.core import heap
+
+if TYPE_CHECKING:
+    from kreld.core.supervise import Supervisor
+    from kreld.debuginfo.lines import LineTable
+    from kreld.debuginfo.places import Wanted
+    from kreld.symbols.linequery import TableSource
+    from kreld.symbols.linetables import LineTableProvider
+
+__all__ = ["RETRY_AFTER_S", "THREAD", "WAIT_S", "LineBuilder"]
+
+THREAD = "line-tables"
+# How long a Resolve waits for a build it started (see the module's docstring).
+WAIT_S = 20.0
+# How long a build found without debuginfo is answered from memory.
+RETRY_AFTER_S = 300.0
+# Tables held in memory for calls, at most (a kernel's is ~40 MiB).
+MEMORY = 256 << 20
+# Builds waiting at most: one call names at most a few hundred builds (the
+# kernel and every module loaded then), and more would only be asked again.
+MAX_QUEUED = 4096
+
+
+def _size(table: LineTable) -> int:
+    return sum(int(getattr(table, k).nbytes) for k in ("starts", "loc_file", "loc_line",
+               "loc_func", "loc_parent"))  # fmt: skip
+
+
+class LineBuilder:
+    """See the module's docstring."""
+
+    def __init__(
+        self,
+        make_provider: Callable[[], LineTableProvider],
+        listing: Callable[[], list[dict[str, Any]]],
+        *,
+        wait_s: float = WAIT_S,
+        retry_after_s: float = RETRY_AFTER_S,
+        memory: int = MEMORY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        # Made by the builder thread when first needed: the finder, the
+        # debuginfod client and the DWARF reader stay out of a daemon that is
+        # never asked for lines.
+        self._make_provider = make_provider
+        self._provider: LineTableProvider | None = None
+        self._listing = listing
+        self.wait_s = wait_s
+        self.retry_after_s = retry_after_s
+        self.memory = memory
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._queue: OrderedDict[str, Wanted] = OrderedDict()
+        self._ready: OrderedDict[str, tuple[LineTable, int]] = OrderedDict()
+        self._held = 0
+        self._missing: dict[str, tuple[float, str]] = {}
+        self._building: tuple[Wanted, int] | None = None  # and since (CLOCK_MONOTONIC ns)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- the builder thread ---------------------------------------------------------
+    def start(self, supervisor: Supervisor) -> None:
+        self._thread = supervisor.thread(THREAD, self.run)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def run(self) -> None:
+        """Build what is asked for, one build at a time, until stopped."""
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                _, want = self._queue.popitem(last=False)
+                self._building = (want, time.monotonic_ns())
+            if self._provider is None:
+                self._provider = self._make_provider()
+            got = self._provider.table(want)  # a KreldError comes back as a reason
+            self._provider.forget([want.build_id])  # held here, by this bound
+            heap.trim()  # the build's reading (hundreds of MiB for a kernel) is freed
+            with self._cond:
+                self._building = None
+                if isinstance(got, str):
+                    self._missing[want.build_id] = (self._clock() + self.retry_after_s, got)
+                else:
+                    self._hold(want.build_id, got)
+                self._cond.notify_all()
+
+    def _hold(self, build_id: str, table: LineTable) -> None:
+        size = _size(table)
+        self._ready[build_id] = (table, size)
+        self._held += size
+        while self._held > self.memory and len(self._ready) > 1:
+            _, (_, dropped) = self._ready.popitem(last=False)
+            self._held -= dropped
+
+    # -- for calls -------------------------------------------------------------------
+    def source_for(self, wanted: dict[str, Wanted]) -> TableSource:
+        """The build-id -> table (or why not) function a Resolve's lines take,
+        for the builds *wanted* describes (:func:`~kreld.symbols.linetables.wanted_of`)."""
+
+        def source(build_id: str) -> LineTable | str:
+            want = wanted.get(build_id)
+            if want is None:
+                return f"build {build_id} is not of this boot's kernel or modules"
+            return self.table(want)
+
+        return source
+
+    def table(self, want: Wanted) -> LineTable | str:
+        """*want*'s table, waiting for its build up to :attr:`wait_s`; else why not."""
+        bid = want.build_id
+        deadline = self._clock() + self.wait_s
+        with self._cond:
+            while True:
+                got = self._answer(bid)
+                if got is not None:
+                    return got
+                if self._thread is None or not self._thread.is_alive():
+                    return "the line-table builder is not running (see Status degraded)"
+                if bid not in self._queue and not self._is_building(bid):
+                    if len(self._queue) >= MAX_QUEUED:
+                        return f"the line table of build {bid} waits behind too many builds"
+                    self._queue[bid] = want
+                    self._cond.notify_all()
+                left = deadline - self._clock()
+                if left <= 0:
+                    return (
+                        f"the line table of {want.describe()} (build {bid}) is being built:"
+                        " ask again"
+                    )
+                # Woken by the build's end; at least once a second to see the
+                # builder still alive.
+                self._cond.wait(min(left, 1.0))
+
+    def _answer(self, bid: str) -> LineTable | str | None:
+        hit = self._ready.get(bid)
+        if hit is not None:
+            self._ready.move_to_end(bid)
+            return hit[0]
+        miss = self._missing.get(bid)
+        if miss is not None:
+            if self._clock() < miss[0]:
+                return miss[1]
+            del self._missing[bid]
+        return None
+
+    def _is_building(self, bid: str) -> bool:
+        return self._building is not None and self._building[0].build_id == bid
+
+    def status(self) -> dict[str, Any]:
+        """Status's ``line_tables`` (see ``LineTables`` in io.kreld.varlink)."""
+        kept = self._listing()
+        with self._cond:
+            building = self._building
+            now = self._clock()
+            missing = {b: why for b, (until, why) in self._missing.items() if now < until}
+            queued = len(self._queue)
+        return {
+            "kept": kept,
+            "building": None
+            if building is None
+            else f"{building[0].build_id} ({building[0].describe()})",
+            "building_since_ns": None if building is None else building[1],
+            "queued": queued,
+            "missing": missing,
+        }

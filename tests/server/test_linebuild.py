@@ -1,0 +1,118 @@
+"""The daemon's line-table builder, in process: builds happen on its own
+supervised thread, a call waits for one only up to its bound, and a failed
+builder is named by the supervisor and answered for, never waited on."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kreld.core.supervise import Supervisor
+from kreld.debuginfo.cache import DebugCache
+from kreld.debuginfo.finder import DebuginfoFinder
+from kreld.debuginfo.lines import LineTable
+from kreld.debuginfo.places import Kind, Wanted, search_roots
+from kreld.server.linebuild import THREAD, LineBuilder
+from kreld.store import Store
+from kreld.symbols.linetables import LineTableProvider
+
+from support.debuginfo_elves import build_id_of
+from support.wait import wait_until
+
+SRC = Path(__file__).parents[1] / "debuginfo" / "lines_src"
+R = "6.1.0-lines"
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+
+
+def _module(out: Path) -> str:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    obj = out.with_suffix(".o")
+    subprocess.run(["gcc", "-c", "-g", "-O2", "-o", str(obj), "prog.c"], cwd=SRC, check=True)
+    subprocess.run(["ld", "-r", "--build-id=sha1", "-o", str(out), str(obj)], check=True)
+    obj.unlink()
+    return build_id_of(out)
+
+
+def _builder(tmp_path: Path, store: Store, debug: Path, wait_s: float) -> LineBuilder:
+    def make() -> LineTableProvider:
+        finder = DebuginfoFinder(
+            search_roots(tmp_path / "sysroot", (), [str(debug)]),
+            cache=DebugCache(tmp_path / "cache", 1 << 30),
+            system_root=tmp_path / "sysroot",
+        )
+        return LineTableProvider(finder, store.line_tables, store.line_tables.put, memory=0)
+
+    def listing() -> list[dict[str, object]]:
+        return [{"build_id": b, **m} for b, m in store.line_tables.listing().items()]
+
+    return LineBuilder(make, listing, wait_s=wait_s)
+
+
+def test_a_call_past_its_wait_hears_being_built_and_the_next_gets_the_kept_table(
+    tmp_path: Path,
+) -> None:
+    debug = tmp_path / "debug"
+    bid = _module(debug / "lib/modules" / R / "kernel/prog.ko")
+    want = Wanted(bid, Kind.MODULE, R, name="prog")
+    sup = Supervisor()
+    with Store(tmp_path / "state") as store:
+        lines = _builder(tmp_path, store, debug, wait_s=0)
+        lines.start(sup)
+        try:
+            first = lines.table(want)  # queued, not waited for
+            assert isinstance(first, str) and "being built: ask again" in first
+            table = wait_until(
+                "the build", lambda: (t := lines.table(want)) and not isinstance(t, str) and t, 60
+            )
+            assert isinstance(table, LineTable) and ".text" in table.sections
+            st = lines.status()
+            assert [t["build_id"] for t in st["kept"]] == [bid]
+            assert st["building"] is None and st["queued"] == 0 and st["missing"] == {}
+            assert sup.failures() == []
+        finally:
+            sup.stopping.set()
+            lines.stop()
+
+
+def test_a_build_without_debuginfo_is_answered_from_memory_until_its_retry(
+    tmp_path: Path,
+) -> None:
+    debug = tmp_path / "debug"
+    debug.mkdir()
+    want = Wanted("ab" * 20, Kind.IMAGE, R)
+    sup = Supervisor()
+    with Store(tmp_path / "state") as store:
+        lines = _builder(tmp_path, store, debug, wait_s=60)
+        lines.start(sup)
+        try:
+            why = lines.table(want)
+            assert isinstance(why, str) and f"build {'ab' * 20}" in why and str(debug) in why
+            assert lines.status()["missing"] == {"ab" * 20: why}
+            # A debug file put there now is not looked for: the answer is remembered.
+            _module(debug / "boot" / f"vmlinux-{R}")
+            assert lines.table(want) == why
+        finally:
+            sup.stopping.set()
+            lines.stop()
+
+
+def test_a_builder_that_raised_is_a_named_failure_and_calls_are_told_so(tmp_path: Path) -> None:
+    debug = tmp_path / "debug"
+    bid = _module(debug / "lib/modules" / R / "kernel/prog.ko")
+    sup = Supervisor(faults=THREAD)
+    sup.arm()
+    with Store(tmp_path / "state") as store:
+        lines = _builder(tmp_path, store, debug, wait_s=60)
+        lines.start(sup)
+        try:
+            why = lines.table(Wanted(bid, Kind.MODULE, R, name="prog"))
+            assert why == "the line-table builder is not running (see Status degraded)"
+            (failed,) = sup.failures()
+            assert failed.name == THREAD and "InjectedFault" in failed.reason
+        finally:
+            sup.stopping.set()
+            lines.stop()
