@@ -2,8 +2,9 @@
 every ``io.kreld`` method from a boot source (``service``), the one method
 table (``methods``), the asyncio varlink server with its limits
 (``listener``), one connection with its bounded, deadlined writes (``conn``),
-the socket file bound safely (``socketfile``), and who may connect
-(``access``: the policy and SO_PEERCRED).
+the socket file bound safely (``socketfile``), who may connect
+(``access``: the policy and SO_PEERCRED), and the sd_notify messages to
+systemd, sent without ever waiting (``sdnotify``).
 
 May import: ``core``, ``config``, ``kernel``, ``store``, ``varlink``,
 ``symbols``, ``tracker``.
