@@ -48,6 +48,7 @@ from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.snapshot import log_boot, take_snapshot
 from kreld.server.access import policy_of
 from kreld.server.listener import Server, bind_socket, limits_of, raise_fd_limit
+from kreld.server.sdnotify import Notifier
 from kreld.server.service import Service
 from kreld.store.lock import WriterLock, damaged_stores, open_writable
 from kreld.symbols.capture import SymbolCapture
@@ -132,6 +133,7 @@ class Daemon:
         self.started = time.monotonic_ns()
         self.stop_threads = threading.Event()
         self.supervisor: Supervisor = supervisor()
+        self.notify = Notifier()  # never blocks the loop: see kreld.server.sdnotify
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status_due = asyncio.Event()
         self.root = Root(Path(cfg.root))
@@ -351,7 +353,7 @@ class Daemon:
         tracker.listeners.append(self.status_changed)
         self.supervisor.on_change(self.status_changed)
         line = status_line(self.status())
-        sd.notify(f"READY=1\nSTATUS={line}")
+        self.notify(f"READY=1\nSTATUS={line}")
         self.log.info(
             "ready", state_dir=self.cfg.state_dir, root=self.cfg.root, socket=self.cfg.socket
         )
@@ -363,12 +365,12 @@ class Daemon:
         usec = _watchdog_usec()
         if usec:
             # The one periodic wake of an idle daemon that systemd asks for.
-            tasks.append(sup.task("watchdog", sup.pinger(usec / 2e6, sd.notify)))
+            tasks.append(sup.task("watchdog", sup.pinger(usec / 2e6, self.notify)))
         else:
             sup.arm()
         await stop.wait()
         sup.stopping.set()
-        sd.notify("STOPPING=1")
+        self.notify("STOPPING=1")
         for t in tasks:
             t.cancel()
         await self.server.close()
@@ -398,6 +400,7 @@ class Daemon:
 
     async def _status_updates(self, last: str) -> None:
         """STATUS= when the summary changes (*last*: the line sent with READY=1)."""
+        pool = self.supervisor.executor("poll-pace")  # a look at the files, off the loop
         while True:
             # A change asks for a line at once; every 10 s the look's pace is checked
             # too (slow while module events flow, fast when none do).
@@ -408,11 +411,11 @@ class Daemon:
             self._status_due.clear()
             if self.tracking is not None:
                 await asyncio.get_running_loop().run_in_executor(
-                    None, self.tracking.adjust_poll, self.cfg
+                    pool, self.tracking.adjust_poll, self.cfg
                 )
             line = status_line(self.status())
             if line != last:
-                sd.notify(f"STATUS={line}")
+                self.notify(f"STATUS={line}")
                 last = line
 
     def reload(self) -> None:
@@ -452,7 +455,7 @@ def _reload(self: Daemon) -> None:
     except KreldError as e:
         self.log.error("config_reload_failed", error=str(e), kept="running configuration")
         return
-    sd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+    self.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
     changed = [f.name for f in fields(Config) if getattr(new, f.name) != getattr(self.cfg, f.name)]
     for key in changed:
         if key in RESTART_KEYS:
@@ -472,7 +475,7 @@ def _reload(self: Daemon) -> None:
         if self.tracking.publisher is not None or applied.publish_url:
             self.configure_publishing(applied)
     self.log.info("config_reloaded", changed=changed, files=list(applied.sources))
-    sd.notify("READY=1")
+    self.notify("READY=1")
 
 
 def _watchdog_usec() -> int:

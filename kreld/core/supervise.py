@@ -23,12 +23,14 @@ never a reason to restart the daemon (one peer must not be able to restart
 the service for everybody).
 
 Fault injection, for the fault suite only: with ``KRELD_TEST_FAULTS`` set to
-a comma-separated list of names in the daemon's environment, each named
+a comma-separated list of names in the daemon's environment, and
+``KRELD_TEST=1`` beside it (alone it is ignored, with a warning), each named
 thread raises :class:`InjectedFault` at its first Python call after the
 first watchdog ping (or ``READY=1`` without a watchdog), each named task
 raises on its first step after that, and each named executor's threads fail
-their start.  The daemon honours this variable and nothing else of the
-kind; it is documented in kreld(8) as a test hook.
+their start.  The daemon honours this pair and nothing else of the kind;
+it logs ``test_faults_armed`` at start when it does, and kreld(8) documents it
+as a test hook.
 
 Pure: no kernel I/O; the daemon hands in how to notify systemd.
 """
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import sys
 import threading
@@ -55,6 +58,7 @@ TraceFunction = Callable[[FrameType, str, Any], "TraceFunction | None"]
 
 __all__ = [
     "FAULTS_ENV",
+    "TEST_ENV",
     "Failure",
     "InjectedFault",
     "Supervisor",
@@ -62,12 +66,18 @@ __all__ = [
 ]
 
 FAULTS_ENV = "KRELD_TEST_FAULTS"
+TEST_ENV = "KRELD_TEST"  # must be "1" too, or the faults are ignored (and logged)
 _HERE = os.path.abspath(__file__)
 _KRELD_DIR = os.path.dirname(os.path.dirname(_HERE))
 
 
-class InjectedFault(RuntimeError):
-    """Raised in a supervised thread or task named in ``KRELD_TEST_FAULTS``."""
+class InjectedFault(BaseException):
+    """Raised in a supervised thread or task named in ``KRELD_TEST_FAULTS``.
+
+    Not an Exception: it stands for the end of a thread, which no handler of
+    kreld's that absorbs errors to go on (the publisher's round, a source's
+    retry) may absorb.  (Raised from a trace function it is raised once:
+    CPython removes a trace function that raises.)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +127,7 @@ class Supervisor:
         self._transient = 0
         self._watched: dict[str, Callable[[], bool]] = {}
         self._changed: list[Callable[[], None]] = []
-        self._faults = frozenset(n for n in (faults or "").split(",") if n)
+        self.faults = frozenset(n for n in (faults or "").split(",") if n)
         self._armed = threading.Event()
 
     # -- what failed ------------------------------------------------------------------
@@ -185,10 +195,11 @@ class Supervisor:
         self, name: str, target: Callable[..., object], args: tuple[object, ...], forever: bool
     ) -> None:
         try:
-            if name in self._faults:
+            if name in self.faults:
                 sys.settrace(self._injector(name))
             target(*args)
         except BaseException as e:
+            sys.settrace(None)  # the report runs kreld's code: no fault injected into it
             if not self.stopping.is_set() or not isinstance(e, SystemExit):
                 self.fail(name, "thread", e)
             return
@@ -198,10 +209,9 @@ class Supervisor:
             self.fail(name, "thread", None)
 
     def _injector(self, name: str) -> TraceFunction:
-        """A trace function raising at every line kreld's own code runs once
-        armed, so that no handler of the thread's own swallows the fault (never
-        inside the standard library: a lock left half released there would
-        fail in ways no real fault does)."""
+        """A trace function raising at the first line of kreld's own code run
+        once armed (never inside the standard library: a lock left half
+        released there would fail in ways no real fault does)."""
         armed = self._armed
 
         def trace(frame: FrameType, event: str, _arg: Any) -> TraceFunction | None:
@@ -233,6 +243,11 @@ class Supervisor:
     def install(self) -> None:
         """Take over :data:`threading.excepthook` for this process."""
         threading.excepthook = self.excepthook
+        # A pool's worker that fails its start is reported by fail(); the
+        # standard library's own report of it (to stderr) would be a second.
+        pools = logging.getLogger("concurrent.futures")
+        pools.addHandler(logging.NullHandler())
+        pools.propagate = False
 
     # -- tasks ----------------------------------------------------------------------
 
@@ -254,15 +269,12 @@ class Supervisor:
         self, name: str, coro: Coroutine[Any, Any, object], forever: bool, transient: bool
     ) -> None:
         try:
-            if name in self._faults:
-                while not self._armed.is_set():
-                    await asyncio.sleep(0.05)  # test-only: wait for the first ping
-                coro.close()
-                raise InjectedFault(f"injected into {name} ({FAULTS_ENV})")
+            if name in self.faults:
+                await self._until_armed(name, coro)
             await coro
         except asyncio.CancelledError:
             raise
-        except Exception as e:
+        except (Exception, InjectedFault) as e:
             if transient:
                 self._transient += 1
                 self.log.error(
@@ -277,6 +289,17 @@ class Supervisor:
         if forever and not self.stopping.is_set():
             self.fail(name, "task", None)
 
+    async def _until_armed(self, name: str, coro: Coroutine[Any, Any, object]) -> None:
+        """Test only: run *coro* until the fault is armed, then raise in its
+        place.  It runs meanwhile because the watchdog's own task is what arms."""
+        inner = asyncio.get_running_loop().create_task(coro, name=f"{name} (faulted)")
+        try:
+            while not self._armed.is_set() and not inner.done():
+                await asyncio.sleep(0.05)
+        finally:
+            inner.cancel()
+        raise InjectedFault(f"injected into {name} ({FAULTS_ENV})")
+
     # -- pools -------------------------------------------------------------------------
 
     def executor(self, name: str, workers: int = 1) -> concurrent.futures.ThreadPoolExecutor:
@@ -289,9 +312,9 @@ class Supervisor:
 
     def _start_worker(self, name: str) -> None:
         try:
-            if name in self._faults and self._armed.is_set():
+            if name in self.faults and self._armed.is_set():
                 raise InjectedFault(f"injected into {name} ({FAULTS_ENV})")
-        except Exception as e:
+        except (Exception, InjectedFault) as e:
             self.fail(name, "executor", e)
             raise
 
@@ -326,8 +349,16 @@ def supervisor() -> Supervisor:
     global _current
     with _current_lock:
         if _current is None:
-            _current = Supervisor(faults=os.environ.get(FAULTS_ENV))
+            _current = Supervisor(faults=_test_faults())
         return _current
+
+
+def _test_faults() -> str | None:
+    """``KRELD_TEST_FAULTS``, honoured only beside ``KRELD_TEST=1``: a stray
+    variable alone (a copied unit, a shell's leftovers) cannot break a host."""
+    if os.environ.get(TEST_ENV) != "1":
+        return None
+    return os.environ.get(FAULTS_ENV)
 
 
 def configure(log: FilteringBoundLogger) -> Supervisor:
@@ -335,4 +366,8 @@ def configure(log: FilteringBoundLogger) -> Supervisor:
     sup = supervisor()
     sup.log = log
     sup.install()
+    if sup.faults:
+        log.warning("test_faults_armed", names=sorted(sup.faults), hook=FAULTS_ENV)
+    elif os.environ.get(FAULTS_ENV):
+        log.warning("test_faults_ignored", hook=FAULTS_ENV, needs=f"{TEST_ENV}=1")
     return sup

@@ -2,9 +2,10 @@
 every ``io.kreld`` method from a boot source (``service``), the one method
 table (``methods``), the asyncio varlink server with its limits
 (``listener``), one connection with its bounded, deadlined writes (``conn``),
-the socket file bound safely (``socketfile``), and who may connect
-(``access``: the policy and SO_PEERCRED), and the background builder of
-the line tables Resolve's lines come from (``linebuild``).
+the socket file bound safely (``socketfile``), who may connect
+(``access``: the policy and SO_PEERCRED), the sd_notify messages to
+systemd, sent without ever waiting (``sdnotify``), and the background
+builder of the line tables Resolve's lines come from (``linebuild``).
 
 May import: ``core``, ``config``, ``kernel``, ``store``, ``varlink``,
 ``symbols``, ``tracker``.
