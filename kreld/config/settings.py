@@ -255,7 +255,7 @@ def http_url_fault(url: str) -> str | None:
     if port == 0:
         return "port 0"
     if parts.username is not None or parts.password is not None:
-        return "a user name or password in the URL (a URL is logged and shown; keep secrets out of it)"
+        return "a user name or password in the URL (URLs are logged: keep secrets out)"
     if parts.query or parts.fragment:
         return "a query or fragment"
     return None
