@@ -26,6 +26,7 @@ def test_a_failed_line_table_builder_is_named_in_status_and_resolve_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("KRELD_TEST_FAULTS", "line-tables")
+    monkeypatch.setenv("KRELD_TEST", "1")  # the fault hook is honoured only beside it
     sock = sockdir / "k.sock"
     start(daemon_factory, tree, tmp_path / "state", sock)
     with Client(str(sock)) as c:
