@@ -48,7 +48,7 @@ import mmap
 import posixpath
 import struct
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,8 +57,10 @@ import numpy as np
 from kreld.core.errors import LineTableError
 from kreld.debuginfo.lines_reloc import (
     SectionBase,
+    SymbolRows,
     debug_only_copy,
     place_sections,
+    read_symbols,
     symbol_value,
 )
 
@@ -68,7 +70,7 @@ if TYPE_CHECKING:
 __all__ = ["NONE", "Frame", "LineTable", "build_line_table", "normalize_path"]
 
 NONE = 0xFFFFFFFF  # "no such index" in every u32 array of a table
-_MAGIC = b"KRLNTAB1"
+_MAGIC = b"KRLNTAB2"
 _PRELUDE = struct.Struct("<8sI")  # magic, length of the JSON header after it
 # The SymCache v9 layout (symbolic-symcache's raw format, version 9): a
 # preamble (magic, version), a 72-byte header whose six u32 counts start at
@@ -169,7 +171,12 @@ class LineTable:
         self.loc_func, self.loc_parent = arrays["loc_func"], arrays["loc_parent"]
         self.loc_first = len(self.loc_func) - len(self.starts)
         self._func_offs, self._file_offs = arrays["func_offs"], arrays["file_offs"]
+        self.sym_starts, self.sym_sizes = arrays["sym_starts"], arrays["sym_sizes"]
+        self.sym_func = arrays["sym_func"]
         self._names, self._files = names, files
+        # How the ELF symbol table names frames: "outer" (an executable, as
+        # llvm-symbolizer does) or "fill" (a relocatable object, as elfutils).
+        self.symbol_names: str = meta.get("symbol_names", "fill")
 
     # -- lookups ----------------------------------------------------------
     def locations(self, addresses: NDArray[np.uint64]) -> NDArray[np.uint32]:
@@ -197,6 +204,46 @@ class LineTable:
             level = nxt
         raise LineTableError("<line table>", f"an inline chain deeper than {_MAX_DEPTH}: a loop")
 
+    def symbols(self, addresses: NDArray[np.uint64]) -> NDArray[np.uint32]:
+        """The function-name index of the ELF symbol each address lies in
+        (``NONE`` where none): the last symbol starting at or before it,
+        unless that one has a size and ends before it."""
+        out = np.full(len(addresses), NONE, dtype=np.uint32)
+        if not len(self.sym_starts):
+            return out
+        rel = addresses.astype(np.uint64) - np.uint64(self.base)
+        inside = (addresses >= np.uint64(self.base)) & (rel < np.uint64(1 << 32))
+        rel32 = np.where(inside, rel, 0).astype(np.uint32)
+        idx = np.searchsorted(self.sym_starts, rel32, side="right").astype(np.int64) - 1
+        i = np.where(idx >= 0, idx, 0)
+        size = self.sym_sizes[i]
+        within = (size == 0) | ((rel32 - self.sym_starts[i]) < size)
+        ok = inside & (idx >= 0) & within
+        out[ok] = self.sym_func[i[ok]]
+        return out
+
+    def frames_at(self, addresses: NDArray[np.uint64]) -> list[list[Frame]]:
+        """Each address's chain, innermost first, named as the reference of
+        the file's kind names it (see the module's docstring): the DWARF's
+        frames, the outermost renamed after its ELF symbol in an
+        executable; the symbol alone, without a line, where no DWARF
+        function covers the address."""
+        levels = self.chains(addresses)
+        syms = self.symbols(addresses)
+        outer = self.symbol_names == "outer"
+        out: list[list[Frame]] = []
+        for j in range(len(addresses)):
+            locs = [int(lv[j]) for lv in levels if lv[j] != NONE]
+            frames = [self.frame(loc, k + 1 < len(locs)) for k, loc in enumerate(locs)]
+            s = int(syms[j])
+            if s != NONE:
+                if not frames:
+                    frames = [Frame(self.function_name(s), None, 0, None, False)]
+                elif outer:
+                    frames[-1] = replace(frames[-1], function=self.function_name(s))
+            out.append(frames)
+        return out
+
     def function_name(self, i: int) -> str:
         return self._names[int(self._func_offs[i]) : int(self._func_offs[i + 1])].decode(
             "utf-8", "replace"
@@ -221,9 +268,7 @@ class LineTable:
 
     def frames(self, address: int) -> list[Frame]:
         """The chain at one address, innermost first; empty where no function."""
-        levels = self.chains(np.array([address], dtype=np.uint64))
-        locs = [int(lv[0]) for lv in levels if lv[0] != NONE]
-        return [self.frame(loc, k + 1 < len(locs)) for k, loc in enumerate(locs)]
+        return self.frames_at(np.array([address], dtype=np.uint64))[0]
 
     def section_address(self, section: str, offset: int) -> int | None:
         """The address standing for *offset* in a relocatable object's *section*."""
@@ -233,13 +278,15 @@ class LineTable:
         return s.base + offset
 
     # -- bytes ------------------------------------------------------------
-    _ARRAYS = ("starts", "loc_file", "loc_line", "loc_func", "loc_parent", "func_offs", "file_offs")
+    _ARRAYS = ("starts", "loc_file", "loc_line", "loc_func", "loc_parent", "func_offs", "file_offs",
+               "sym_starts", "sym_sizes", "sym_func")  # fmt: skip
 
     def to_bytes(self) -> bytes:
         arrays = {
             "starts": self.starts, "loc_file": self.loc_file, "loc_line": self.loc_line,
             "loc_func": self.loc_func, "loc_parent": self.loc_parent,
             "func_offs": self._func_offs, "file_offs": self._file_offs,
+            "sym_starts": self.sym_starts, "sym_sizes": self.sym_sizes, "sym_func": self.sym_func,
         }  # fmt: skip
         meta = dict(self.meta, counts={k: len(arrays[k]) for k in self._ARRAYS},
                     names=len(self._names), files=len(self._files))  # fmt: skip
@@ -288,7 +335,13 @@ class LineTable:
             or self.loc_first < 0
         ):
             raise ValueError("location arrays differ in length")
-        for arr, bound in ((self.loc_func, nfn), (self.loc_file, nfi), (self.loc_parent, nl)):
+        ns = len(self.sym_starts)
+        if len(self.sym_sizes) != ns or len(self.sym_func) != ns:
+            raise ValueError("symbol arrays differ in length")
+        if len(self.sym_starts) > 1 and (np.diff(self.sym_starts.astype(np.int64)) <= 0).any():
+            raise ValueError("symbol starts out of order")
+        for arr, bound in ((self.loc_func, nfn), (self.loc_file, nfi), (self.loc_parent, nl),
+                           (self.sym_func, nfn)):  # fmt: skip
             if len(arr) and int(np.where(arr == NONE, 0, arr).max()) >= bound:
                 raise ValueError("an index points past its array")
         if nfn >= 0 and len(self._func_offs) and int(self._func_offs[-1]) > len(self._names):
@@ -297,7 +350,40 @@ class LineTable:
             raise ValueError("file names past their data")
 
 
-def _from_symcache(raw: bytes, meta: dict[str, Any], path: str) -> LineTable:
+def _symbol_layer(
+    rows: SymbolRows, addresses: NDArray[np.uint64], base: int, first_name: int
+) -> tuple[dict[str, NDArray[np.uint32]], list[str]]:
+    """The symbols the table keeps, one per start address (*addresses*
+    are the rows' placed addresses): at a shared address the one
+    llvm-symbolizer keeps, the largest, the later in table order among
+    equals.  Returns the arrays and the names, numbered from *first_name*."""
+    with np.errstate(over="ignore"):
+        wrapped = addresses.astype(np.uint64) - np.uint64(base)  # below base: wraps past 4 GiB
+    keep = np.flatnonzero(wrapped < np.uint64(1 << 32))
+    rel = wrapped.astype(np.int64)[keep]
+    size = rows.size[keep].astype(np.int64)
+    order = np.lexsort((size, rel))  # stable: table order among equal (start, size)
+    rel, size, keep = rel[order], size[order], keep[order]
+    last = np.ones(len(rel), dtype=bool)
+    last[:-1] = rel[1:] != rel[:-1]
+    rel, size, keep = rel[last], size[last], keep[last]
+    names: dict[str, int] = {}
+    func = np.array([names.setdefault(rows.names[k], first_name + len(names))
+                     for k in keep.tolist()], dtype=np.uint32)  # fmt: skip
+    arrays = {
+        "sym_starts": rel.astype(np.uint32),
+        "sym_sizes": np.minimum(size, NONE).astype(np.uint32),
+        "sym_func": func,
+    }
+    return arrays, list(names)
+
+
+def _from_symcache(
+    raw: bytes,
+    meta: dict[str, Any],
+    path: str,
+    symbols: tuple[SymbolRows, NDArray[np.uint64]],
+) -> LineTable:
     if len(raw) < _SYMC_HEADER_END or raw[:4] != _SYMC_MAGIC:
         raise LineTableError(path, "the reader produced no SymCache")
     version = struct.unpack_from("<I", raw, 4)[0]
@@ -320,12 +406,13 @@ def _from_symcache(raw: bytes, meta: dict[str, Any], path: str) -> LineTable:
     f_paths = [
         normalize_path(c or "", d or "", n or "") for c, d, n in zip(comp, dirs, names, strict=True)
     ]
-    names_blob, func_offs = _strings_blob(f_names)
+    sym_arrays, sym_names = _symbol_layer(*symbols, int(meta["base"]), len(f_names))
+    names_blob, func_offs = _strings_blob(f_names + sym_names)
     files_blob, file_offs = _strings_blob(f_paths)
     arrays = {
         "starts": starts, "loc_file": locs[:, 0].copy(), "loc_line": locs[:, 1].copy(),
         "loc_func": locs[:, 2].copy(), "loc_parent": locs[:, 3].copy(),
-        "func_offs": func_offs, "file_offs": file_offs,
+        "func_offs": func_offs, "file_offs": file_offs, **sym_arrays,
     }  # fmt: skip
     return LineTable(meta, arrays, names_blob, files_blob)
 
@@ -389,9 +476,15 @@ def build_line_table(
     if struct.unpack_from("<H", head, 16)[0] == 1:  # ET_REL
         buf = path.read_bytes()
         placed = place_sections(buf, str(path))
+        rows = read_symbols(buf, str(path))
         del buf
+        bases = [placed.bases.get(int(i), -1) for i in rows.shndx.tolist()]
+        where = np.array(bases, dtype=np.int64)
+        placed_at = np.where(where >= 0, rows.value.astype(np.int64) + where, -1)
+        symbols = (rows, placed_at.astype(np.uint64))
         meta["sections"] = [[s.name, s.base, s.size] for s in placed.sections]
         meta["base"] = 0
+        meta["symbol_names"] = "fill"
         with tempfile.TemporaryDirectory(prefix="kreld-lines-", dir=scratch) as tmp:
             linked = Path(tmp) / "placed.o"
             linked.write_bytes(placed.image)
@@ -400,8 +493,12 @@ def build_line_table(
     else:
         meta["base"] = _load_address(path)
         meta["text"] = _text_address(path)
+        meta["symbol_names"] = "outer"
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            rows = read_symbols(m, str(path))
+        symbols = (rows, rows.value)
         with tempfile.TemporaryDirectory(prefix="kreld-lines-", dir=scratch) as tmp:
             trimmed = Path(tmp) / "debug-only"
             debug_only_copy(path, trimmed)
             raw = _symcache_of(trimmed)
-    return _from_symcache(raw, meta, str(path))
+    return _from_symcache(raw, meta, str(path), symbols)
