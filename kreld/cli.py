@@ -9,10 +9,11 @@ them (tests/ctl/test_cli.py checks which modules each loads).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
@@ -20,7 +21,8 @@ from kreld.config.options import leave, resolve_config
 from kreld.config.settings import Config
 from kreld.core.errors import ExitCode, InvalidArgument, KreldError
 from kreld.core.model import BootSnapshot, Clock, Incarnation, parse_addr
-from kreld.ctl.args import FROM_COMMANDS, addresses_in, build_parser, parse_time
+from kreld.ctl.args import FROM_COMMANDS, build_parser, parse_time
+from kreld.ctl.lines import print_line_tables
 from kreld.ctl.render import (
     event_line,
     fmt_realtime,
@@ -30,16 +32,17 @@ from kreld.ctl.render import (
     render_resolved,
     render_status,
     render_table,
-    symbol_of,
     warn_restricted,
 )
 from kreld.kernel.info import Root, read_boot_id
 
 if TYPE_CHECKING:
     from kreld.client import Client
+    from kreld.ctl.lines import LineSession
     from kreld.fleet.bucket import BucketBackend
     from kreld.perf.reader import PerfHeader
     from kreld.server.service import Service
+    from kreld.store import Store
     from kreld.store.bootsource import BootSource
 
 
@@ -53,6 +56,9 @@ class LocalBackend:
         self.cfg = cfg
         self.root = Root(Path(cfg.root))
         self._service: Service | None = None
+        # A store this process has open already (LMDB allows one open per
+        # process): ``--lines`` opens it first, to keep line tables in it.
+        self.shared_store: Store | None = None
 
     def _current_id(self) -> str:
         return read_boot_id(self.root)
@@ -69,7 +75,7 @@ class LocalBackend:
             from kreld.store import Store
             from kreld.store.lock import damaged_stores
 
-            store = Store(self.cfg.state_dir, readonly=True)
+            store = self.shared_store or Store(self.cfg.state_dir, readonly=True)
 
             def current() -> BootSnapshot:
                 return store.get_boot(self._current_id())
@@ -139,6 +145,8 @@ class Ctl:
         self.out = out
         self.err = err
         self._backend: Client | LocalBackend | BucketBackend | None = None
+        self._lines: LineSession | None = None
+        self.closing = contextlib.ExitStack()  # what a command opened, closed after it
 
     def backend(self) -> Client | LocalBackend | BucketBackend:
         """The daemon if one answers, else the store read directly.
@@ -165,7 +173,18 @@ class Ctl:
                         file=self.err,
                     )
                     self._backend = LocalBackend(self.cfg)
+            if isinstance(self._backend, LocalBackend) and self._lines is not None:
+                self._backend.shared_store = self._lines.store
         return self._backend
+
+    def lines(self) -> LineSession:
+        """``--lines``: opened before any backend reads the store (one open per process)."""
+        if self._lines is None:
+            from kreld.ctl.lines import LineSession
+
+            self._lines = LineSession(self.cfg, self.args, self.backend, self.err)
+            self.closing.callback(self._lines.close)
+        return self._lines
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         return self.backend().call(method, **{k: v for k, v in params.items() if v is not None})
@@ -287,11 +306,14 @@ class Ctl:
             raise InvalidArgument("ADDR", str(e)) from e
         from kreld.client import resolutions
 
+        lines = self.lines() if self.args.lines else None
         results = resolutions(addrs, self.call("Resolve", addresses=addrs, **self._at()))
+        if lines is not None:
+            results = lines.add(results)
         if self.args.json:
             self.emit_json(results)
         else:
-            render_resolved(results, self.out)
+            (render_resolved if lines is None else lines.render)(results, self.out)
         return 0 if all("image" in r for r in results) else 1
 
     def symbolize(self) -> int:
@@ -304,30 +326,16 @@ class Ctl:
 
             out = transparent(self.out)
             return perfctl.symbolize_for(self.perf_store(), header, lines, out, self.err)
-        at = self._at()
         from kreld.client import resolutions
-        from kreld.varlink.requests import MAX_RESOLVE_ADDRESSES
+        from kreld.ctl.stream import symbolize_stream
 
-        # Resolved a batch at a time as the lines come: memory stays one batch's
-        # whatever the input's length, and the JSON array is written as it grows.
-        first = True
-        if self.args.json:
-            self.out.write("[")
-        for batch in _batches(
-            (a for line, whole in lines if whole for a in addresses_in(line)),
-            MAX_RESOLVE_ADDRESSES,
-        ):
-            for r in resolutions(batch, self.call("Resolve", addresses=batch, **at)):
-                if self.args.json:
-                    body = json.dumps(r, indent=2).replace("\n", "\n  ")
-                    self.out.write(("\n  " if first else ",\n  ") + body)
-                else:
-                    where = "" if r.get("image", "kernel") == "kernel" else f" [{r['image']}]"
-                    print(f"{r['address']} {symbol_of(r) or '?'}{where}", file=self.out)
-                first = False
-        if self.args.json:
-            self.out.write("]\n" if first else "\n]\n")
-        return 0
+        session = self.lines() if self.args.lines else None
+        at = self._at()
+
+        def resolve(batch: list[str]) -> list[dict[str, Any]]:
+            return resolutions(batch, self.call("Resolve", addresses=batch, **at))
+
+        return symbolize_stream(resolve, lines, session, self.args.json, self.out)
 
     def perf_header(self, stdin_taken: bool = False) -> PerfHeader:
         if self.args.boot is not None or self.args.at is not None:
@@ -413,6 +421,9 @@ class Ctl:
         render_status(st, self.out)
         return 0
 
+    def line_tables(self) -> int:
+        return print_line_tables(self.cfg, self.args.json, self.out)
+
     def watch(self) -> int:
         backend = self.backend()
         if not isinstance(backend, LocalBackend):
@@ -426,20 +437,11 @@ class Ctl:
         return 0
 
 
-def _batches(items: Iterable[str], n: int) -> Iterator[list[str]]:
-    batch: list[str] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "lines", False) and getattr(args, "for_perf", None):
+        parser.error("--lines: not with --for yet; give the addresses with --boot and --at")
     if args.source and args.command not in FROM_COMMANDS:
         parser.error(
             f"--from: {args.command} does not read a bucket (only {', '.join(FROM_COMMANDS)})"
@@ -447,7 +449,8 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = 
     try:
         cfg = resolve_config(args)
         ctl = Ctl(cfg, args, out, err)
-        rc = int(getattr(ctl, args.command.replace("-", "_"))())
+        with ctl.closing:
+            rc = int(getattr(ctl, args.command.replace("-", "_"))())
         ctl.report_skipped()
         return leave(rc)
     except KreldError as e:

@@ -1,5 +1,8 @@
 """``kreldctl``'s command line (``args``) and its text output (``render``);
-the commands themselves are in ``kreld/cli.py``.
+the commands themselves are in ``kreld/cli.py``, but for what ``--lines``
+adds to resolve and symbolize (``lines``: the boot's layout, the line-table
+provider, frames as JSON and as text; ``line-tables``' listing) and symbolize's
+streaming of addresses read from text (``stream``).
 
 May import every folder.
 """

@@ -21,6 +21,7 @@ __all__ = [
     "build_parser",
     "epilog",
     "for_option",
+    "lines_options",
     "parse_time",
 ]
 
@@ -63,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--keep-days", type=float, metavar="D", help="keep boots first seen in D days")
     cmd("status", "the daemon's health, or the store's counts when no daemon runs")
     cmd(
+        "line-tables",
+        "list the builds whose source line tables the store keeps, their sizes"
+        " and where their debuginfo came from",
+    )
+    cmd(
         "watch",
         "print module and kernel code loads and unloads as kreld records them (needs the daemon)",
     )
@@ -72,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("addresses", nargs="+", metavar="ADDR", help="hex address (0x optional)")
     at_options(sp)
+    lines_options(sp)
     return p
 
 
@@ -92,6 +99,7 @@ def add_queries(cmd: Callable[..., argparse.ArgumentParser]) -> None:
     )
     at_options(sp)
     for_option(sp, "name the [unknown] kernel frames of its perf script output on stdin")
+    lines_options(sp)
     sp = cmd("export", "export a recorded boot's symbols for other tools")
     sp.add_argument("what", choices=["kallsyms"], help="kallsyms: a file as /proc/kallsyms")
     at_options(sp)
@@ -133,6 +141,24 @@ def at_options(sp: argparse.ArgumentParser) -> None:
         default=Clock.MONOTONIC.value,
         help="the clock --at is on (default monotonic; perf samples on it only "
         "with perf record -k monotonic, its default clock is local_clock())",
+    )
+
+
+def lines_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--lines",
+        action="store_true",
+        help="also name each address's source file, line and inline chain (innermost"
+        " first) from the debuginfo of its build, found by build-id",
+    )
+    sp.add_argument(
+        "--debuginfo-dir",
+        dest="debuginfo_dirs",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="with --lines: a directory of debug files (Debian, Fedora or .build-id"
+        " layout), searched before /usr/lib/debug and [kernel] debuginfo_dirs; repeatable",
     )
 
 

@@ -57,8 +57,10 @@ class LineTableStore:
     def __init__(self, env: StoreEnv) -> None:
         self.env = env
 
-    def put(self, build_id: str, data: bytes, source: str) -> None:
-        """Keep *data* as *build_id*'s line table, replacing any before it."""
+    def put(self, build_id: str, data: bytes, source: str, what: str = "") -> None:
+        """Keep *data* as *build_id*'s line table, replacing any before it;
+        *source* says where its debug file came from, *what* which build it
+        is (the kernel image or a module of a release), for listings."""
         key = _bid(build_id)
         if len(data) > MAX_TABLE:
             raise InvalidArgument("data", f"a line table of {len(data)} bytes is over {MAX_TABLE}")
@@ -67,6 +69,8 @@ class LineTableStore:
 
         digest = hashlib.sha256(data).hexdigest()
         manifest = {"chunks": len(chunks), "size": len(data), "sha256": digest, "source": source}
+        if what:
+            manifest["what"] = what
 
         def fn(txn: Any) -> None:
             db = self.env.dbs[Table.LINETABS]

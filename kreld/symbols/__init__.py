@@ -3,7 +3,9 @@ time (``queries``, and ``kernel_code`` for BPF programs, trampolines, ftrace
 and kprobe pages), a recorded boot rendered back as a kallsyms file
 (``export``), and the worker that captures symbol tables as modules load
 (``capture``, with what a load's sections tell it: ``sections``), and source
-lines with inline chains from a build's line table (``linequery``).
+lines with inline chains from a build's line table (``linequery``), the
+table had from the store or built from debuginfo found by build-id
+(``linetables``).
 
 May import: ``core``, ``config``, ``kernel``, ``debuginfo``, ``store``, ``varlink``.
 """

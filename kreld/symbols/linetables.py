@@ -1,0 +1,266 @@
+"""The line table of a build, on demand: kept in the store, else built from
+its debug file found by build-id, else the reason none can be had.
+
+:class:`LineTableProvider` is what answers ``resolve --lines`` (and the
+daemon's Resolve with lines): :meth:`~LineTableProvider.table` takes a
+:class:`~kreld.debuginfo.places.Wanted` (a build-id and what the build is:
+the kernel image of a release, or a module by its recorded name), and
+answers
+
+1. the table the store keeps for the build-id, if any;
+2. else the debug file the finder finds (``--debuginfo-dir`` directories,
+   ``/usr/lib/debug`` under ``--root``, ``[kernel] debuginfo_dirs``, the
+   cache, then debuginfod), read into a table, kept in the store when a
+   keeper is given, and answered;
+3. else the reason, as a string: where it looked and what each server said.
+
+One build at a time (a lock), so two askers never read the same DWARF twice
+at once and memory holds one build's reading.  Tables read back are kept in
+memory up to a byte bound, least recently used dropped first.  A build with
+no debug file costs the look-up only (a few ``open`` calls, and one request
+per debuginfod server); its reason is remembered for ``retry_after`` seconds
+so that a stream of addresses does not ask the servers again and again.
+
+:func:`wanted_of` says what each build of an :class:`AddressMap` is, so
+that :meth:`LineTableProvider.source_for` hands ``lines_at`` the
+build-id -> table function it takes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kreld.core.errors import DebuginfoError, InvalidArgument, KreldError, LineTableError
+from kreld.debuginfo.places import Kind, Wanted
+
+if TYPE_CHECKING:
+    from kreld.config.settings import Config
+    from kreld.debuginfo.finder import DebuginfoFinder
+    from kreld.debuginfo.lines import LineTable
+    from kreld.store.linetabs import LineTableStore
+    from kreld.symbols.linequery import TableSource
+    from kreld.symbols.queries import AddressMap
+
+__all__ = [
+    "Keeper",
+    "LineTableProvider",
+    "TableInfo",
+    "provider_for",
+    "table_listing",
+    "wanted_of",
+]
+
+#: Keeps a built table: ``keep(build_id, table_bytes, source, what)`` (*source*
+#: where the debug file came from, *what* the build: "module brd of 6.1.0-57");
+#: may raise a KreldError (a store that cannot be written), which only costs
+#: the keeping.  :meth:`LineTableStore.put` is one.
+Keeper = Callable[[str, bytes, str, str], None]
+
+# Tables read back kept in memory at most (a kernel's is ~40 MiB).
+DEFAULT_MEMORY = 256 << 20
+# How long a build found without debuginfo is not looked for again.
+DEFAULT_RETRY_AFTER = 300.0
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """A kept table as listed: its build, size on disk and where its debug
+    file came from."""
+
+    build_id: str
+    size: int
+    source: str
+    what: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"build_id": self.build_id, "size": self.size, "source": self.source,
+                "what": self.what}  # fmt: skip
+
+
+def table_listing(kept: LineTableStore) -> list[TableInfo]:
+    """Every table the store keeps, by build-id."""
+    out = []
+    for build_id, m in sorted(kept.listing().items()):
+        size = m.get("size")
+        source = m.get("source")
+        what = m.get("what")
+        out.append(
+            TableInfo(
+                build_id,
+                size if isinstance(size, int) else 0,
+                source if isinstance(source, str) else "",
+                what if isinstance(what, str) else "",
+            )
+        )
+    return out
+
+
+def wanted_of(amap: AddressMap, release: str) -> dict[str, Wanted]:
+    """What each build of *amap* is, by build-id: the kernel image of
+    *release* (the boot's) and each module incarnation's build by the name
+    recorded for it."""
+    out: dict[str, Wanted] = {}
+    if amap.kernel_build_id:
+        out[amap.kernel_build_id] = Wanted(amap.kernel_build_id, Kind.IMAGE, release)
+    for r in amap.regions:
+        inc = r.inc
+        if inc is not None and inc.state.build_id and inc.state.build_id not in out:
+            out[inc.state.build_id] = Wanted(
+                inc.state.build_id, Kind.MODULE, release, name=inc.state.name
+            )
+    return out
+
+
+class LineTableProvider:
+    """Line tables by build: from the store, or built from debuginfo found by
+    build-id; see the module's docstring."""
+
+    def __init__(
+        self,
+        finder: DebuginfoFinder,
+        kept: LineTableStore | None = None,
+        keep: Keeper | None = None,
+        *,
+        memory: int = DEFAULT_MEMORY,
+        retry_after: float = DEFAULT_RETRY_AFTER,
+        scratch: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.finder = finder
+        self.kept = kept
+        self.keep = keep
+        self.memory = memory
+        self.retry_after = retry_after
+        self.scratch = scratch
+        self._clock = clock
+        self._lock = threading.Lock()  # one build read or built at a time
+        self._tables: OrderedDict[str, tuple[LineTable, int]] = OrderedDict()
+        self._held = 0
+        self._missing: dict[str, tuple[float, str]] = {}
+        #: What this provider built, by build-id: where its debug file came from.
+        self.built: dict[str, str] = {}
+        #: Why a built table could not be kept (the store not writable), by build-id.
+        self.unkept: dict[str, str] = {}
+
+    def table(self, want: Wanted) -> LineTable | str:
+        """*want*'s line table, or why none can be had."""
+        from kreld.debuginfo.places import checked
+
+        try:
+            want = checked(want)
+        except InvalidArgument as e:
+            return f"no line table for build {want.build_id[:130]}: {e}"
+        with self._lock:
+            bid = want.build_id
+            hit = self._tables.get(bid)
+            if hit is not None:
+                self._tables.move_to_end(bid)
+                return hit[0]
+            missing = self._missing.get(bid)
+            if missing is not None and self._clock() < missing[0]:
+                return missing[1]
+            try:
+                table, size = self._stored(bid) or self._build(want)
+            except KreldError as e:
+                why = _reason(e)
+                self._missing[bid] = (self._clock() + self.retry_after, why)
+                return why
+            self._missing.pop(bid, None)
+            self._hold(bid, table, size)
+            return table
+
+    def source_for(self, wanted: dict[str, Wanted]) -> TableSource:
+        """The build-id -> table function :func:`~kreld.symbols.linequery.lines_at`
+        takes, for the builds *wanted* describes (:func:`wanted_of`)."""
+
+        def source(build_id: str) -> LineTable | str:
+            want = wanted.get(build_id)
+            if want is None:
+                return f"build {build_id} is not of this boot's kernel or modules"
+            return self.table(want)
+
+        return source
+
+    def forget(self, build_ids: Iterable[str] | None = None) -> None:
+        """Drop tables held in memory and remembered absences (all, or of
+        *build_ids*): the next ask looks again."""
+        with self._lock:
+            for bid in list(self._tables) if build_ids is None else list(build_ids):
+                got = self._tables.pop(bid, None)
+                if got is not None:
+                    self._held -= got[1]
+                self._missing.pop(bid, None)
+            if build_ids is None:
+                self._missing.clear()
+
+    def listing(self) -> list[TableInfo]:
+        """The tables the store keeps (empty without a store)."""
+        return [] if self.kept is None else table_listing(self.kept)
+
+    # -- the two ways to a table ----------------------------------------------------
+    def _stored(self, build_id: str) -> tuple[LineTable, int] | None:
+        if self.kept is None:
+            return None
+        got = self.kept.get(build_id)
+        if got is None:
+            return None
+        from kreld.debuginfo.lines import LineTable
+
+        return LineTable.from_bytes(got.data, f"the kept line table of {build_id}"), len(got.data)
+
+    def _build(self, want: Wanted) -> tuple[LineTable, int]:
+        from kreld.debuginfo.lines import LineTable, build_line_table
+
+        found = self.finder.find(want)
+        table = build_line_table(found.path, want.build_id, self.scratch)
+        data = table.to_bytes()
+        source = found.describe()
+        self.built[want.build_id] = source
+        if self.keep is not None:
+            try:
+                self.keep(want.build_id, data, source, want.describe())
+            except KreldError as e:
+                self.unkept[want.build_id] = str(e)
+        # Answer from the bytes as kept, so that a fresh table and a kept one
+        # are one thing (the symcache arrays the build made are let go).
+        del table
+        return LineTable.from_bytes(data, source), len(data)
+
+    def _hold(self, build_id: str, table: LineTable, size: int) -> None:
+        self._tables[build_id] = (table, size)
+        self._held += size
+        while self._held > self.memory and len(self._tables) > 1:
+            _, (_, dropped) = self._tables.popitem(last=False)
+            self._held -= dropped
+
+
+def provider_for(
+    cfg: Config,
+    given_dirs: Iterable[str] = (),
+    kept: LineTableStore | None = None,
+    keep: Keeper | None = None,
+) -> LineTableProvider:
+    """The provider a configuration describes: *given_dirs*
+    (``--debuginfo-dir``) searched first, then ``/usr/lib/debug`` under the
+    configured root, ``[kernel] debuginfo_dirs``, the cache and the debuginfod
+    servers (:func:`~kreld.debuginfo.finder.finder_for`); a build's scratch
+    copy of the DWARF goes under ``$TMPDIR``."""
+    from kreld.debuginfo.finder import finder_for
+
+    return LineTableProvider(finder_for(cfg, cfg.root, tuple(given_dirs)), kept, keep)
+
+
+def _reason(e: KreldError) -> str:
+    """An error as the answer's reason: a debuginfo error's own reason
+    (it names the build), else its message."""
+    if isinstance(e, DebuginfoError):
+        return str(e)
+    if isinstance(e, LineTableError):
+        return f"the debug file could not be read: {e}"
+    return str(e)

@@ -1,0 +1,76 @@
+"""The references source lines are checked against, run on files gcc built:
+``llvm-symbolizer --inlines`` for an executable, ``eu-addr2line -i -f -j
+SECTION`` for a relocatable object; and each code section's instruction
+addresses as ``objdump -d`` lists them.  A frame is (function, normalized
+file or None, line, inlined), innermost first."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from kreld.debuginfo.lines import normalize_path
+
+Frames = list[tuple[str, str | None, int, bool]]
+
+
+def norm(path: str) -> str | None:
+    return normalize_path("", "", path) if path and path != "??" else None
+
+
+def instructions(obj: Path) -> dict[str, list[int]]:
+    text = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True, check=True)
+    out: dict[str, list[int]] = {}
+    section = ""
+    for line in text.stdout.splitlines():
+        m = re.match(r"Disassembly of section (\S+):", line)
+        if m:
+            section = m.group(1)
+            continue
+        m = re.match(r"\s+([0-9a-f]+):\t", line)
+        if m:
+            out.setdefault(section, []).append(int(m.group(1), 16))
+    return out
+
+
+def llvm(exe: Path, addresses: list[int]) -> list[Frames]:
+    text = subprocess.run(
+        ["llvm-symbolizer", "--inlines", "--output-style=JSON", "-e", str(exe)],
+        input="\n".join(hex(a) for a in addresses),
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    out = []
+    for entry in (json.loads(line) for line in text.splitlines() if line.strip()):
+        syms = entry["Symbol"]
+        out.append([(s["FunctionName"], norm(s["FileName"]) if s["Line"] else None, s["Line"],
+                     k + 1 < len(syms)) for k, s in enumerate(syms)])  # fmt: skip
+    return out
+
+
+def eu(obj: Path, section: str, offsets: list[int]) -> list[Frames]:
+    text = subprocess.run(
+        ["eu-addr2line", "-a", "-i", "-f", "-j", section, "-e", str(obj), *map(hex, offsets)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    out: list[Frames] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("0x"):
+            out.append([])
+            i += 1
+            continue
+        func = lines[i].split(" inlined at ")[0]
+        m = re.fullmatch(r"(.*?):(\d+)(?::\d+)?", lines[i + 1])
+        file, line = (m.group(1), m.group(2)) if m else ("??", "0")
+        out[-1].append((func, norm(file), int(line), True))
+        i += 2
+    return [[(f, p, n, k + 1 < len(fr)) for k, (f, p, n, _) in enumerate(fr)] for fr in out]
+
+
+def comparable(ref: Frames) -> bool:
+    """The reference named a function from the DWARF (not from the symbol
+    table alone, where kreld gives no frames and Resolve names the symbol)."""
+    return bool(ref) and ref[0][0] not in ("", "??") and not (len(ref) == 1 and ref[0][2] == 0)
