@@ -19,8 +19,9 @@ holding only its headers and its non-allocated sections (the DWARF): the
 code becomes ``SHT_NOBITS``, keeping its addresses without its bytes.  Both
 copies leave out the symbol table (``SHT_NULL``): given one, the reader names
 an out-of-line function after its ELF symbol (``brd_alloc.isra.0``, or
-another alias at the same address) where the DWARF, and llvm-symbolizer,
-name it ``brd_alloc``.
+another alias at the same address) at every depth, which neither reference
+does; the table takes symbol names itself (:func:`read_symbols`), where and
+as kreld.debuginfo.lines says.
 
 Only what kernel modules on x86-64 carry is handled: ELF64 little-endian,
 ``SHT_RELA``, and the absolute relocation types DWARF uses; anything else is a
