@@ -520,11 +520,13 @@ def build_line_table(
         meta["base"] = _load_address(path)
         meta["text"] = _text_address(path)
         meta["symbol_names"] = "outer"
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            rows = read_symbols(m, str(path))
-        symbols = (rows, rows.value)
         with tempfile.TemporaryDirectory(prefix="kreld-lines-", dir=scratch) as tmp:
             trimmed = Path(tmp) / "debug-only"
             debug_only_copy(path, trimmed)
             raw = _symcache_of(trimmed)
+        # Read after the SymCache is built, so that the symbols are not held
+        # through the build's peak.
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            rows = read_symbols(m, str(path))
+        symbols = (rows, rows.value)
     return _from_symcache(raw, meta, str(path), symbols)
