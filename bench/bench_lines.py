@@ -169,7 +169,7 @@ def named(ref: Frames) -> bool:
 _COLD = r"""
 import sys, json, time, numpy as np
 from pathlib import Path
-from kreld.debuginfo.lines import build_line_table
+from kreld.debuginfo.lines_build import build_line_table
 t0 = time.perf_counter()
 table = build_line_table(Path(sys.argv[1]))
 blob = table.to_bytes()

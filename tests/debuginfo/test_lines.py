@@ -32,7 +32,8 @@ from kreld.core.model import (
     SeenBy,
     Timestamp,
 )
-from kreld.debuginfo.lines import LineTable, build_line_table, normalize_path
+from kreld.debuginfo.lines import LineTable, normalize_path
+from kreld.debuginfo.lines_build import build_line_table
 from kreld.debuginfo.lines_reloc import place_sections
 from kreld.store import Store
 from kreld.store.linetabs import CHUNK

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kreld.debuginfo.lines import LineTable, build_line_table
+from kreld.debuginfo.lines import LineTable
+from kreld.debuginfo.lines_build import build_line_table
 from kreld.debuginfo.lines_reloc import read_sections
 
 from support.linerefs import Frames, eu, instructions, llvm
