@@ -13,8 +13,6 @@ line, innermost first, and which frames are inlined.
 from __future__ import annotations
 
 import itertools
-import json
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -40,6 +38,8 @@ from kreld.store.linetabs import CHUNK
 from kreld.symbols.linequery import lines_at
 from kreld.symbols.queries import AddressMap
 
+from support.linerefs import Frames, eu, instructions, llvm
+
 SRC = Path(__file__).parent / "lines_src"
 VARIANTS = {
     "dwarf4": ["-gdwarf-4"],
@@ -56,12 +56,6 @@ pytestmark = [
     ),
 ]
 
-Frames = list[tuple[str, str | None, int, bool]]
-
-
-def _norm(path: str) -> str | None:
-    return normalize_path("", "", path) if path and path != "??" else None
-
 
 def _gcc(tmp: Path, variant: str, relocatable: bool) -> Path:
     out = tmp / (f"prog-{variant}" + (".o" if relocatable else ""))
@@ -70,59 +64,6 @@ def _gcc(tmp: Path, variant: str, relocatable: bool) -> Path:
         cmd.insert(1, "-c")
     subprocess.run(cmd, cwd=SRC, check=True)
     return out
-
-
-def _instructions(obj: Path) -> dict[str, list[int]]:
-    """Each code section's instruction addresses, as objdump -d lists them."""
-    text = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True, check=True)
-    out: dict[str, list[int]] = {}
-    section = ""
-    for line in text.stdout.splitlines():
-        m = re.match(r"Disassembly of section (\S+):", line)
-        if m:
-            section = m.group(1)
-            continue
-        m = re.match(r"\s+([0-9a-f]+):\t", line)
-        if m:
-            out.setdefault(section, []).append(int(m.group(1), 16))
-    return out
-
-
-def _llvm(exe: Path, addresses: list[int]) -> list[Frames]:
-    text = subprocess.run(
-        ["llvm-symbolizer", "--inlines", "--output-style=JSON", "-e", str(exe)],
-        input="\n".join(hex(a) for a in addresses),
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    out = []
-    for entry in (json.loads(line) for line in text.splitlines() if line.strip()):
-        syms = entry["Symbol"]
-        # Where the DWARF has no line (code of crt files), llvm-symbolizer takes a
-        # file name from the symbol table.
-        out.append([(s["FunctionName"], _norm(s["FileName"]) if s["Line"] else None, s["Line"],
-                     k + 1 < len(syms)) for k, s in enumerate(syms)])  # fmt: skip
-    return out
-
-
-def _eu(obj: Path, section: str, offsets: list[int]) -> list[Frames]:
-    text = subprocess.run(
-        ["eu-addr2line", "-a", "-i", "-f", "-j", section, "-e", str(obj), *map(hex, offsets)],
-        capture_output=True, text=True,  # exits 1 where some address has no line
-    ).stdout  # fmt: skip
-    out: list[Frames] = []
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        if lines[i].startswith("0x"):
-            out.append([])
-            i += 1
-            continue
-        func = lines[i].split(" inlined at ")[0]
-        m = re.fullmatch(r"(.*?):(\d+)(?::\d+)?", lines[i + 1])  # file:line[:column]
-        file, line = (m.group(1), m.group(2)) if m else ("??", "0")
-        out[-1].append((func, _norm(file), int(line), True))
-        i += 2
-    return [[(f, p, n, k + 1 < len(fr)) for k, (f, p, n, _) in enumerate(fr)] for fr in out]
 
 
 def _ours(table: LineTable, address: int) -> Frames:
@@ -139,8 +80,8 @@ def test_every_instruction_of_an_executable_is_named_as_llvm_symbolizer_names_it
 ) -> None:
     exe = _gcc(tmp_path, variant, relocatable=False)
     table = LineTable.from_bytes(build_line_table(exe).to_bytes())
-    addresses = sorted(a for sec in _instructions(exe).values() for a in sec)
-    refs = _llvm(exe, addresses)
+    addresses = sorted(a for sec in instructions(exe).values() for a in sec)
+    refs = llvm(exe, addresses)
     assert len(refs) == len(addresses)
     compared = 0
     inlined = 0
@@ -161,11 +102,11 @@ def test_every_instruction_of_a_relocatable_object_is_named_by_section_as_eu_add
 ) -> None:
     obj = _gcc(tmp_path, variant, relocatable=True)
     table = LineTable.from_bytes(build_line_table(obj).to_bytes())
-    sections = _instructions(obj)
+    sections = instructions(obj)
     assert {".text", ".text.unlikely", ".init.text"} <= set(sections)
     inlined = 0
     for section, offsets in sections.items():
-        refs = _eu(obj, section, offsets)
+        refs = eu(obj, section, offsets)
         assert len(refs) == len(offsets)
         for offset, ref in zip(offsets, refs, strict=True):
             address = table.section_address(section, offset)
@@ -279,16 +220,16 @@ def test_a_recorded_boots_image_and_module_addresses_get_the_lines_of_their_stor
             )
 
         amap, _ = _recorded(link_text, 0x1000)
-        code = _instructions(exe)[".text"]
+        code = instructions(exe)[".text"]
         image_addrs = [RUNTIME_TEXT + a - link_text for a in code if a >= link_text]
         mod_addrs = [
-            (s, o) for s, offs in _instructions(obj).items() for o in offs if s in MODULE_BASES
+            (s, o) for s, offs in instructions(obj).items() for o in offs if s in MODULE_BASES
         ]
         addrs = image_addrs + [MODULE_BASES[s] + o for s, o in mod_addrs]
         answers = lines_at(amap, addrs, tables)
-    refs = _llvm(exe, [a - RUNTIME_TEXT + link_text for a in image_addrs])
+    refs = llvm(exe, [a - RUNTIME_TEXT + link_text for a in image_addrs])
     for sec in dict.fromkeys(s for s, _ in mod_addrs):
-        refs += _eu(obj, sec, [o for s, o in mod_addrs if s == sec])
+        refs += eu(obj, sec, [o for s, o in mod_addrs if s == sec])
     compared = 0
     for a, ans, ref in zip(addrs, answers, refs, strict=True):
         ours = [(f.function, f.file, f.line, f.inlined) for f in ans.frames]
@@ -348,8 +289,8 @@ def test_gcc_clones_take_their_elf_symbol_name_in_an_executable_as_llvm_symboliz
     subprocess.run(["gcc", "-g", "-O2", "-nostartfiles", "-Wl,-e,use_clones", "-o", str(exe),
                     "clones.c", "asm_add.S"], cwd=SRC, check=True)  # fmt: skip
     table = LineTable.from_bytes(build_line_table(exe).to_bytes())
-    addresses = sorted(a for sec in _instructions(exe).values() for a in sec)
-    refs = _llvm(exe, addresses)
+    addresses = sorted(a for sec in instructions(exe).values() for a in sec)
+    refs = llvm(exe, addresses)
     outer_names, asm = set(), 0
     for address, ref in zip(addresses, refs, strict=True):
         if not _named(ref):  # padding between functions: no symbol covers it
@@ -369,8 +310,8 @@ def test_gcc_clones_keep_their_dwarf_name_in_a_relocatable_object_as_eu_addr2lin
     syms = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
     assert {line.split()[-1] for line in syms.splitlines()} >= CLONES
     compared = repeated = 0
-    for section, offsets in _instructions(obj).items():
-        refs = _eu(obj, section, offsets)
+    for section, offsets in instructions(obj).items():
+        refs = eu(obj, section, offsets)
         for offset, ref in zip(offsets, refs, strict=True):
             address = table.section_address(section, offset)
             assert address is not None
@@ -407,8 +348,8 @@ def test_code_no_dwarf_covers_is_named_by_its_symbol_without_a_line(tmp_path: Pa
     subprocess.run(["gcc", "-c", "-o", str(s_obj), "asm_add.S"], cwd=SRC, check=True)
     subprocess.run(["ld", "-r", "-o", str(obj), str(c_obj), str(s_obj)], check=True)
     table = build_line_table(obj)
-    offsets = _instructions(obj)[".text"]
-    refs = _eu(obj, ".text", offsets)
+    offsets = instructions(obj)[".text"]
+    refs = eu(obj, ".text", offsets)
     asm = 0
     for offset, ref in zip(offsets, refs, strict=True):
         address = table.section_address(".text", offset)
