@@ -8,9 +8,9 @@ every download bounded in time and size; ``cache`` keeps what was fetched (or
 unpacked from a ``.ko.xz``/``.ko.zst`` by ``unpack``) under the state directory, written
 privately and renamed into place; ``finder`` puts them together and answers a
 checked local path with where it came from.  Source lines with their inline
-chains are read from the DWARF of such a file (``lines``; a module's sections
-placed and its DWARF relocated first by ``lines_reloc``) into tables the store
-keeps.  Every file's GNU build-id is read
+chains are read from the DWARF of such a file by ``lines_build`` (a module's
+sections placed and its DWARF relocated first by ``lines_reloc``) into the
+tables of ``lines``, which the store keeps.  Every file's GNU build-id is read
 (:func:`kreld.kernel.elf.fd_build_id`) before it is used or kept: a file of
 another build is refused.
 

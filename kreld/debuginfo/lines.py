@@ -1,38 +1,12 @@
 """Line tables: address ranges to source lines with their inline chains.
 
-Why this reader, measured (``bench/bench_lines.py``, one run on this project's
-shared 2-core machine, Debian's 6.1.0-57-cloud-amd64 vmlinux: 590 MB, DWARF 5,
-219 MB of .debug_* sections; 10,000 and 100,000 random .text addresses):
-
-* ``llvm-symbolizer --inlines``, the reference: 2.9 s and 894 MiB for the
-  10,000.  A process per use; no table to keep.
-* drgn 0.3.0 (C, libdw): 17 s for the same 10,000, a Python call per address;
-  nothing to keep either, so every use pays it again.
-* pyelftools (pure Python): walking 164 MB of .debug_info DIE by DIE takes
-  minutes; not a candidate for a kernel.
-* Sentry's ``symbolic`` 13.9.0 (Rust, gimli) builds a *SymCache* of all of
-  vmlinux: table built and the 10,000 named in a fresh process in 4.9 s
-  (1.7x llvm-symbolizer's total; the build itself 4.4 s), 490 MiB peak.  A
-  SymCache is the table wanted: sorted range starts, each with the innermost
-  of a chain of deduplicated (function, file, line, caller) locations.  Its
-  format (v9) is public and flat, so it is read here into numpy arrays and
-  kept in kreld's own layout (:class:`LineTable`, 38 MB for vmlinux, 0.17 of
-  its DWARF): a lookup is one ``searchsorted`` and a gather per inline depth,
-  no DWARF walk, no per-address Python (13.7 million addresses/s to chains in
-  process).
-* ``symbolic`` does not apply a relocatable object's ``.rela.debug_*``, so a
-  module's debug file is first linked in place by
-  :func:`kreld.debuginfo.lines_reloc.place_sections` (each allocated section at
-  its own base) and the table answers by (section, offset): brd.ko answers
-  equal eu-addr2line's at all 2,674 offsets it names.
-
-What the table does not have, by this choice: the column (frames carry
-``column`` None), and lines of code no DWARF subprogram covers (assembly
-such as head_64.S: no frames, Resolve still names its symbol).  Names follow
-the DWARF, as eu-addr2line does; llvm-symbolizer names an outermost frame
-after its ELF symbol (``intel_pmu_hw_config.part.0``), so on vmlinux 73 % of
-its answers are equal frame for frame and 77 % once GCC's clone suffixes are
-set aside.  The rest is not yet explained and is left open.
+A :class:`LineTable` is one build's table, in kreld's own layout: sorted
+range starts, each with the innermost of a chain of deduplicated (function,
+file, line, caller) locations, and the ELF symbols that name code the DWARF
+does not.  A lookup is one ``searchsorted`` and a gather per inline depth.
+It is kept in the symbol cache as the bytes :meth:`LineTable.to_bytes` writes
+and read back as views of them.  :mod:`kreld.debuginfo.lines_build` builds
+one from a debug file, and says why that way and which names it keeps.
 
 File names are normalized one way: the compilation directory, the line
 table's directory and the file name joined, then ``posixpath.normpath`` (``./``
@@ -44,41 +18,24 @@ from __future__ import annotations
 
 import io
 import json
-import mmap
 import posixpath
 import struct
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kreld.core.errors import LineTableError
-from kreld.debuginfo.lines_reloc import (
-    SectionBase,
-    debug_only_copy,
-    place_sections,
-    symbol_value,
-)
+from kreld.debuginfo.lines_reloc import SectionBase
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-__all__ = ["NONE", "Frame", "LineTable", "build_line_table", "normalize_path"]
+__all__ = ["NONE", "Frame", "LineTable", "normalize_path"]
 
 NONE = 0xFFFFFFFF  # "no such index" in every u32 array of a table
-_MAGIC = b"KRLNTAB1"
+_MAGIC = b"KRLNTAB2"
 _PRELUDE = struct.Struct("<8sI")  # magic, length of the JSON header after it
-# The SymCache v9 layout (symbolic-symcache's raw format, version 9): a
-# preamble (magic, version), a 72-byte header whose six u32 counts start at
-# byte 44, then files (6 u32), functions (4 u32), source locations (4 u32),
-# ranges (u32 starts) and a string table, each section aligned to 8 bytes.
-_SYMC_MAGIC = b"SYMC"
-_SYMC_VERSION = 9
-_SYMC_COUNTS = struct.Struct("<6I")
-_SYMC_HEADER_END = 8 + 72
-_PT_LOAD = 1
 # Deeper inline chains than this are taken for a loop in a damaged table.
 _MAX_DEPTH = 256
 
@@ -104,42 +61,6 @@ def normalize_path(comp_dir: str, directory: str, name: str) -> str:
     """The one spelling of a source file name: see the module's docstring."""
     joined = posixpath.join(comp_dir, directory, name)
     return posixpath.normpath(joined) if joined else ""
-
-
-def _align8(n: int) -> int:
-    return (n + 7) & ~7
-
-
-def _uleb_strings(blob: bytes, offsets: NDArray[np.uint32]) -> list[str | None]:
-    """The strings a SymCache string table holds at *offsets* (a LEB128
-    length, then the bytes)."""
-    out: list[str | None] = []
-    n = len(blob)
-    for off in offsets.tolist():
-        if off == NONE or off >= n:
-            out.append(None)
-            continue
-        length = shift = 0
-        pos = off
-        while pos < n:
-            b = blob[pos]
-            pos += 1
-            length |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                break
-        out.append(blob[pos : pos + length].decode("utf-8", "replace"))
-    return out
-
-
-def _strings_blob(strings: list[str]) -> tuple[bytes, NDArray[np.uint32]]:
-    encoded = [s.encode() for s in strings]
-    ends = np.cumsum([len(e) for e in encoded], dtype=np.uint64)
-    if len(ends) and int(ends[-1]) >= NONE:
-        raise LineTableError("<table>", "string data over 4 GiB")
-    offs = np.zeros(len(encoded) + 1, dtype=np.uint32)
-    offs[1:] = ends
-    return b"".join(encoded), offs
 
 
 class LineTable:
@@ -169,7 +90,12 @@ class LineTable:
         self.loc_func, self.loc_parent = arrays["loc_func"], arrays["loc_parent"]
         self.loc_first = len(self.loc_func) - len(self.starts)
         self._func_offs, self._file_offs = arrays["func_offs"], arrays["file_offs"]
+        self.sym_starts, self.sym_sizes = arrays["sym_starts"], arrays["sym_sizes"]
+        self.sym_func = arrays["sym_func"]
         self._names, self._files = names, files
+        # How the ELF symbol table names frames: "outer" (an executable, as
+        # llvm-symbolizer does) or "fill" (a relocatable object, as elfutils).
+        self.symbol_names: str = meta.get("symbol_names", "fill")
 
     # -- lookups ----------------------------------------------------------
     def locations(self, addresses: NDArray[np.uint64]) -> NDArray[np.uint32]:
@@ -196,6 +122,46 @@ class LineTable:
             out.append(nxt)
             level = nxt
         raise LineTableError("<line table>", f"an inline chain deeper than {_MAX_DEPTH}: a loop")
+
+    def symbols(self, addresses: NDArray[np.uint64]) -> NDArray[np.uint32]:
+        """The function-name index of the ELF symbol each address lies in
+        (``NONE`` where none): the last symbol starting at or before it,
+        unless that one has a size and ends before it."""
+        out = np.full(len(addresses), NONE, dtype=np.uint32)
+        if not len(self.sym_starts):
+            return out
+        rel = addresses.astype(np.uint64) - np.uint64(self.base)
+        inside = (addresses >= np.uint64(self.base)) & (rel < np.uint64(1 << 32))
+        rel32 = np.where(inside, rel, 0).astype(np.uint32)
+        idx = np.searchsorted(self.sym_starts, rel32, side="right").astype(np.int64) - 1
+        i = np.where(idx >= 0, idx, 0)
+        size = self.sym_sizes[i]
+        within = (size == 0) | ((rel32 - self.sym_starts[i]) < size)
+        ok = inside & (idx >= 0) & within
+        out[ok] = self.sym_func[i[ok]]
+        return out
+
+    def frames_at(self, addresses: NDArray[np.uint64]) -> list[list[Frame]]:
+        """Each address's chain, innermost first, named as the reference of
+        the file's kind names it (see the module's docstring): the DWARF's
+        frames, the outermost renamed after its ELF symbol in an
+        executable; the symbol alone, without a line, where no DWARF
+        function covers the address."""
+        levels = self.chains(addresses)
+        syms = self.symbols(addresses)
+        outer = self.symbol_names == "outer"
+        out: list[list[Frame]] = []
+        for j in range(len(addresses)):
+            locs = [int(lv[j]) for lv in levels if lv[j] != NONE]
+            frames = [self.frame(loc, k + 1 < len(locs)) for k, loc in enumerate(locs)]
+            s = int(syms[j])
+            if s != NONE:
+                if not frames:
+                    frames = [Frame(self.function_name(s), None, 0, None, False)]
+                elif outer:
+                    frames[-1] = replace(frames[-1], function=self.function_name(s))
+            out.append(frames)
+        return out
 
     def name_blobs(self) -> tuple[bytes, NDArray[np.uint32], bytes, NDArray[np.uint32]]:
         """The function names and file names as kept: each blob and the
@@ -227,9 +193,7 @@ class LineTable:
 
     def frames(self, address: int) -> list[Frame]:
         """The chain at one address, innermost first; empty where no function."""
-        levels = self.chains(np.array([address], dtype=np.uint64))
-        locs = [int(lv[0]) for lv in levels if lv[0] != NONE]
-        return [self.frame(loc, k + 1 < len(locs)) for k, loc in enumerate(locs)]
+        return self.frames_at(np.array([address], dtype=np.uint64))[0]
 
     def section_address(self, section: str, offset: int) -> int | None:
         """The address standing for *offset* in a relocatable object's *section*."""
@@ -239,13 +203,15 @@ class LineTable:
         return s.base + offset
 
     # -- bytes ------------------------------------------------------------
-    _ARRAYS = ("starts", "loc_file", "loc_line", "loc_func", "loc_parent", "func_offs", "file_offs")
+    _ARRAYS = ("starts", "loc_file", "loc_line", "loc_func", "loc_parent", "func_offs", "file_offs",
+               "sym_starts", "sym_sizes", "sym_func")  # fmt: skip
 
     def to_bytes(self) -> bytes:
         arrays = {
             "starts": self.starts, "loc_file": self.loc_file, "loc_line": self.loc_line,
             "loc_func": self.loc_func, "loc_parent": self.loc_parent,
             "func_offs": self._func_offs, "file_offs": self._file_offs,
+            "sym_starts": self.sym_starts, "sym_sizes": self.sym_sizes, "sym_func": self.sym_func,
         }  # fmt: skip
         meta = dict(self.meta, counts={k: len(arrays[k]) for k in self._ARRAYS},
                     names=len(self._names), files=len(self._files))  # fmt: skip
@@ -270,7 +236,7 @@ class LineTable:
             meta = json.loads(bytes(buf[_PRELUDE.size : pos]))
             arrays: dict[str, NDArray[np.uint32]] = {}
             for k in cls._ARRAYS:
-                pos = _align8(pos)
+                pos += -pos % 8
                 n = int(meta["counts"][k])
                 arrays[k] = np.frombuffer(buf, dtype="<u4", count=n, offset=pos)
                 pos += 4 * n
@@ -294,120 +260,16 @@ class LineTable:
             or self.loc_first < 0
         ):
             raise ValueError("location arrays differ in length")
-        for arr, bound in ((self.loc_func, nfn), (self.loc_file, nfi), (self.loc_parent, nl)):
+        ns = len(self.sym_starts)
+        if len(self.sym_sizes) != ns or len(self.sym_func) != ns:
+            raise ValueError("symbol arrays differ in length")
+        if len(self.sym_starts) > 1 and (np.diff(self.sym_starts.astype(np.int64)) <= 0).any():
+            raise ValueError("symbol starts out of order")
+        for arr, bound in ((self.loc_func, nfn), (self.loc_file, nfi), (self.loc_parent, nl),
+                           (self.sym_func, nfn)):  # fmt: skip
             if len(arr) and int(np.where(arr == NONE, 0, arr).max()) >= bound:
                 raise ValueError("an index points past its array")
         if nfn >= 0 and len(self._func_offs) and int(self._func_offs[-1]) > len(self._names):
             raise ValueError("function names past their data")
         if len(self._file_offs) and int(self._file_offs[-1]) > len(self._files):
             raise ValueError("file names past their data")
-
-
-def _from_symcache(raw: bytes, meta: dict[str, Any], path: str) -> LineTable:
-    if len(raw) < _SYMC_HEADER_END or raw[:4] != _SYMC_MAGIC:
-        raise LineTableError(path, "the reader produced no SymCache")
-    version = struct.unpack_from("<I", raw, 4)[0]
-    if version != _SYMC_VERSION:
-        raise LineTableError(path, f"SymCache version {version}, this kreld reads {_SYMC_VERSION}")
-    nfiles, nfuncs, nlocs, nranges, nstr, _ = _SYMC_COUNTS.unpack_from(raw, 44)
-    pos = _align8(_SYMC_HEADER_END)
-
-    def take(count: int, width: int) -> NDArray[np.uint32]:
-        nonlocal pos
-        a = np.frombuffer(raw, dtype="<u4", count=count * width, offset=pos).reshape(count, width)
-        pos = _align8(pos + 4 * count * width)
-        return a
-
-    files, funcs, locs = take(nfiles, 6), take(nfuncs, 4), take(nlocs, 4)
-    starts = take(nranges, 1)[:, 0].copy()
-    strings = raw[pos : pos + nstr]
-    f_names = [s or "??" for s in _uleb_strings(strings, funcs[:, 0])]
-    comp, dirs, names = (_uleb_strings(strings, files[:, k]) for k in range(3))
-    f_paths = [
-        normalize_path(c or "", d or "", n or "") for c, d, n in zip(comp, dirs, names, strict=True)
-    ]
-    names_blob, func_offs = _strings_blob(f_names)
-    files_blob, file_offs = _strings_blob(f_paths)
-    arrays = {
-        "starts": starts, "loc_file": locs[:, 0].copy(), "loc_line": locs[:, 1].copy(),
-        "loc_func": locs[:, 2].copy(), "loc_parent": locs[:, 3].copy(),
-        "func_offs": func_offs, "file_offs": file_offs,
-    }  # fmt: skip
-    return LineTable(meta, arrays, names_blob, files_blob)
-
-
-def _load_address(path: Path) -> int:
-    """Where symbolic counts a SymCache's addresses from: the first
-    ``PT_LOAD``'s virtual address."""
-    with open(path, "rb") as f:
-        head = f.read(64)
-        phoff, (phentsize, phnum) = (
-            struct.unpack_from("<Q", head, 32)[0],
-            struct.unpack_from("<HH", head, 54),
-        )
-        f.seek(phoff)
-        phdrs = f.read(phentsize * phnum)
-    for i in range(len(phdrs) // max(phentsize, 1)):
-        p_type, _, _, vaddr = struct.unpack_from("<IIQQ", phdrs, i * phentsize)
-        if p_type == _PT_LOAD:
-            return int(vaddr)
-    return 0
-
-
-def _text_address(path: Path) -> int | None:
-    """A kernel image's link-time ``_text``, which a boot's recorded ``_text``
-    is compared with to undo KASLR (None for a file without it)."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        return symbol_value(m, str(path), "_text")
-
-
-def _symcache_of(path: Path) -> bytes:
-    from symbolic import Archive, SymbolicError  # type: ignore[attr-defined]
-    from symbolic.symcache import SymCache
-
-    try:
-        objects = list(Archive.open(str(path)).iter_objects())
-        if not objects:
-            raise LineTableError(str(path), "no object in the file")
-        out = io.BytesIO()
-        SymCache.from_object(objects[0]).dump_into(out)  # type: ignore[no-untyped-call]
-    except SymbolicError as e:
-        raise LineTableError(str(path), str(e).splitlines()[0]) from None
-    return out.getvalue()
-
-
-def build_line_table(
-    path: Path, build_id: str | None = None, scratch: Path | None = None
-) -> LineTable:
-    """The line table of the debug file at *path* (an executable such as
-    vmlinux, or a relocatable module).  Run it off the record path: it reads
-    all of the file's DWARF (seconds and a few hundred MiB for a kernel).
-    A private copy of the DWARF (about its size) is made for the time of the
-    build in a temporary directory under *scratch* (default: ``$TMPDIR``)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(64)
-    except OSError as e:
-        raise LineTableError(str(path), e.strerror or str(e)) from None
-    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
-        raise LineTableError(str(path), "not a 64-bit little-endian ELF file")
-    meta: dict[str, Any] = {"build_id": build_id, "sections": None}
-    if struct.unpack_from("<H", head, 16)[0] == 1:  # ET_REL
-        buf = path.read_bytes()
-        placed = place_sections(buf, str(path))
-        del buf
-        meta["sections"] = [[s.name, s.base, s.size] for s in placed.sections]
-        meta["base"] = 0
-        with tempfile.TemporaryDirectory(prefix="kreld-lines-", dir=scratch) as tmp:
-            linked = Path(tmp) / "placed.o"
-            linked.write_bytes(placed.image)
-            del placed
-            raw = _symcache_of(linked)
-    else:
-        meta["base"] = _load_address(path)
-        meta["text"] = _text_address(path)
-        with tempfile.TemporaryDirectory(prefix="kreld-lines-", dir=scratch) as tmp:
-            trimmed = Path(tmp) / "debug-only"
-            debug_only_copy(path, trimmed)
-            raw = _symcache_of(trimmed)
-    return _from_symcache(raw, meta, str(path))

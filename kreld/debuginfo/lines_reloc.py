@@ -19,8 +19,9 @@ holding only its headers and its non-allocated sections (the DWARF): the
 code becomes ``SHT_NOBITS``, keeping its addresses without its bytes.  Both
 copies leave out the symbol table (``SHT_NULL``): given one, the reader names
 an out-of-line function after its ELF symbol (``brd_alloc.isra.0``, or
-another alias at the same address) where the DWARF, and llvm-symbolizer,
-name it ``brd_alloc``.
+another alias at the same address) at every depth, which neither reference
+does; the table takes symbol names itself (:func:`read_symbols`), where and
+as kreld.debuginfo.lines says.
 
 Only what kernel modules on x86-64 carry is handled: ELF64 little-endian,
 ``SHT_RELA``, and the absolute relocation types DWARF uses; anything else is a
@@ -43,9 +44,11 @@ from kreld.core.errors import LineTableError
 __all__ = [
     "PlacedObject",
     "SectionBase",
+    "SymbolRows",
     "debug_only_copy",
     "place_sections",
     "read_sections",
+    "read_symbols",
     "symbol_value",
 ]
 
@@ -92,6 +95,8 @@ class PlacedObject:
 
     image: bytes
     sections: tuple[SectionBase, ...]
+    #: section index -> base, for placing the symbols of each section
+    bases: dict[int, int]
 
 
 @dataclass
@@ -169,6 +174,54 @@ def symbol_value(buf: bytes | mmap.mmap, path: str, name: str) -> int | None:
     value = int(syms["value"][hit[0]]) if len(hit) else None
     del syms
     return value
+
+
+_STT_NOTYPE, _STT_OBJECT, _STT_FUNC, _STT_GNU_IFUNC = 0, 1, 2, 10
+
+
+@dataclass(frozen=True)
+class SymbolRows:
+    """The symbols of a file that can name code, in symbol-table order:
+    ``value`` as the file has it (section-relative in a relocatable object),
+    ``size``, ``shndx`` (the section index) and ``name``."""
+
+    value: np.ndarray
+    size: np.ndarray
+    shndx: np.ndarray
+    names: list[str]
+
+
+def read_symbols(buf: bytes | mmap.mmap, path: str) -> SymbolRows:
+    """The ``.symtab`` symbols that llvm-symbolizer and elfutils name code
+    with: functions, objects, indirect functions and untyped symbols (what
+    assembly defines), each in a section of the file (not undefined,
+    absolute or common), with a name.  None where the file has no table."""
+    _, secs = read_sections(buf, path)
+    st = next((s for s in secs if s.type == _SHT_SYMTAB), None)
+    empty = np.zeros(0, dtype=np.uint64)
+    if st is None or not 0 < st.link < len(secs) or st.entsize != _SYM.itemsize:
+        return SymbolRows(empty, empty, empty, [])
+    strs = secs[st.link]
+    table = bytes(buf[strs.offset : strs.offset + strs.size])
+    syms = np.frombuffer(buf, dtype=_SYM, count=st.size // _SYM.itemsize, offset=st.offset).copy()
+    stype = syms["info"] & 0xF
+    shndx = syms["shndx"].astype(np.int64)
+    keep = (
+        np.isin(stype, [_STT_NOTYPE, _STT_OBJECT, _STT_FUNC, _STT_GNU_IFUNC])
+        & (shndx != 0)
+        & (shndx < _SHN_LORESERVE)
+        & (syms["name"] != 0)
+        & (syms["name"] < len(table))
+    )
+    syms = syms[keep]
+    names = []
+    for off in syms["name"].tolist():
+        end = table.find(b"\0", off)
+        names.append(table[off : end if end >= 0 else len(table)].decode("utf-8", "replace"))
+    return SymbolRows(
+        syms["value"].astype(np.uint64), syms["size"].astype(np.uint64),
+        syms["shndx"].astype(np.uint64), names,
+    )  # fmt: skip
 
 
 def _contents(buf: bytes, s: _Section, path: str) -> bytes:
@@ -277,7 +330,7 @@ def place_sections(buf: bytes, path: str) -> PlacedObject:
     for i, s in enumerate(secs):
         if s.flags & _SHF_COMPRESSED and i not in new and not s.flags & _SHF_ALLOC:
             new[i] = _contents(buf, s, path)
-    return PlacedObject(_rewrite(buf, eh, secs, bases, new), _bases(secs, bases))
+    return PlacedObject(_rewrite(buf, eh, secs, bases, new), _bases(secs, bases), dict(bases))
 
 
 def _bases(secs: list[_Section], bases: dict[int, int]) -> tuple[SectionBase, ...]:

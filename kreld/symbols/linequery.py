@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kreld.debuginfo.lines import NONE, Frame, LineTable
+from kreld.debuginfo.lines import Frame, LineTable
 from kreld.symbols.queries import AddressMap, Region
 
 __all__ = ["LineAnswer", "TableSource", "lines_at"]
@@ -99,12 +99,9 @@ def _answer_build(
             placed.append((k, where))
     if not placed:
         return
-    levels = table.chains(np.array([w for _, w in placed], dtype=np.uint64))
-    for j, (k, _) in enumerate(placed):
-        locs = [int(lv[j]) for lv in levels if lv[j] != NONE]
-        if not locs:
+    chains = table.frames_at(np.array([w for _, w in placed], dtype=np.uint64))
+    for (k, _), frames in zip(placed, chains, strict=True):
+        if not frames:
             answers[k] = LineAnswer((), f"no function at this address in build {build}'s DWARF")
             continue
-        answers[k] = LineAnswer(
-            tuple(table.frame(loc, n + 1 < len(locs)) for n, loc in enumerate(locs))
-        )
+        answers[k] = LineAnswer(tuple(frames))

@@ -235,7 +235,8 @@ class LineTableProvider:
         return LineTable.from_bytes(got.data, f"the kept line table of {build_id}"), len(got.data)
 
     def _build(self, want: Wanted) -> tuple[LineTable, int]:
-        from kreld.debuginfo.lines import LineTable, build_line_table
+        from kreld.debuginfo.lines import LineTable
+        from kreld.debuginfo.lines_build import build_line_table
 
         found = self.finder.find(want)
         table = build_line_table(found.path, want.build_id, self.scratch)

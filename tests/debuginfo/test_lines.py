@@ -13,8 +13,6 @@ line, innermost first, and which frames are inlined.
 from __future__ import annotations
 
 import itertools
-import json
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -32,12 +30,15 @@ from kreld.core.model import (
     SeenBy,
     Timestamp,
 )
-from kreld.debuginfo.lines import LineTable, build_line_table, normalize_path
+from kreld.debuginfo.lines import LineTable, normalize_path
+from kreld.debuginfo.lines_build import build_line_table
 from kreld.debuginfo.lines_reloc import place_sections
 from kreld.store import Store
 from kreld.store.linetabs import CHUNK
 from kreld.symbols.linequery import lines_at
 from kreld.symbols.queries import AddressMap
+
+from support.linerefs import Frames, eu, instructions, llvm
 
 SRC = Path(__file__).parent / "lines_src"
 VARIANTS = {
@@ -55,12 +56,6 @@ pytestmark = [
     ),
 ]
 
-Frames = list[tuple[str, str | None, int, bool]]
-
-
-def _norm(path: str) -> str | None:
-    return normalize_path("", "", path) if path and path != "??" else None
-
 
 def _gcc(tmp: Path, variant: str, relocatable: bool) -> Path:
     out = tmp / (f"prog-{variant}" + (".o" if relocatable else ""))
@@ -71,59 +66,6 @@ def _gcc(tmp: Path, variant: str, relocatable: bool) -> Path:
     return out
 
 
-def _instructions(obj: Path) -> dict[str, list[int]]:
-    """Each code section's instruction addresses, as objdump -d lists them."""
-    text = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True, check=True)
-    out: dict[str, list[int]] = {}
-    section = ""
-    for line in text.stdout.splitlines():
-        m = re.match(r"Disassembly of section (\S+):", line)
-        if m:
-            section = m.group(1)
-            continue
-        m = re.match(r"\s+([0-9a-f]+):\t", line)
-        if m:
-            out.setdefault(section, []).append(int(m.group(1), 16))
-    return out
-
-
-def _llvm(exe: Path, addresses: list[int]) -> list[Frames]:
-    text = subprocess.run(
-        ["llvm-symbolizer", "--inlines", "--output-style=JSON", "-e", str(exe)],
-        input="\n".join(hex(a) for a in addresses),
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    out = []
-    for entry in (json.loads(line) for line in text.splitlines() if line.strip()):
-        syms = entry["Symbol"]
-        # Where the DWARF has no line (code of crt files), llvm-symbolizer takes a
-        # file name from the symbol table.
-        out.append([(s["FunctionName"], _norm(s["FileName"]) if s["Line"] else None, s["Line"],
-                     k + 1 < len(syms)) for k, s in enumerate(syms)])  # fmt: skip
-    return out
-
-
-def _eu(obj: Path, section: str, offsets: list[int]) -> list[Frames]:
-    text = subprocess.run(
-        ["eu-addr2line", "-a", "-i", "-f", "-j", section, "-e", str(obj), *map(hex, offsets)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    out: list[Frames] = []
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        if lines[i].startswith("0x"):
-            out.append([])
-            i += 1
-            continue
-        func = lines[i].split(" inlined at ")[0]
-        m = re.fullmatch(r"(.*?):(\d+)(?::\d+)?", lines[i + 1])  # file:line[:column]
-        file, line = (m.group(1), m.group(2)) if m else ("??", "0")
-        out[-1].append((func, _norm(file), int(line), True))
-        i += 2
-    return [[(f, p, n, k + 1 < len(fr)) for k, (f, p, n, _) in enumerate(fr)] for fr in out]
-
-
 def _ours(table: LineTable, address: int) -> Frames:
     return [(f.function, f.file, f.line, f.inlined) for f in table.frames(address)]
 
@@ -132,28 +74,19 @@ def _named(ref: Frames) -> bool:
     return bool(ref) and ref[0][0] not in ("", "??")
 
 
-def _symbol_only(ref: Frames) -> bool:
-    """The reference found a function in the symbol table alone (no DWARF
-    line): kreld gives no frames there (Resolve names the symbol)."""
-    return len(ref) == 1 and ref[0][2] == 0
-
-
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_every_instruction_of_an_executable_is_named_as_llvm_symbolizer_names_it(
     tmp_path: Path, variant: str
 ) -> None:
     exe = _gcc(tmp_path, variant, relocatable=False)
     table = LineTable.from_bytes(build_line_table(exe).to_bytes())
-    addresses = sorted(a for sec in _instructions(exe).values() for a in sec)
-    refs = _llvm(exe, addresses)
+    addresses = sorted(a for sec in instructions(exe).values() for a in sec)
+    refs = llvm(exe, addresses)
     assert len(refs) == len(addresses)
     compared = 0
     inlined = 0
     for address, ref in zip(addresses, refs, strict=True):
         if not _named(ref):
-            continue
-        if _symbol_only(ref):
-            assert _ours(table, address) == [], hex(address)
             continue
         assert _ours(table, address) == ref, hex(address)
         compared += 1
@@ -169,16 +102,16 @@ def test_every_instruction_of_a_relocatable_object_is_named_by_section_as_eu_add
 ) -> None:
     obj = _gcc(tmp_path, variant, relocatable=True)
     table = LineTable.from_bytes(build_line_table(obj).to_bytes())
-    sections = _instructions(obj)
+    sections = instructions(obj)
     assert {".text", ".text.unlikely", ".init.text"} <= set(sections)
     inlined = 0
     for section, offsets in sections.items():
-        refs = _eu(obj, section, offsets)
+        refs = eu(obj, section, offsets)
         assert len(refs) == len(offsets)
         for offset, ref in zip(offsets, refs, strict=True):
             address = table.section_address(section, offset)
             assert address is not None
-            if _named(ref) and not _symbol_only(ref):
+            if _named(ref):
                 assert _ours(table, address) == ref, (section, hex(offset))
                 inlined += len(ref) > 1
     assert inlined > 20
@@ -287,20 +220,20 @@ def test_a_recorded_boots_image_and_module_addresses_get_the_lines_of_their_stor
             )
 
         amap, _ = _recorded(link_text, 0x1000)
-        code = _instructions(exe)[".text"]
+        code = instructions(exe)[".text"]
         image_addrs = [RUNTIME_TEXT + a - link_text for a in code if a >= link_text]
         mod_addrs = [
-            (s, o) for s, offs in _instructions(obj).items() for o in offs if s in MODULE_BASES
+            (s, o) for s, offs in instructions(obj).items() for o in offs if s in MODULE_BASES
         ]
         addrs = image_addrs + [MODULE_BASES[s] + o for s, o in mod_addrs]
         answers = lines_at(amap, addrs, tables)
-    refs = _llvm(exe, [a - RUNTIME_TEXT + link_text for a in image_addrs])
+    refs = llvm(exe, [a - RUNTIME_TEXT + link_text for a in image_addrs])
     for sec in dict.fromkeys(s for s, _ in mod_addrs):
-        refs += _eu(obj, sec, [o for s, o in mod_addrs if s == sec])
+        refs += eu(obj, sec, [o for s, o in mod_addrs if s == sec])
     compared = 0
     for a, ans, ref in zip(addrs, answers, refs, strict=True):
         ours = [(f.function, f.file, f.line, f.inlined) for f in ans.frames]
-        if _named(ref) and not _symbol_only(ref):
+        if _named(ref):
             assert ours == ref, hex(a)
             compared += 1
         elif not ours:
@@ -338,3 +271,90 @@ def test_a_stored_line_table_comes_back_whole_across_chunks_and_a_damaged_one_is
             txn.put(MODULE_BUILD.encode() + b"/\0\0\0\0", b"shorx", db=db)
         with pytest.raises(StoreCorrupt):
             store.line_tables.get(MODULE_BUILD)
+
+
+# -- names from the ELF symbol table: GCC's clones and assembly --------------
+
+CLONES = {"scale.constprop.0", "area.isra.0", "check.part.0"}
+
+
+def test_gcc_clones_take_their_elf_symbol_name_in_an_executable_as_llvm_symbolizer_gives_it(
+    tmp_path: Path,
+) -> None:
+    """llvm-symbolizer names the outermost frame after the ELF symbol
+    (``scale.constprop.0``) where the DWARF says ``scale``; an assembly
+    function assembled with -g, which has no DWARF subprogram, gets its
+    symbol's name with the assembler's file and line."""
+    exe = tmp_path / "clones"
+    subprocess.run(["gcc", "-g", "-O2", "-nostartfiles", "-Wl,-e,use_clones", "-o", str(exe),
+                    "clones.c", "asm_add.S"], cwd=SRC, check=True)  # fmt: skip
+    table = LineTable.from_bytes(build_line_table(exe).to_bytes())
+    addresses = sorted(a for sec in instructions(exe).values() for a in sec)
+    refs = llvm(exe, addresses)
+    outer_names, asm = set(), 0
+    for address, ref in zip(addresses, refs, strict=True):
+        if not _named(ref):  # padding between functions: no symbol covers it
+            continue
+        outer_names.add(ref[-1][0])
+        assert _ours(table, address) == ref, hex(address)
+        asm += ref[0][0] == "asm_add" and ref[0][1] is not None
+    assert outer_names >= CLONES and asm == 3
+
+
+def test_gcc_clones_keep_their_dwarf_name_in_a_relocatable_object_as_eu_addr2line_gives_it(
+    tmp_path: Path,
+) -> None:
+    obj = tmp_path / "clones.o"
+    subprocess.run(["gcc", "-g", "-O2", "-c", "-o", str(obj), "clones.c"], cwd=SRC, check=True)
+    table = LineTable.from_bytes(build_line_table(obj).to_bytes())
+    syms = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
+    assert {line.split()[-1] for line in syms.splitlines()} >= CLONES
+    compared = repeated = 0
+    for section, offsets in instructions(obj).items():
+        refs = eu(obj, section, offsets)
+        for offset, ref in zip(offsets, refs, strict=True):
+            address = table.section_address(section, offset)
+            assert address is not None
+            if not _named(ref):
+                continue
+            ours = _ours(table, address)
+            assert not {f for f, *_ in ref} & CLONES
+            compared += 1
+            if ours != ref and _eu_dropped_a_repeated_call_site(ours, ref):
+                repeated += 1
+                continue
+            assert ours == ref, (section, hex(offset))
+    assert compared > 50 and repeated <= 2
+
+
+def _eu_dropped_a_repeated_call_site(ours: Frames, ref: Frames) -> bool:
+    """eu-addr2line leaves out the frames outside an inlined one whose call
+    site is where the inlined code's own line is (file, line and column
+    equal): the table keeps no columns, so kreld gives the whole chain."""
+    k = len(ref)
+    return (
+        0 < k < len(ours)
+        and [(f, p, n) for f, p, n, _ in ours[:k]] == [(f, p, n) for f, p, n, _ in ref]
+        and ours[k][1:3] == ours[k - 1][1:3]
+    )
+
+
+def test_code_no_dwarf_covers_is_named_by_its_symbol_without_a_line(tmp_path: Path) -> None:
+    """An assembly function assembled without -g, linked (``ld -r``) into an
+    object whose C code has DWARF: both eu-addr2line and kreld give its
+    symbol, with no file and line 0."""
+    c_obj, s_obj, obj = tmp_path / "c.o", tmp_path / "s.o", tmp_path / "both.o"
+    subprocess.run(["gcc", "-g", "-O2", "-c", "-o", str(c_obj), "clones.c"], cwd=SRC, check=True)
+    subprocess.run(["gcc", "-c", "-o", str(s_obj), "asm_add.S"], cwd=SRC, check=True)
+    subprocess.run(["ld", "-r", "-o", str(obj), str(c_obj), str(s_obj)], check=True)
+    table = build_line_table(obj)
+    offsets = instructions(obj)[".text"]
+    refs = eu(obj, ".text", offsets)
+    asm = 0
+    for offset, ref in zip(offsets, refs, strict=True):
+        address = table.section_address(".text", offset)
+        assert address is not None
+        if ref and ref[0][0] == "asm_add":
+            assert _ours(table, address) == ref == [("asm_add", None, 0, False)]
+            asm += 1
+    assert asm == 3

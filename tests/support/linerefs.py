@@ -50,10 +50,14 @@ def llvm(exe: Path, addresses: list[int]) -> list[Frames]:
 
 
 def eu(obj: Path, section: str, offsets: list[int]) -> list[Frames]:
-    text = subprocess.run(
-        ["eu-addr2line", "-a", "-i", "-f", "-j", section, "-e", str(obj), *map(hex, offsets)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    text = "".join(
+        subprocess.run(
+            ["eu-addr2line", "-a", "-i", "-f", "-j", section, "-e", str(obj),
+             *map(hex, offsets[i : i + 10_000])],
+            capture_output=True, text=True,  # exits 1 where some address has no line
+        ).stdout
+        for i in range(0, len(offsets), 10_000)  # argv is bounded
+    )  # fmt: skip
     out: list[Frames] = []
     lines = text.splitlines()
     i = 0
