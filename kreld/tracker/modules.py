@@ -21,6 +21,7 @@ from kreld.core import consts
 from kreld.core.errors import StoreFull
 from kreld.core.model import HintAction, Incarnation, ModuleEvent, SeenBy, Timestamp
 from kreld.core.record import replace
+from kreld.core.stopping import wake_on_stop
 from kreld.kernel.addresses import ModuleAddresses
 from kreld.kernel.info import Root
 from kreld.kernel.modules_sysfs import ProcModule, list_modules, read_proc_modules
@@ -188,9 +189,13 @@ class ModuleTracker:
 
     def run(self, stop: threading.Event) -> None:
         """Process hints until *stop* is set (run this in its own thread)."""
+        # Blocks until a hint comes, something is due (a module still loading
+        # to re-read, the heartbeat) or stop is set: at rest it wakes only for
+        # the heartbeat.
+        fallback = wake_on_stop(stop, lambda: self._hints.put([]))
         while not stop.is_set():
             try:
-                first = self._hints.get(timeout=self.recheck_interval)
+                first = self._hints.get(timeout=self._next_due(fallback))
             except queue.Empty:
                 try:
                     self._idle()
@@ -198,6 +203,8 @@ class ModuleTracker:
                     self.log.error("idle_check_failed", error=str(e), kind=type(e).__name__)
                     stop.wait(min(self.recheck_interval, 1.0))
                 continue
+            if stop.is_set():
+                break
             self._reading = True
             batch = _flat(first)
             while True:
@@ -214,6 +221,17 @@ class ModuleTracker:
                     self._hints.put(h)
             finally:
                 self._reading = False
+
+    def _next_due(self, cap: float | None) -> float | None:
+        """Seconds the reconciler may block for a hint (at most *cap*, where
+        given): the recheck interval while a module is still loading, else
+        until the heartbeat is due."""
+        if any(not complete(t.inc.state) for t in self._open.values()):
+            wait = self.recheck_interval
+        else:
+            due = self._last_heartbeat + int(self.heartbeat_interval * 1e9)
+            wait = max(0.0, (due - Timestamp.now().monotonic) / 1e9)
+        return wait if cap is None else min(wait, cap)
 
     def _idle(self) -> None:
         """No hints: re-read modules still loading; now and then look at the whole
