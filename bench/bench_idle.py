@@ -110,6 +110,7 @@ def run(quick: bool) -> list[Result]:
     for k in daemons:
         pct = got[k]["ns"] / 1e9 / elapsed * 100
         notes = [f"{k}: over {elapsed:.0f} s: " + "; ".join(got[k]["threads"])]
+        notes.append(f"sleeping python over the same window: {'; '.join(got['sleep']['threads'])}")
         if rcs[k] != 0:
             notes.append(f"{k}: kreld exited {rcs[k]} on SIGTERM (expected 0)")
         results.append(
