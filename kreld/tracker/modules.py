@@ -189,13 +189,11 @@ class ModuleTracker:
 
     def run(self, stop: threading.Event) -> None:
         """Process hints until *stop* is set (run this in its own thread)."""
-        # Blocks until a hint comes, something is due (a module still loading
-        # to re-read, the heartbeat) or stop is set: at rest it wakes only for
-        # the heartbeat.
+        # Blocks until a hint comes, something is due or stop is set.
         fallback = wake_on_stop(stop, lambda: self._hints.put([]))
         while not stop.is_set():
             try:
-                first = self._hints.get(timeout=self._next_due(fallback))
+                first = self._hints.get(timeout=_next_due(self, fallback))
             except queue.Empty:
                 try:
                     self._idle()
@@ -221,17 +219,6 @@ class ModuleTracker:
                     self._hints.put(h)
             finally:
                 self._reading = False
-
-    def _next_due(self, cap: float | None) -> float | None:
-        """Seconds the reconciler may block for a hint (at most *cap*, where
-        given): the recheck interval while a module is still loading, else
-        until the heartbeat is due."""
-        if any(not complete(t.inc.state) for t in self._open.values()):
-            wait = self.recheck_interval
-        else:
-            due = self._last_heartbeat + int(self.heartbeat_interval * 1e9)
-            wait = max(0.0, (due - Timestamp.now().monotonic) / 1e9)
-        return wait if cap is None else min(wait, cap)
 
     def _idle(self) -> None:
         """No hints: re-read modules still loading; now and then look at the whole
@@ -363,3 +350,15 @@ class ModuleTracker:
 
 def _flat(item: Hint | list[Hint]) -> list[Hint]:
     return item if isinstance(item, list) else [item]
+
+
+def _next_due(tracker: ModuleTracker, cap: float | None) -> float | None:
+    """Seconds the reconciler may block for a hint (at most *cap*, where
+    given): the recheck interval while a module is still loading, else until
+    the heartbeat is due; at rest it wakes only for the heartbeat."""
+    if any(not complete(t.inc.state) for t in tracker._open.values()):
+        wait = tracker.recheck_interval
+    else:
+        due = tracker._last_heartbeat + int(tracker.heartbeat_interval * 1e9)
+        wait = max(0.0, (due - Timestamp.now().monotonic) / 1e9)
+    return wait if cap is None else min(wait, cap)
