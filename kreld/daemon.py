@@ -40,6 +40,7 @@ from kreld.core import log as klog
 from kreld.core.errors import ExitCode, KernelReadError, KreldError
 from kreld.core.model import AddressSource, BootSnapshot, HintAction, Timestamp
 from kreld.core.record import fields, replace
+from kreld.core.stopping import StopEvent
 from kreld.core.supervise import Supervisor, supervisor
 from kreld.ctl.render import status_line
 from kreld.kernel.addresses import ModuleAddresses
@@ -131,7 +132,7 @@ class Daemon:
         self.args = args
         self.log = log
         self.started = time.monotonic_ns()
-        self.stop_threads = threading.Event()
+        self.stop_threads = StopEvent()  # wakes the threads blocked at rest
         self.supervisor: Supervisor = supervisor()
         self.notify = Notifier()  # never blocks the loop: see kreld.server.sdnotify
         self._loop: asyncio.AbstractEventLoop | None = None

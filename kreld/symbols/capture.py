@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from kreld.core import consts, heap
 from kreld.core.errors import KernelReadError, KreldError
 from kreld.core.model import AddressSource, BootSnapshot, Incarnation, ModuleState
+from kreld.core.stopping import wake_on_stop
 from kreld.core.supervise import supervisor
 from kreld.core.symtab import (
     FROM_ELF,
@@ -89,7 +90,7 @@ class SymbolCapture:
         self.log: FilteringBoundLogger | _Quiet = log if log is not None else _Quiet()
         self.dirs = list(extra_dirs)
         self.files = ModuleFiles(root, boot.release, self.dirs)
-        self._pending: queue.SimpleQueue[Incarnation | None] = queue.SimpleQueue()
+        self._pending: queue.SimpleQueue[Incarnation | _Wake | None] = queue.SimpleQueue()
         self.captured = 0
         self.addresses = ModuleAddresses(root)  # kptr_restrict=2: the daemon's kernel memory
         self.healthy = True
@@ -131,16 +132,21 @@ class SymbolCapture:
         held: list[Incarnation | None] = []  # a batch whose capture failed, for a retry
         backoff = RETRY_FIRST
         retry_at = 0.0
+        # Blocks until a load comes, a retry is due or stop is set: an idle
+        # daemon's capture thread does not wake.
+        fallback = wake_on_stop(stop, lambda: self._pending.put(_WAKE))
         while not stop.is_set():
             if held and time.monotonic() >= retry_at:
                 for inc in held:
                     self._pending.put(inc)
                 held = []
             try:
-                first = self._pending.get(timeout=0.5)
+                first = self._pending.get(timeout=_until(retry_at, fallback) if held else fallback)
             except queue.Empty:
                 if not held:
                     self.idle.set()
+                continue
+            if isinstance(first, _Wake):
                 continue
             batch = self._gather(first, stop)
             self._stand_aside(stop)
@@ -175,9 +181,11 @@ class SymbolCapture:
         stop.wait(0.05)
         while True:
             try:
-                batch.append(self._pending.get_nowait())
+                item = self._pending.get_nowait()
             except queue.Empty:
                 return batch
+            if not isinstance(item, _Wake):
+                batch.append(item)
 
     def _capture_batch(self, incs: list[Incarnation]) -> None:
         """The kernel's table (first time) and *incs*' tables, from one read of
@@ -397,3 +405,16 @@ def absolute_entries(table: SymbolTable | None) -> list[tuple[int, str]]:
         return []
     idx = table.section_index(MODULE_ABSOLUTE)
     return [] if idx is None else [(e.value, e.name) for e in table if e.section == idx]
+
+
+class _Wake:
+    """What stop puts in the capture queue to end a blocked wait."""
+
+
+_WAKE = _Wake()
+
+
+def _until(when: float, cap: float | None) -> float:
+    """Seconds until monotonic *when* (none past), at most *cap* where given."""
+    left = max(0.0, when - time.monotonic())
+    return left if cap is None else min(left, cap)

@@ -21,6 +21,7 @@ from kreld.core import consts
 from kreld.core.errors import StoreFull
 from kreld.core.model import HintAction, Incarnation, ModuleEvent, SeenBy, Timestamp
 from kreld.core.record import replace
+from kreld.core.stopping import wake_on_stop
 from kreld.kernel.addresses import ModuleAddresses
 from kreld.kernel.info import Root
 from kreld.kernel.modules_sysfs import ProcModule, list_modules, read_proc_modules
@@ -188,9 +189,11 @@ class ModuleTracker:
 
     def run(self, stop: threading.Event) -> None:
         """Process hints until *stop* is set (run this in its own thread)."""
+        # Blocks until a hint comes, something is due or stop is set.
+        fallback = wake_on_stop(stop, lambda: self._hints.put([]))
         while not stop.is_set():
             try:
-                first = self._hints.get(timeout=self.recheck_interval)
+                first = self._hints.get(timeout=_next_due(self, fallback))
             except queue.Empty:
                 try:
                     self._idle()
@@ -198,6 +201,8 @@ class ModuleTracker:
                     self.log.error("idle_check_failed", error=str(e), kind=type(e).__name__)
                     stop.wait(min(self.recheck_interval, 1.0))
                 continue
+            if stop.is_set():
+                break
             self._reading = True
             batch = _flat(first)
             while True:
@@ -345,3 +350,15 @@ class ModuleTracker:
 
 def _flat(item: Hint | list[Hint]) -> list[Hint]:
     return item if isinstance(item, list) else [item]
+
+
+def _next_due(tracker: ModuleTracker, cap: float | None) -> float | None:
+    """Seconds the reconciler may block for a hint (at most *cap*, where
+    given): the recheck interval while a module is still loading, else until
+    the heartbeat is due; at rest it wakes only for the heartbeat."""
+    if any(not complete(t.inc.state) for t in tracker._open.values()):
+        wait = tracker.recheck_interval
+    else:
+        due = tracker._last_heartbeat + int(tracker.heartbeat_interval * 1e9)
+        wait = max(0.0, (due - Timestamp.now().monotonic) / 1e9)
+    return wait if cap is None else min(wait, cap)

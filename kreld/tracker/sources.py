@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import stat
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -23,6 +24,7 @@ from watchdog.events import (
 
 from kreld.core.model import HintAction, SeenBy
 from kreld.core.record import record
+from kreld.core.stopping import WakeFd, wake_on_stop
 from kreld.core.supervise import supervisor
 from kreld.kernel.info import on_sysfs
 from kreld.tracker.modevents import FAKE_ROOT, TracepointSource
@@ -168,9 +170,23 @@ class UeventSource:
         self._notify(SeenBy.UEVENT, HintAction.of(me[0]), me[1])
 
     def _run(self, stop: threading.Event) -> None:
+        # Blocks on the netlink socket and a wake for stop: no timeout at rest.
+        wake = WakeFd()
+        try:
+            self._follow(stop, wake)
+        finally:
+            wake.close()
+
+    def _follow(self, stop: threading.Event, wake: WakeFd) -> None:
+        timeout = wake_on_stop(stop, wake.wake)
+        poller = select.poll()
+        poller.register(self.monitor.fileno(), select.POLLIN)
+        poller.register(wake.fileno(), select.POLLIN)
         while not stop.is_set():
             try:
-                device = self.monitor.poll(timeout=0.5)
+                if not poller.poll(None if timeout is None else int(timeout * 1000)):
+                    continue
+                device = self.monitor.poll(timeout=0)
             except OSError as e:
                 if e.errno == errno.ENOBUFS:
                     self.overruns += 1
