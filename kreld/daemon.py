@@ -3,7 +3,8 @@
 Starts, records the boot, follows modules, serves varlink, and stays in the
 foreground until SIGTERM or SIGINT (exit 0).  No fork, no PID file.  Under
 systemd it takes its socket from socket activation, says ``READY=1`` once
-the store is open, the boot recorded and the socket listening, pings the
+the store is open, the boot recorded and the socket listening (which answers
+from early on, while the start does its heavy work: kreld/startup.py), pings the
 watchdog, and reloads its configuration on SIGHUP.
 """
 
@@ -25,7 +26,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from systemd import daemon as sd
 
@@ -34,7 +35,7 @@ from kreld.config.options import build_parser, epilog, leave, resolve_config
 from kreld.config.settings import RESTART_KEYS, Config
 from kreld.core import heap, supervise
 from kreld.core import log as klog
-from kreld.core.errors import ExitCode, KreldError
+from kreld.core.errors import ExitCode, KreldError, NotReady
 from kreld.core.model import Timestamp
 from kreld.core.record import fields, replace
 from kreld.ctl.render import status_line
@@ -45,6 +46,9 @@ from kreld.server.service import Service
 from kreld.startup import Startup
 from kreld.store.lock import damaged_stores
 from kreld.tracker.sources import health, module_followers
+
+if TYPE_CHECKING:
+    from kreld.core.model import BootSnapshot
 
 
 def check_config(cfg: Config) -> None:
@@ -61,24 +65,44 @@ class Daemon(Startup):
     (what opens first and the work in the background: :class:`Startup`)."""
 
     def status(self) -> dict[str, Any]:
-        boot, tracking = self.current_boot(), self.started_tracking()
-        tracker = tracking.tracker
+        """Status, also while the daemon starts (``starting`` says what is left:
+        until the boot's record, its fields are the store's or empty)."""
+        boot = self.boot or self._recorded_boot()
         counts = self.store.boots.counts()
         reading = self.addresses.reading(self.reading)  # as the last module read went
         return {
             "version": __version__,
             "uptime_ns": time.monotonic_ns() - self.started,
-            "boot_id": boot.boot_id,
+            "boot_id": (boot.boot_id if boot else self.early_id) or "",
             "boots": counts["boots"],
             "builds": counts["builds"],
             "incarnations": counts["incarnations"],
-            "loaded_modules": len(tracker.loaded()),
+            "loaded_modules": len(self.serving_loaded()) if self.early_id else 0,
             "store_bytes": self.store.env.size_bytes(),
             "store_full": self.store.env.full,
             "restricted": reading[0],
             "restricted_reason": reading[1],
             "address_source": None if reading[2] is None else reading[2].value,
             "damaged_stores": damaged_stores(self.cfg.state_dir),
+            **self._tracking_status(),
+            "kernel_code": self.kernel_code.status(),
+            "degraded": [f.to_json() for f in self.supervisor.failures()],
+            "starting": self.starting(),
+        } | ({} if self.server is None else self.server.counts())  # connections, once served
+
+    def _recorded_boot(self) -> BootSnapshot | None:
+        try:
+            return self.serving_boot()
+        except NotReady:
+            return None
+
+    def _tracking_status(self) -> dict[str, Any]:
+        """Status's sources, module followers and publishing: none while starting."""
+        tracking = self.tracking
+        if tracking is None:
+            return {"sources": [], "module_followers": [], "publish": None}
+        tracker = tracking.tracker
+        return {
             "sources": [
                 *map(health, tracking.sources),
                 health(tracking.symbols),
@@ -91,9 +115,7 @@ class Daemon(Startup):
             ],
             "module_followers": module_followers(self.cfg, tracking.sources, tracking.watch),
             "publish": None if tracking.publisher is None else tracking.publisher.health(),
-            "kernel_code": self.kernel_code.status(),
-            "degraded": [f.to_json() for f in self.supervisor.failures()],
-        } | ({} if self.server is None else self.server.counts())  # connections, once served
+        }
 
     # -- the main loop -------------------------------------------------------------
 
@@ -110,23 +132,28 @@ class Daemon(Startup):
             loop.add_signal_handler(sig, on_stop, sig)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
 
-        tracker = self.start_tracking().tracker
+        # The socket first, answering from what the store holds (Status says
+        # what is still starting), then the heavy work (kallsyms, a vmlinux,
+        # the first look at the modules) off the loop.
         service = Service(
             self.store,
-            current_boot=self.current_boot,
-            current_id=self.current_id,
-            loaded=tracker.loaded,
-            snapshot=self.record_boot,
+            current_boot=self.serving_boot,
+            current_id=self.serving_id,
+            loaded=self.serving_loaded,
+            snapshot=self.serving_snapshot,
             status=self.status,
         )
         self.server = Server(
             service, policy_of(self.cfg, self.log), limits_of(self.cfg, self.log), self.log
         )
+        self.server.started.clear()
         await self.server.start(self.listening_socket())
-        tracker.listeners.append(self.server.publish)
+        self.tracker_listeners += [self.server.publish, self.status_changed]
         self.kernel_code.listeners.append(self.server.publish)
-        tracker.listeners.append(self.status_changed)
         self.supervisor.on_change(self.status_changed)
+        self.log.info("listening", socket=self.cfg.socket, starting=self.starting())
+        await asyncio.to_thread(self.start_tracking)
+        self.server.refresh()
         line = status_line(self.status())
         sd.notify(f"READY=1\nSTATUS={line}")
         self.log.info(

@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,11 +24,11 @@ from systemd import daemon as sd
 
 from kreld.config.settings import Config
 from kreld.core import log as klog
-from kreld.core.errors import KernelReadError, KreldError
-from kreld.core.model import AddressSource, BootSnapshot, HintAction
+from kreld.core.errors import KernelReadError, KreldError, NoSuchBoot, NotReady
+from kreld.core.model import AddressSource, BootSnapshot, HintAction, Incarnation
 from kreld.core.supervise import Supervisor, supervisor
 from kreld.kernel.addresses import ModuleAddresses
-from kreld.kernel.info import Root
+from kreld.kernel.info import Root, read_boot_id
 from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.snapshot import log_boot, take_snapshot
 from kreld.server.listener import Server, bind_socket
@@ -126,6 +127,14 @@ class Startup:
         # The rings open before kallsyms is read.
         self.kernel_code = KernelCodeFollower(self.root, log, enabled=cfg.follow_code)
         self.boot: BootSnapshot | None = None
+        # The boot's id, read now (cheap): while the boot's record is made, the
+        # socket answers about it from what the store holds.
+        self.early_id: str | None = None
+        with contextlib.suppress(KreldError):
+            self.early_id = read_boot_id(self.root)
+        # Called with every module event from the tracker's first look on (the
+        # server's subscribers, STATUS=): set before start_tracking runs.
+        self.tracker_listeners: list[Callable[..., None]] = []
         self.reading: tuple[bool, str | None, AddressSource | None] = (False, None, None)
         self.tracking: Tracking | None = None
         self.server: Server | None = None
@@ -153,8 +162,49 @@ class Startup:
 
     def current_boot(self) -> BootSnapshot:
         if self.boot is None:
-            raise KreldError("the boot is not recorded yet")
+            raise NotReady(self.starting())
         return self.boot
+
+    def starting(self) -> list[str]:
+        """What is still starting, in order (Status's ``starting``)."""
+        if self.boot is None:
+            return ["boot", "modules"]
+        return ["modules"] if self.tracking is None else []
+
+    # -- answers while starting: from what the store holds -------------------------
+
+    def serving_boot(self) -> BootSnapshot:
+        """The current boot: its record, or while it is made the one the store
+        holds from an earlier run (NotReady where there is none)."""
+        if self.boot is not None:
+            return self.boot
+        if self.early_id is not None:
+            with contextlib.suppress(NoSuchBoot):
+                return self.store.get_boot(self.early_id)
+        raise NotReady(self.starting())
+
+    def serving_id(self) -> str | None:
+        return self.early_id if self.boot is None else self.boot.boot_id
+
+    def serving_loaded(self) -> list[Incarnation]:
+        """The modules loaded now: the tracker's, or while it has not looked
+        yet those the store records as loaded (its first look then sends an
+        event for each change)."""
+        if self.tracking is not None:
+            return self.tracking.tracker.loaded()
+        if self.early_id is None:
+            raise NotReady(self.starting())
+        try:
+            incs = self.store.incarnations(self.early_id)
+        except NoSuchBoot:
+            return []
+        return [i for i in incs if i.unloaded is None]
+
+    def serving_snapshot(self) -> tuple[BootSnapshot, bool, bool]:
+        """Snapshot: not while the start makes the boot's record itself."""
+        if self.tracking is None:
+            raise NotReady(self.starting())
+        return self.record_boot()
 
     def start_tracking(self) -> Tracking:
         # One read of kallsyms per start: the snapshot and the symbol capture share it.
@@ -164,12 +214,14 @@ class Startup:
             ks = None  # the snapshot reads it again and records why
         if ks is not None and ks.zeroed():  # kptr_restrict=2: kernel memory, where readable
             self.addresses.open(ks.data)
+        _stall_for_tests()
         stored, _, _ = self.record_boot(ks.data if ks else None)
         self.kernel_code.begin(self.store, stored.boot_id, ks)
         tracker = ModuleTracker(
             self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
         )
         tracker.addresses = self.addresses  # the same kernel memory for the snapshot and symbols
+        tracker.listeners.extend(self.tracker_listeners)  # before its first look
         self.tracepoints.bind(tracker.notify_all)  # what came since the start, in the queue
         watch, sources = event_sources(
             self.cfg, self.root, tracker.notify, self.log, self.tracepoints
@@ -248,3 +300,18 @@ class Startup:
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop has closed: stopping
                 self._loop.call_soon_threadsafe(self._status_due.set)
+
+
+#: Test hook, documented in kreld(8) next to ``KRELD_TEST_FAULTS``: the path of
+#: a FIFO the start reads to its end before it records the boot, so that a test
+#: holds the start where a large vmlinux would (the socket answering meanwhile).
+STALL_ENV = "KRELD_TEST_STALL_BOOT"
+
+
+def _stall_for_tests() -> None:
+    path = os.environ.get(STALL_ENV)
+    if not path:
+        return
+    with contextlib.suppress(OSError), open(path, "rb") as fifo:
+        while fifo.read(4096):
+            pass

@@ -27,8 +27,8 @@ a comma-separated list of names in the daemon's environment, each named
 thread raises :class:`InjectedFault` at its first Python call after the
 first watchdog ping (or ``READY=1`` without a watchdog), each named task
 raises on its first step after that, and each named executor's threads fail
-their start.  The daemon honours this variable and nothing else of the
-kind; it is documented in kreld(8) as a test hook.
+their start.  It is documented in kreld(8) as a test hook, next to the
+one that holds the start (``KRELD_TEST_STALL_BOOT``, kreld/startup.py).
 
 Pure: no kernel I/O; the daemon hands in how to notify systemd.
 """
