@@ -3,7 +3,8 @@
 Starts, records the boot, follows modules, serves varlink, and stays in the
 foreground until SIGTERM or SIGINT (exit 0).  No fork, no PID file.  Under
 systemd it takes its socket from socket activation, says ``READY=1`` once
-the store is open, the boot recorded and the socket listening, pings the
+the store is open, the boot recorded and the socket listening (which answers
+from early on, while the start does its heavy work: kreld/startup.py), pings the
 watchdog, and reloads its configuration on SIGHUP.
 """
 
@@ -19,57 +20,33 @@ __all__ = [
     "main",
 ]
 
-import argparse
 import asyncio
 import contextlib
 import os
 import signal
-import socket
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from systemd import daemon as sd
 
 from kreld import __version__
 from kreld.config.options import build_parser, epilog, leave, resolve_config
 from kreld.config.settings import RESTART_KEYS, Config
 from kreld.core import heap, supervise
 from kreld.core import log as klog
-from kreld.core.errors import ExitCode, KernelReadError, KreldError
-from kreld.core.model import AddressSource, BootSnapshot, HintAction, Timestamp
+from kreld.core.errors import ExitCode, KreldError, NotReady
+from kreld.core.model import Timestamp
 from kreld.core.record import fields, replace
-from kreld.core.stopping import StopEvent
-from kreld.core.supervise import Supervisor, supervisor
 from kreld.ctl.render import status_line
-from kreld.kernel.addresses import ModuleAddresses
 from kreld.kernel.info import Root, read_boot_id
-from kreld.kernel.kallsyms import KallsymsText
-from kreld.kernel.snapshot import log_boot, take_snapshot
 from kreld.server.access import policy_of
-from kreld.server.listener import Server, bind_socket, limits_of, raise_fd_limit
-from kreld.server.sdnotify import Notifier
+from kreld.server.listener import Server, limits_of, raise_fd_limit
 from kreld.server.service import Service
-from kreld.store.lock import WriterLock, damaged_stores, open_writable
-from kreld.symbols.capture import SymbolCapture
-from kreld.tracker.kernel_code import KernelCodeFollower
-from kreld.tracker.modevents import start_tracepoints
-from kreld.tracker.modules import ModuleTracker
-from kreld.tracker.sources import (
-    EventSource,
-    UeventSource,
-    WatchSource,
-    event_sources,
-    health,
-    module_followers,
-    poll_interval,
-)
+from kreld.startup import Startup
+from kreld.store.lock import damaged_stores
+from kreld.tracker.sources import health, module_followers
 
 if TYPE_CHECKING:
-    from structlog.typing import FilteringBoundLogger
-
-    from kreld.fleet.publish import Publisher
+    from kreld.core.model import BootSnapshot
     from kreld.server.linebuild import LineBuilder
     from kreld.store import Store
     from kreld.symbols.linetables import LineTableProvider
@@ -84,207 +61,50 @@ def check_config(cfg: Config) -> None:
         check_publishing(cfg)
 
 
-class Tracking:
-    """What the daemon runs once the boot is recorded: the module tracker and its
-    thread, the event sources that wake it, the symbol capture and the fleet
-    publisher.  Made whole by :meth:`Daemon.start_tracking`, so that nothing in it
-    is ever half there."""
-
-    __slots__ = ("publisher", "sources", "symbols", "thread", "tracker", "watch")
-
-    def __init__(
-        self,
-        tracker: ModuleTracker,
-        sources: list[EventSource],
-        symbols: SymbolCapture,
-        thread: threading.Thread,
-        watch: WatchSource,
-    ) -> None:
-        self.tracker = tracker
-        self.sources = sources
-        self.symbols = symbols
-        self.thread = thread
-        self.watch = watch
-        self.publisher: Publisher | None = None
-
-    def adjust_poll(self, cfg: Config) -> None:
-        """Poll sys/module slowly while kernel events flow, fast once none does
-        (a full look then, for what a failed source may have missed)."""
-        if self.watch.set_interval(poll_interval(cfg, self.sources)):
-            self.tracker.notify(self.watch.seen_by, HintAction.RESCAN)
-
-    def healthy(self) -> bool:
-        return self.thread.is_alive()
-
-    def stop(self) -> None:
-        """Stop the sources, the tracker thread and the publisher (the caller has
-        set the threads' stop event)."""
-        for s in self.sources:
-            s.stop()
-        self.thread.join(timeout=5)
-        if self.publisher is not None:
-            self.publisher.stop()
-
-
-class Daemon:
-    def __init__(self, cfg: Config, args: argparse.Namespace, log: FilteringBoundLogger) -> None:
-        self.cfg = cfg
-        self.args = args
-        self.log = log
-        self.started = time.monotonic_ns()
-        self.stop_threads = StopEvent()  # wakes the threads blocked at rest
-        self.supervisor: Supervisor = supervisor()
-        self.notify = Notifier()  # never blocks the loop: see kreld.server.sdnotify
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._status_due = asyncio.Event()
-        self.root = Root(Path(cfg.root))
-        self.addresses = ModuleAddresses(self.root, log)  # sysfs, or kernel memory
-        # Module events first of all, before anything slow (the store's checks,
-        # a vmlinux read): a load meanwhile is read at once and held for the tracker.
-        self.tracepoints = start_tracepoints(
-            self.root, self.addresses, self.stop_threads, log, enabled=cfg.tracepoints
-        )
-        try:
-            self.lock = WriterLock.taken(cfg.state_dir, log)
-            try:
-                self.store = open_writable(Path(cfg.state_dir), log)
-            except BaseException:
-                self.lock.release()
-                raise
-        except BaseException:
-            self.stop_threads.set()
-            self.tracepoints.stop()
-            raise
-        # The rings open before kallsyms is read.
-        self.kernel_code = KernelCodeFollower(self.root, log, enabled=cfg.follow_code)
-        self.boot: BootSnapshot | None = None
-        self.reading: tuple[bool, str | None, AddressSource | None] = (False, None, None)
-        self.tracking: Tracking | None = None
-        self.server: Server | None = None
-        self.bound: tuple[str, int] | None = None
-        self.lines: LineBuilder | None = None  # started with the server
-        self._snapshot_lock = threading.Lock()
-
-    # -- startup ----------------------------------------------------------------
-
-    def record_boot(self, kallsyms: bytes | None = None) -> tuple[BootSnapshot, bool, bool]:
-        """Snapshot the kernel and record what is new (also the Snapshot method);
-        *kallsyms*: a read of it already made."""
-        with self._snapshot_lock:
-            snap, notes = take_snapshot(
-                self.root, self.cfg.debuginfo_dirs, kallsyms, self.addresses.memory
-            )
-            stored, added, changed = self.store.boots.record_boot(snap)
-            self.boot = stored
-            # What kreld can read now; the boot's record keeps what it learnt
-            # before (a restart after kptr_restrict went up still knows _text).
-            self.reading = (snap.restricted, snap.restricted_reason, snap.address_source)
-        klog.journal_context["KRELD_BOOT_ID"] = stored.boot_id
-        log_boot(self.log, stored, added, changed, notes)
-        self.status_changed()
-        return stored, added, changed
-
-    def current_boot(self) -> BootSnapshot:
-        if self.boot is None:
-            raise KreldError("the boot is not recorded yet")
-        return self.boot
-
-    def start_tracking(self) -> Tracking:
-        # One read of kallsyms per start: the snapshot and the symbol capture share it.
-        try:
-            ks: KallsymsText | None = KallsymsText.read(self.root)
-        except KernelReadError:
-            ks = None  # the snapshot reads it again and records why
-        if ks is not None and ks.zeroed():  # kptr_restrict=2: kernel memory, where readable
-            self.addresses.open(ks.data)
-        stored, _, _ = self.record_boot(ks.data if ks else None)
-        self.kernel_code.begin(self.store, stored.boot_id, ks)
-        tracker = ModuleTracker(
-            self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
-        )
-        tracker.addresses = self.addresses  # the same kernel memory for the snapshot and symbols
-        self.tracepoints.bind(tracker.notify_all)  # what came since the start, in the queue
-        watch, sources = event_sources(
-            self.cfg, self.root, tracker.notify, self.log, self.tracepoints
-        )
-        sources.insert(0, self.kernel_code)  # opened first of all, started with the others
-        # Sources first, then the scan: see ModuleTracker.startup().
-        for src in sources:
-            src.start(self.stop_threads)
-        tracker.startup()
-        symbols = SymbolCapture(
-            self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs, tracker.busy
-        )
-        symbols.addresses = self.addresses
-        tracker.listeners.append(symbols.on_event)
-        symbols.start(self.stop_threads, tracker.loaded(), ks)
-        del ks
-        thread = self.supervisor.thread("tracker", tracker.run, self.stop_threads)
-        self.tracking = Tracking(tracker, sources, symbols, thread, watch)
-        self.log.info(
-            "watching",
-            path=watch.path,
-            method=watch.method,
-            interval_s=watch.interval,
-            uevents=any(isinstance(src, UeventSource) for src in sources),
-            tracepoints=self.tracepoints.following(),
-        )
-        if self.cfg.publish_url:
-            self.configure_publishing(self.cfg)
-        return self.tracking
-
-    def configure_publishing(self, cfg: Config) -> None:
-        """Start, retarget or stop fleet publishing (imported only when used)."""
-        from kreld.fleet.publish import configure
-
-        tracking = self.started_tracking()
-        tracking.publisher = configure(
-            tracking.publisher,
-            cfg,
-            self.store,
-            self.root,
-            self.current_id,
-            self.log,
-            self.stop_threads,
-        )
-
-    def current_id(self) -> str:
-        return self.current_boot().boot_id
-
-    def listening_socket(self) -> socket.socket:
-        fds = sd.listen_fds()
-        if fds:
-            fd = fds[0]
-            if not sd.is_socket_unix(fd, socket.SOCK_STREAM, 1):
-                raise KreldError(f"socket activation passed fd {fd}, not a listening Unix socket")
-            self.log.info("socket_activated", fd=fd, count=len(fds))
-            return socket.socket(fileno=fd)
-        sock = bind_socket(self.cfg.socket, self.cfg.socket_group, self.log)
-        self.bound = (self.cfg.socket, os.stat(self.cfg.socket).st_ino)
-        self.log.info(
-            "socket_bound", path=self.cfg.socket, mode="0660", group=self.cfg.socket_group
-        )
-        return sock
+class Daemon(Startup):
+    """The running daemon: serves, keeps STATUS= and the watchdog, reloads, stops
+    (what opens first and the work in the background: :class:`Startup`)."""
 
     def status(self) -> dict[str, Any]:
-        boot, tracking = self.current_boot(), self.started_tracking()
-        tracker = tracking.tracker
+        """Status, also while the daemon starts (``starting`` says what is left:
+        until the boot's record, its fields are the store's or empty)."""
+        boot = self.boot or self._recorded_boot()
         counts = self.store.boots.counts()
         reading = self.addresses.reading(self.reading)  # as the last module read went
         return {
             "version": __version__,
             "uptime_ns": time.monotonic_ns() - self.started,
-            "boot_id": boot.boot_id,
+            "boot_id": (boot.boot_id if boot else self.early_id) or "",
             "boots": counts["boots"],
             "builds": counts["builds"],
             "incarnations": counts["incarnations"],
-            "loaded_modules": len(tracker.loaded()),
+            "loaded_modules": len(self.serving_loaded()) if self.early_id else 0,
             "store_bytes": self.store.env.size_bytes(),
             "store_full": self.store.env.full,
             "restricted": reading[0],
             "restricted_reason": reading[1],
             "address_source": None if reading[2] is None else reading[2].value,
             "damaged_stores": damaged_stores(self.cfg.state_dir),
+            **self._tracking_status(),
+            "kernel_code": self.kernel_code.status(),
+            "degraded": [f.to_json() for f in self.supervisor.failures()],
+            "starting": self.starting(),
+            "line_tables": None if self.lines is None else self.lines.status(),
+        } | ({} if self.server is None else self.server.counts())  # connections, once served
+
+    def _recorded_boot(self) -> BootSnapshot | None:
+        try:
+            return self.serving_boot()
+        except NotReady:
+            return None
+
+    def _tracking_status(self) -> dict[str, Any]:
+        """Status's sources, module followers and publishing: none while starting."""
+        tracking = self.tracking
+        if tracking is None:
+            return {"sources": [], "module_followers": [], "publish": None}
+        tracker = tracking.tracker
+        return {
             "sources": [
                 *map(health, tracking.sources),
                 health(tracking.symbols),
@@ -297,26 +117,7 @@ class Daemon:
             ],
             "module_followers": module_followers(self.cfg, tracking.sources, tracking.watch),
             "publish": None if tracking.publisher is None else tracking.publisher.health(),
-            "kernel_code": self.kernel_code.status(),
-            "degraded": [f.to_json() for f in self.supervisor.failures()],
-            "line_tables": None if self.lines is None else self.lines.status(),
-        } | ({} if self.server is None else self.server.counts())  # connections, once served
-
-    def started_tracking(self) -> Tracking:
-        if self.tracking is None:
-            raise KreldError("module tracking has not started")
-        return self.tracking
-
-    def healthy(self) -> bool:
-        return self.tracking is not None and self.tracking.healthy()
-
-    def status_changed(self, *_: object) -> None:
-        """Something STATUS= says may have changed (from any thread): a module
-        event, a failure, a Snapshot.  The line is sent when it changes, with
-        no timer of its own to wake an idle daemon."""
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has closed: stopping
-                self._loop.call_soon_threadsafe(self._status_due.set)
+        }
 
     # -- the main loop -------------------------------------------------------------
 
@@ -333,26 +134,33 @@ class Daemon:
             loop.add_signal_handler(sig, on_stop, sig)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
 
-        tracker = self.start_tracking().tracker
+        # The socket first, answering from what the store holds (Status says
+        # what is still starting), then the heavy work (kallsyms, a vmlinux,
+        # the first look at the modules) off the loop.
         self.lines = line_builder(self.cfg, self.store)
         self.lines.start(self.supervisor)
         service = Service(
             self.store,
-            current_boot=self.current_boot,
-            current_id=self.current_id,
-            loaded=tracker.loaded,
-            snapshot=self.record_boot,
+            current_boot=self.serving_boot,
+            current_id=self.serving_id,
+            loaded=self.serving_loaded,
+            snapshot=self.serving_snapshot,
             status=self.status,
             line_tables=self.lines.source_for,
         )
         self.server = Server(
             service, policy_of(self.cfg, self.log), limits_of(self.cfg, self.log), self.log
         )
+        self.server.started.clear()
         await self.server.start(self.listening_socket())
-        tracker.listeners.append(self.server.publish)
+        self.tracker_listeners += [self.server.publish, self.status_changed]
         self.kernel_code.listeners.append(self.server.publish)
-        tracker.listeners.append(self.status_changed)
         self.supervisor.on_change(self.status_changed)
+        self.log.info("listening", socket=self.cfg.socket, starting=self.starting())
+        pool = self.supervisor.executor("startup")  # its error stops the start, below
+        await loop.run_in_executor(pool, self.start_tracking)
+        pool.shutdown(wait=False)
+        self.server.refresh()
         line = status_line(self.status())
         self.notify(f"READY=1\nSTATUS={line}")
         self.log.info(
@@ -479,6 +287,32 @@ def _reload(self: Daemon) -> None:
     self.notify("READY=1")
 
 
+def line_builder(cfg: Config, store: Store) -> LineBuilder:
+    """The daemon's line-table builder: debug files found as ``kreldctl
+    resolve --lines`` finds them, tables kept in the store (the provider
+    holds only the one it built; the builder keeps those calls use)."""
+    from kreld.server.linebuild import LineBuilder
+
+    kept = store.line_tables
+
+    def make() -> LineTableProvider:
+        # A debuginfod server may be https: ssl, which kreld.programs keeps
+        # out of the daemon's start, may be imported from now on (before
+        # http.client is, which offers HTTPS only where ssl imports).
+        if "ssl" in sys.modules and sys.modules.get("ssl") is None:
+            del sys.modules["ssl"]
+        from kreld.debuginfo.finder import finder_for
+        from kreld.symbols.linetables import LineTableProvider
+
+        return LineTableProvider(finder_for(cfg, cfg.root), kept, kept.put, memory=0)
+
+    def listing() -> list[dict[str, Any]]:
+        return [{"build_id": b, "size": m.get("size", 0), "source": m.get("source", ""),
+                 "what": m.get("what", "")} for b, m in sorted(kept.listing().items())]  # fmt: skip
+
+    return LineBuilder(make, listing)
+
+
 def _watchdog_usec() -> int:
     try:
         usec = int(os.environ.get("WATCHDOG_USEC", "0"))
@@ -527,29 +361,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def line_builder(cfg: Config, store: Store) -> LineBuilder:
-    """The daemon's line-table builder: debug files found as ``kreldctl
-    resolve --lines`` finds them, tables kept in the store (the provider
-    holds only the one it built; the builder keeps those calls use)."""
-    from kreld.server.linebuild import LineBuilder
-
-    kept = store.line_tables
-
-    def make() -> LineTableProvider:
-        # A debuginfod server may be https: ssl, which kreld.programs keeps
-        # out of the daemon's start, may be imported from now on (before
-        # http.client is, which offers HTTPS only where ssl imports).
-        if "ssl" in sys.modules and sys.modules.get("ssl") is None:
-            del sys.modules["ssl"]
-        from kreld.debuginfo.finder import finder_for
-        from kreld.symbols.linetables import LineTableProvider
-
-        return LineTableProvider(finder_for(cfg, cfg.root), kept, kept.put, memory=0)
-
-    def listing() -> list[dict[str, Any]]:
-        return [{"build_id": b, "size": m.get("size", 0), "source": m.get("source", ""),
-                 "what": m.get("what", "")} for b, m in sorted(kept.listing().items())]  # fmt: skip
-
-    return LineBuilder(make, listing)

@@ -72,6 +72,7 @@ __all__ = [
     "PERF_EVENT_PARANOID",
     "PROC_MODULES",
     "PROJECT_URL",
+    "STARTING_WAIT",
     "STORE_INITIAL_MAP_SIZE",
     "STORE_MAGIC",
     "STORE_MAX_MAP_SIZE",
@@ -232,6 +233,12 @@ MAX_KCORE_NOTES: Final = 1 << 20  # /proc/kcore's PT_NOTE segment (VMCOREINFO is
 MAX_MODULE_SYMBOLS: Final = 1 << 17
 MAX_VMLINUX_SYMBOLS: Final = 1 << 20
 MAX_ELF_SECTIONS: Final = 1 << 16
+
+# Seconds a call waits for the daemon's start (the boot's record, the first
+# look at the modules) before it is answered from what the store holds, or
+# NotReady: a profiler started with the host gets its answer, not an error,
+# unless the start is long (a large vmlinux to read).
+STARTING_WAIT: Final = 5.0
 
 # Addresses that Resolve looks up one by one rather than with numpy (whose
 # fixed cost, some 200 us a call, is that of about 50 lookups in Python).

@@ -43,6 +43,7 @@ __all__ = [
     "ModuleListChanged",
     "NoBootForRecording",
     "NoSuchBoot",
+    "NotReady",
     "NoteError",
     "OutputError",
     "PerfDataError",
@@ -275,6 +276,19 @@ class NoSuchBoot(KreldError):
     def __init__(self, boot_id: str) -> None:
         super().__init__(f"no boot {boot_id!r} is recorded")
         self.boot_id = boot_id
+
+
+class NotReady(KreldError):
+    """The daemon is still starting (reading the kernel, a vmlinux, the modules)
+    and cannot yet answer this from what it has recorded."""
+
+    varlink_name = "io.kreld.NotReady"
+    exit_code = ExitCode.ERROR
+    fields = ("starting",)
+
+    def __init__(self, starting: list[str]) -> None:
+        super().__init__(f"kreld is still starting: {', '.join(starting) or 'almost done'}")
+        self.starting = starting
 
 
 class AmbiguousBoot(KreldError):

@@ -30,7 +30,8 @@ first watchdog ping (or ``READY=1`` without a watchdog), each named task
 raises on its first step after that, and each named executor's threads fail
 their start.  The daemon honours this pair and nothing else of the kind;
 it logs ``test_faults_armed`` at start when it does, and kreld(8) documents it
-as a test hook.
+as a test hook, next to the one that holds the start (``KRELD_TEST_STALL_BOOT``,
+kreld/startup.py).
 
 Pure: no kernel I/O; the daemon hands in how to notify systemd.
 """

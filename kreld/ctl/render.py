@@ -244,6 +244,7 @@ def status_line(st: dict[str, Any]) -> str:
         f"{st['incarnations']} incarnations in {st['boots']} boots"
         + (", addresses restricted" if st["restricted"] else "")
         + (", a damaged store was set aside" if st["damaged_stores"] else "")
+        + (", starting: " + ", ".join(st["starting"]) if st.get("starting") else "")
         + (
             ", DEGRADED: " + ", ".join(f"{f['name']} ({f['reason']})" for f in st["degraded"])
             if st.get("degraded")

@@ -21,6 +21,7 @@ import bisect
 import errno
 import os
 import struct
+import threading
 from pathlib import Path
 from types import TracebackType
 
@@ -59,13 +60,19 @@ class Segment:
 class Kcore:
     """An open ``/proc/kcore`` (or a file shaped like it): segments, VMCOREINFO, reads."""
 
-    __slots__ = ("_fd", "_starts", "path", "segments", "vmcoreinfo")
+    __slots__ = ("_fd", "_fd_lock", "_starts", "path", "segments", "vmcoreinfo")
 
     def __init__(
         self, path: str, fd: int, segments: list[Segment], vmcoreinfo: dict[str, str]
     ) -> None:
         self.path = path
         self._fd = fd
+        # One open kcore serves the tracepoint thread, the tracker, the symbol
+        # capture and a Snapshot at once.  pread keeps no file position, so reads
+        # need no order among themselves; the lock keeps a close from landing
+        # between a read's look at the fd and its pread, where the number could
+        # already name another file opened meanwhile.
+        self._fd_lock = threading.Lock()
         self.segments = sorted(segments, key=lambda s: s.vaddr)
         self._starts = [s.vaddr for s in self.segments]
         self.vmcoreinfo = vmcoreinfo
@@ -87,9 +94,10 @@ class Kcore:
         return cls(str(path), fd, segments, info)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._fd_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
     def __enter__(self) -> Kcore:
         return self
@@ -125,8 +133,11 @@ class Kcore:
         if seg is None or address + length > seg.end:
             raise AddressNotMapped(self.path, address, length)
         try:
-            # Offsets past 2^63 are dropped with their segment (_read_headers).
-            data = os.pread(self._fd, length, seg.offset + (address - seg.vaddr))
+            with self._fd_lock:
+                if self._fd < 0:
+                    raise KernelReadError(self.path, "closed")
+                # Offsets past 2^63 are dropped with their segment (_read_headers).
+                data = os.pread(self._fd, length, seg.offset + (address - seg.vaddr))
         except OSError as e:
             raise KernelReadError(self.path, f"read at {address:#x}: {e.strerror}") from e
         if len(data) != length:

@@ -159,6 +159,9 @@ class Server:
         # the next event: (events broadcast when it was made, its bytes).
         self._events = 0
         self._first: tuple[int, bytes] | None = None
+        # Cleared by the daemon while it starts behind a listening socket.
+        self.started = asyncio.Event()
+        self.started.set()
         self._tasks: set[asyncio.Task[None]] = set()
         # One thread for the calls that may take a while (see kreld.server.methods, Method.quick).
         self._worker = supervisor().executor("calls", 1)
@@ -203,6 +206,15 @@ class Server:
         """Thread-safe: hand an event (a module's, or kernel code's) to the loop."""
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._broadcast, kind, inc)
+
+    def refresh(self) -> None:
+        """On the loop, once the daemon has started: what the service answered
+        from may have changed with no event (the boot's record made, the
+        tracker's first look taken): drop what was answered from before, and
+        let the calls waiting for the start go on."""
+        self.service.invalidate()
+        self._first = None
+        self.started.set()
 
     def _broadcast(self, kind: ModuleEvent | CodeEvent, inc: Incarnation | KernelCode) -> None:
         self.service.invalidate()
@@ -364,6 +376,8 @@ class Server:
                     continue
                 await self._subscribe(conn, call, reader)
                 return
+            if not (method and method.while_starting):
+                await _started(self.started)
             if method is None or method.quick(call.parameters, self.service):
                 data = self._dispatch(call)
             else:
@@ -422,6 +436,14 @@ class Server:
             conn.writer.write(error_reply(too_slow))
             async with asyncio.timeout(5):
                 await conn.writer.drain()
+
+
+async def _started(started: asyncio.Event) -> None:
+    """Wait a little for the daemon's start, if it is under way."""
+    if not started.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(consts.STARTING_WAIT):
+                await started.wait()
 
 
 def first_reply(service: Service) -> bytes:

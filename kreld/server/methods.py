@@ -95,6 +95,10 @@ class Method:
     # Whether a call (its parameters as sent) is answered on the event loop,
     # given the service's state.
     quick: Callable[[Params, Service], bool] = _never
+    # Answered at once while the daemon starts; the others wait a little for
+    # the start (consts.STARTING_WAIT), then answer from what is recorded or
+    # say NotReady.
+    while_starting: bool = False
 
     @property
     def name(self) -> str:
@@ -108,8 +112,8 @@ class Method:
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        Method(GetInfo, _get_info, _current_boot),
-        Method(GetInterfaceDescription, _describe, _current_boot),
+        Method(GetInfo, _get_info, _current_boot, while_starting=True),
+        Method(GetInterfaceDescription, _describe, _current_boot, while_starting=True),
         Method(GetBoot, Service.get_boot, _current_boot),
         Method(ListBoots, Service.list_boots),
         Method(Snapshot, Service.snapshot),
@@ -117,7 +121,7 @@ METHODS: dict[str, Method] = {
         Method(GetKernelCode, Service.get_kernel_code),
         Method(Resolve, Service.resolve, _quick_resolve),
         Method(ExportKallsyms, Service.export_kallsyms),
-        Method(Status, Service.status, _current_boot),
+        Method(Status, Service.status, _current_boot, while_starting=True),
         Method(Subscribe, None),
     )
 }

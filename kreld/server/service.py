@@ -240,15 +240,17 @@ class Service:
         incarnations (and init sections) were live then; the cache is dropped
         with every recorded event, so a record updated since is never stale."""
         from kreld.symbols.kernel_code import in_loss
+        from kreld.symbols.late_loads import possibly_loaded_at
         from kreld.symbols.queries import AddressMap, init_live_at, loaded_at
 
         generation = self._generation
         incs = self._incarnations(boot.boot_id)
         live = tuple((i.seq, init_live_at(i, clock, t)) for i in loaded_at(incs, clock, t))
+        maybe = tuple(i.seq for i in incs if possibly_loaded_at(i, clock, t))
         code = self._code_history(boot.boot_id)
         code_live = tuple((c.seq, c.certain_at(clock, t)) for c in code.candidates(clock, t))
         lost = in_loss(code.losses, clock, t)
-        key = (boot.boot_id, boot.anchors, kernel_key, live, code_live, lost)
+        key = (boot.boot_id, boot.anchors, kernel_key, live, maybe, code_live, lost)
         with self._cache_lock:  # Resolve runs on the loop and on the worker thread
             amap = self._maps.get(key)
             if amap is not None:

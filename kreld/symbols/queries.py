@@ -13,6 +13,7 @@ from kreld.core.model import BootSnapshot, Clock, Incarnation, hexaddr
 from kreld.core.record import record
 from kreld.core.symtab import KEY_SPAN, SymbolTable, SymbolTables, module_symbol_key
 from kreld.symbols.kernel_code import CodeHistory, code_spans
+from kreld.symbols.late_loads import possible_regions
 from kreld.varlink.wire import JSON_PLAIN
 
 if TYPE_CHECKING:
@@ -109,6 +110,7 @@ class Region:
     name: str | None = None  # kernel code: its one symbol, its own name
     code_seq: int | None = None  # kernel code: its record's seq
     uncertain: bool = False  # what was there then cannot be known: nothing named
+    possible: bool = False  # a module possibly loaded then (its load seen late): named
 
 
 class AddressMap:
@@ -138,6 +140,7 @@ class AddressMap:
             )
         for inc in loaded_at(incs, clock, t):
             regions.extend(module_regions(inc, init_live_at(inc, clock, t)))
+        regions += possible_regions(incs, clock, t, regions)
         if code is not None:
             regions += code_regions(code, clock, t, regions)
         regions.sort(key=lambda r: (r.base, r.limit, r.section))
@@ -168,6 +171,8 @@ class AddressMap:
                 m["code_seq"] = r.code_seq
             if r.uncertain:
                 m["uncertain"] = True
+            if r.possible:
+                m["possible"] = True
             self._members[i] = m
         return m
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -196,6 +197,59 @@ def test_a_list_changing_during_walks_gives_one_whole_answer_or_a_retry(tmp_path
         stop.set()
         writer.join()
     assert set(seen) <= {"cba", "ca", "retry"}, seen
+
+
+def test_threads_reading_one_kcore_while_it_closes_get_its_bytes_or_a_named_error(
+    tmp_path: Path,
+) -> None:
+    """The tracepoint thread, the tracker and the symbol capture read one open
+    kcore at once, and shutdown closes it under them: every read is the kcore's
+    own bytes or KernelReadError, never bytes of a file that took the closed
+    descriptor's number (opened here, again and again, to take it)."""
+    img = KcoreImage()
+    img.segment(0xFFFFFFFF81000000, 0x1000)
+    img.write(0xFFFFFFFF81000100, b"K" * 64)
+    path = img.save(tmp_path / "kcore")
+    other = tmp_path / "other"
+    other.write_bytes(b"O" * (1 << 16))
+    k = Kcore.open(path)
+    under_way = threading.Event()
+    wrong: list[bytes] = []
+    counts = {"read": 0, "refused": 0}
+
+    def reader() -> None:
+        deadline = time.monotonic() + 120
+        refused = 0
+        while refused < 100 and time.monotonic() < deadline:  # on, well past the close
+            try:
+                data = k.read(0xFFFFFFFF81000100, 64)
+            except KernelReadError:
+                refused += 1
+                counts["refused"] += 1
+                continue
+            counts["read"] += 1
+            if counts["read"] >= 100:
+                under_way.set()
+            if data != b"K" * 64:
+                wrong.append(data)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    assert under_way.wait(120)
+    k.close()
+    fds = [os.open(other, os.O_RDONLY) for _ in range(8)]  # one of them takes the number
+    try:
+        for t in threads:
+            t.join(timeout=150)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert not any(t.is_alive() for t in threads)
+    assert wrong == []
+    assert counts["refused"] > 0  # the close did land among the reads
+    with pytest.raises(KernelReadError, match="closed"):
+        k.read(0xFFFFFFFF81000100, 8)
 
 
 def test_a_walk_for_some_modules_stops_where_they_are_found(tmp_path: Path) -> None:

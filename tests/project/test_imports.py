@@ -3,8 +3,8 @@
 ``kreld/`` is folders by concern; each folder sits in one layer, and a file
 imports only from its own folder, its layer, or the layers below (every
 import counts, also one inside a function).  The three programs at the top
-(``client.py``, ``daemon.py``, ``cli.py``) are files of their own.  The source
-is read with :mod:`ast`; nothing is imported.
+(``client.py``, ``daemon.py`` with its ``startup.py``, ``cli.py``) are files of
+their own.  The source is read with :mod:`ast`; nothing is imported.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "server": ("server",),
     "tools": ("perf", "fleet"),
     "cli": ("ctl",),
-    "programs": ("client", "daemon", "cli", "programs"),
+    "programs": ("client", "startup", "daemon", "cli", "programs"),
 }
 LAYER_OF = {unit: i for i, units in enumerate(LAYERS.values()) for unit in units}
 NAMES = list(LAYERS)

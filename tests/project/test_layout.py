@@ -23,11 +23,6 @@ ALLOWED: dict[str, str] = {
     "symbols/capture.py::SymbolCapture": "one worker and its queue: the kernel's table, then"
     " each module's from kallsyms, kernel memory or its .ko, every step a method of the"
     " one object whose state (what is captured, what waits) they share",
-    # Grew past the alarm when the module events (start first) and the supervisor
-    # (every thread through it) met in it; the next look splits the start-up order
-    # from the running daemon, a concern of its own.
-    "daemon.py": "the daemon's whole lifecycle: start in its order, run, reload, stop",
-    "daemon.py::Daemon": "the daemon's whole lifecycle: start in its order, run, reload, stop",
 }
 
 

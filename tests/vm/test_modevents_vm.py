@@ -1,6 +1,7 @@
 """kreld following modules by the module tracepoints on a real kernel: the
-Debian cloud kernel under QEMU (tests/support/harness.py; ``KRELD_VM_KERNEL`` picks
-the release), one boot running tests/vm/guest_modevents.sh.
+Debian cloud kernels 6.1 and 6.12 under QEMU (tests/support/harness.py;
+``KRELD_VM_KERNEL`` picks the 6.1 one), one boot each running
+tests/vm/guest_modevents.sh.
 
 * A module of the test's own (tests/vm/slowinit, built here against the
   guest's headers: ``linux-headers-<release>``) whose init spins 2 s in its
@@ -56,9 +57,9 @@ class Guest(NamedTuple):
     times: dict[str, int]
 
 
-def _release() -> str | None:
-    kernel = harness.find_kernel()
-    return None if kernel is None else harness.kernel_release(kernel)
+def _kernel(series: str) -> Path | None:
+    """6.1: the default kernel (``KRELD_VM_KERNEL`` may pick another); 6.12 by series."""
+    return harness.find_kernel(None if series == "6.1" else series)
 
 
 def _build_module(release: str, dest: Path) -> Path:
@@ -74,18 +75,25 @@ def _build_module(release: str, dest: Path) -> Path:
     return dest / "slowinit.ko"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["6.1", "6.12"])
 def guest(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Guest:
-    release = _release()
+    kernel = _kernel(request.param)
+    release = None if kernel is None else harness.kernel_release(kernel)
     why = None
-    if release is None or not Path(f"/usr/src/linux-headers-{release}/Makefile").exists():
+    if release is None:
+        why = f"no /boot/vmlinuz-{request.param}.*cloud* installed: run scripts/setup-vm"
+    elif not Path(f"/usr/src/linux-headers-{release}/Makefile").exists():
         why = f"no linux-headers-{release} to build a module against"
     elif harness.real_system_map(release) is None:
         why = f"no real System.map-{release} in {harness.SYSMAP_DIR}"
     harness.skip_unless_selected(request.config.getoption("markexpr"), why)
     assert release is not None
     keep = os.environ.get("KRELD_VM_DIR")
-    rw = Path(keep).resolve() / "modevents" if keep else tmp_path_factory.mktemp("vm-modevents")
+    rw = (
+        Path(keep).resolve() / f"modevents-{request.param}"
+        if keep
+        else tmp_path_factory.mktemp(f"vm-modevents-{request.param}")
+    )
     rw.mkdir(parents=True, exist_ok=True)
     out = rw / "facts"
     if not (os.environ.get("KRELD_VM_REUSE") and (out / "done").exists()):
@@ -100,7 +108,9 @@ def guest(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             "OUT": str(out), "MODDIR": str(ko.parent), "BIGVMLINUX": str(big),
             "BUILD_ID_AT": str(at),
         }  # fmt: skip
-        run = harness.run_in_guest(f"sh {GUEST}", rw, timeout=900, env=env, name="modevents")
+        run = harness.run_in_guest(
+            f"sh {GUEST}", rw, timeout=900, env=env, name="modevents", kernel=kernel
+        )
         logs = "".join(
             f"\n{p.name} tail:\n{p.read_text()[-3000:]}" for p in sorted(out.glob("kreld*.log"))
         )

@@ -1,0 +1,50 @@
+"""Modules whose load kreld learnt late: known only as an interval (seen by the
+poll, a uevent or kreld's own start, not by the module tracepoint), absent at
+``loaded_after`` and there at ``loaded``.  A time inside that interval is
+answered as kernel code in a window is: the module possibly there, marked so,
+and named where nothing certainly held the address."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from kreld.core.model import Clock, Incarnation
+from kreld.core.record import replace
+
+if TYPE_CHECKING:
+    from kreld.symbols.queries import Region
+
+__all__ = ["possible_regions", "possibly_loaded_at"]
+
+
+def possibly_loaded_at(inc: Incarnation, clock: Clock, t: int | None) -> bool:
+    """Whether the module may have been loaded at *t* though not certainly: its
+    load is known only as an interval (seen by the poll, a uevent or kreld's
+    start: absent at ``loaded_after``, there at ``loaded``) and *t* lies in it."""
+    after = inc.loaded_after
+    if t is None or after is None:
+        return False
+    return after.on(clock) < t < inc.loaded.on(clock)
+
+
+def possible_regions(
+    incs: Iterable[Incarnation], clock: Clock, t: int | None, certain: Sequence[Region]
+) -> list[Region]:
+    """The regions of modules possibly loaded at *t* (see :func:`possibly_loaded_at`),
+    as kernel code in a window is answered: marked, and only where no region
+    certainly there at *t* lies (*certain*), so that no sample is left unnamed
+    because kreld learnt of a load late.  Their init sections count as live
+    unless init is known to have ended by *t*."""
+    from kreld.symbols.queries import module_regions  # which imports this module
+
+    out: list[Region] = []
+    for inc in incs:
+        if not possibly_loaded_at(inc, clock, t):
+            continue
+        done = inc.init_done
+        live_init = inc.init_live and (done is None or t is None or t < done.on(clock))
+        for r in module_regions(inc, live_init):
+            if not any(c.base < r.limit and r.base < c.limit for c in certain):
+                out.append(replace(r, possible=True))
+    return out
