@@ -121,6 +121,19 @@ class Tracking:
             self.publisher.stop()
 
 
+def counters(tracking: Tracking) -> dict[str, int]:
+    """How often each worker has turned over since the start (see Counters in
+    the IDL): cheap to keep, and what shows that a pass after a given moment ran."""
+    tracker, symbols, publisher = tracking.tracker, tracking.symbols, tracking.publisher
+    return {
+        "tracker_passes": tracker.passes,
+        "tracker_idle_checks": tracker.idle_checks,
+        "symbol_loads_queued": symbols.loads_queued,
+        "symbol_loads_handled": symbols.loads_handled,
+        "publish_rounds": 0 if publisher is None else publisher.rounds,
+    }
+
+
 class Daemon:
     def __init__(self, cfg: Config, args: argparse.Namespace, log: FilteringBoundLogger) -> None:
         self.cfg = cfg
@@ -291,6 +304,7 @@ class Daemon:
             "module_followers": module_followers(self.cfg, tracking.sources, tracking.watch),
             "publish": None if tracking.publisher is None else tracking.publisher.health(),
             "kernel_code": self.kernel_code.status(),
+            "counters": counters(tracking),
             "degraded": [f.to_json() for f in self.supervisor.failures()],
         } | ({} if self.server is None else self.server.counts())  # connections, once served
 
