@@ -34,16 +34,8 @@ mark() {
     echo "$1 $m" >>"$OUT/times"
 }
 
-wait_log() { # COUNT EVENT
-    i=0
-    while [ $i -lt 600 ]; do
-        [ "$(grep -cF "\"event\": \"$2\"" "$LOG")" -ge "$1" ] && return 0
-        kill -0 "$KPID" 2>/dev/null || fail "kreld exited while waiting for $2"
-        sleep 0.1
-        i=$((i + 1))
-    done
-    fail "no $1 x $2 from kreld in 60 s"
-}
+. "$(dirname "$0")/guestlib.sh"
+wait_log() { wait_log_in "$LOG" 60 "$@"; } # COUNT EVENT
 
 mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
 cat /proc/sys/kernel/random/boot_id >"$OUT/boot_id"
