@@ -90,12 +90,7 @@ if [ -w /sys/devices/system/cpu/cpu1/online ]; then
     mark cpu1_on
     load 1 kcpu_gap # before kreld's next look at its CPUs: untold
     mark gap_done
-    i=0
-    until grep -F '"event": "kernel_code_cpus"' "$LOG" | grep -qF '"opened": [1]'; do
-        i=$((i + 1))
-        [ $i -gt 300 ] && fail "kreld opened no new ring on CPU 1 in 30 s"
-        sleep 0.1
-    done
+    wait_line "$LOG" 30 "a new ring on CPU 1" '"event": "kernel_code_cpus"' '"opened": \[1\]'
     load 1 kcpu_after
     sleep 0.5
     mark cpu_done

@@ -88,12 +88,7 @@ rmmod dummy || fail "rmmod dummy"
 wait_log "$LOG" 1 module_unloaded dummy
 wait_log "$LOG" 1 kernel_symbols
 # brd's table (from its .ko: kallsyms shows it no address), after the start's modules
-i=0
-until grep -F '"module": "brd"' "$LOG" | grep -qE '"event": "module_symbols(_unavailable)?"'; do
-    i=$((i + 1))
-    [ $i -gt 1200 ] && fail "no symbol table for brd in 120 s"
-    sleep 0.1
-done
+wait_line "$LOG" 120 "brd's symbol table" '"module": "brd"' '"event": "module_symbols(_unavailable)?"'
 
 # perf at kptr_restrict=2 reads zeros: it records no kernel map (brd's code runs under dd)
 HOME=$OUT/perf-home perf record -N -q -k monotonic -e cpu-clock -F 997 -g \

@@ -18,3 +18,14 @@ wait_log_in() {
     done
     fail "no $3 x $4 ${5:-} in $1 in $2 s"
 }
+
+# wait_line LOG SECONDS WHAT FIXED REGEX: until LOG has a line holding the string
+# FIXED and matching the extended regex REGEX; fail naming WHAT after SECONDS.
+wait_line() {
+    i=0
+    until grep -F "$4" "$1" | grep -qE "$5"; do
+        i=$((i + 1))
+        [ $i -gt $(($2 * 10)) ] && fail "$3: not in $1 in $2 s"
+        sleep 0.1
+    done
+}
