@@ -102,7 +102,7 @@ class Daemon(Startup):
         """Status's sources, module followers and publishing: none while starting."""
         tracking = self.tracking
         if tracking is None:
-            return {"sources": [], "module_followers": [], "publish": None}
+            return {"sources": [], "module_followers": [], "publish": None, "counters": None}
         tracker = tracking.tracker
         return {
             "sources": [
@@ -117,6 +117,7 @@ class Daemon(Startup):
             ],
             "module_followers": module_followers(self.cfg, tracking.sources, tracking.watch),
             "publish": None if tracking.publisher is None else tracking.publisher.health(),
+            "counters": tracking.counters(),
         }
 
     # -- the main loop -------------------------------------------------------------

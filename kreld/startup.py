@@ -86,6 +86,17 @@ class Tracking:
     def healthy(self) -> bool:
         return self.thread.is_alive()
 
+    def counters(self) -> dict[str, int]:
+        """How often each worker has turned over since the start (see Counters in
+        the IDL): cheap to keep, and what shows that a pass after a given moment ran."""
+        return {
+            "tracker_passes": self.tracker.passes,
+            "tracker_idle_checks": self.tracker.idle_checks,
+            "symbol_loads_queued": self.symbols.loads_queued,
+            "symbol_loads_handled": self.symbols.loads_handled,
+            "publish_rounds": 0 if self.publisher is None else self.publisher.rounds,
+        }
+
     def stop(self) -> None:
         """Stop the sources, the tracker thread and the publisher (the caller has
         set the threads' stop event)."""

@@ -289,6 +289,7 @@ class Publisher:
         self.objects = 0
         self.bytes = 0
         self.failures = 0
+        self.rounds = 0  # rounds that ended with everything published
 
     # -- control (loop thread) ------------------------------------------------------
 
@@ -396,6 +397,7 @@ class Publisher:
             self.backlog -= plan.size
         self.backlog = 0
         self.last_success = time.time_ns()
+        self.rounds += 1
         if self.last_error is not None:
             self.log.info("publish_recovered", url=target.url)
         self.last_error = None

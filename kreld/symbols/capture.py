@@ -92,6 +92,11 @@ class SymbolCapture:
         self.files = ModuleFiles(root, boot.release, self.dirs)
         self._pending: queue.SimpleQueue[Incarnation | _Wake | None] = queue.SimpleQueue()
         self.captured = 0
+        # Loads given to this worker, and those it has dealt with (their table
+        # captured, found stored already, or found gone): equal when it has
+        # nothing left to do.
+        self.loads_queued = 0
+        self.loads_handled = 0
         self.addresses = ModuleAddresses(root)  # kptr_restrict=2: the daemon's kernel memory
         self.healthy = True
         self.last_error: str | None = None
@@ -110,6 +115,7 @@ class SymbolCapture:
         """A tracker listener: queue each new load whose build has no table yet."""
         if kind == "load":
             self.idle.clear()
+            self.loads_queued += 1
             self._pending.put(inc)
 
     def start(
@@ -124,6 +130,7 @@ class SymbolCapture:
         self._initial = kallsyms
         for inc in loaded:
             self._pending.put(inc)
+        self.loads_queued += len(loaded)
         self._pending.put(None)  # marks the kernel's turn, first
         supervisor().thread("symbols", self._run, stop)
 
@@ -172,6 +179,7 @@ class SymbolCapture:
                 self.healthy = True
                 self.log.info("symbol_capture_recovered", last_error=self.last_error)
             backoff = RETRY_FIRST
+            self.loads_handled += sum(i is not None for i in batch)
             if self._pending.empty() and not held:
                 self.idle.set()
 

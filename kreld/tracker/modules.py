@@ -75,7 +75,8 @@ class ModuleTracker:
         self._recent: dict[str, deque[Tracked]] = {}
         self._last_scan: Timestamp | None = None
         self._last_heartbeat = 0
-        self.reconciliations = 0
+        self.reconciliations = 0  # passes that wrote something
+        self.passes = self.idle_checks = 0  # looks at the directory; hint-less intervals
         self.lock = threading.Lock()
         self._reading = False
 
@@ -240,6 +241,7 @@ class ModuleTracker:
             stale = self.store.env.clear_stale_readers()
             if stale:
                 self.log.warning("stale_readers_cleared", readers=stale)
+        self.idle_checks += 1
 
     def reconcile(self, hints: list[Hint]) -> None:
         """One pass: look at the directory, plan what changed, apply the plan."""
@@ -259,6 +261,7 @@ class ModuleTracker:
             previous=self._last_scan or now,
         )
         self._apply(changes, now)
+        self.passes += 1
 
     def _apply(self, changes: Changes, now: Timestamp) -> None:
         """Commit *changes*, then bring memory in step, then log and tell listeners.

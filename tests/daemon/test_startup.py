@@ -8,13 +8,13 @@ import ctypes.util
 import json
 import os
 import struct
-import time
 from pathlib import Path
 from typing import Any
 
 from support.faketree import FakeTree
 from support.run import kreldctl, start
 from support.startup import HEAVY, imported_by, run_cli
+from support.wait import wait_for_symbols_done
 
 MOD_A = 0xFFFFFFFFC0400000
 MOD_B = 0xFFFFFFFFC0900000
@@ -74,7 +74,7 @@ def test_a_daemon_start_reads_kallsyms_once(
         d.wait_for("kernel_symbols")
         d.wait_for("module_symbols", module="alpha", source="kallsyms")
         d.wait_for("module_symbols", module="beta", source="kallsyms")
-        time.sleep(0.5)  # a second read, if any, would come now
+        wait_for_symbols_done(str(tmp_path / "kreld.sock"))  # a second read would be made
         assert opens.count() == 1
         assert d.wait_for("kernel_symbol", symbol="_text")["address"] == f"{tree.text:#x}"
         assert d.stop() == 0
@@ -92,7 +92,7 @@ def test_a_load_after_the_start_reads_kallsyms_again(
     try:
         d = start(daemon_factory, tree, tmp_path / "state", tmp_path / "kreld.sock")
         d.wait_for("kernel_symbols")
-        time.sleep(0.3)
+        wait_for_symbols_done(str(tmp_path / "kreld.sock"))
         assert opens.count() == 1
         with open(kallsyms, "ab") as f:  # the test's own open: one more
             f.write(f"{MOD_A + 0x10:016x} t gamma_fn\t[gamma]\n".encode())

@@ -34,7 +34,7 @@ from support.faultlib import (
 )
 from support.run import start
 from support.tmpdirs import fast_tmpdir
-from support.wait import wait_until
+from support.wait import wait_for_turns, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -56,6 +56,10 @@ def end_init_with_1000_sections(tree: FakeTree) -> None:
     for k in range(1000):
         (secs / f".text.part{k}").write_text(f"{BASE + k * 0x100:#018x}\n")
     tree.write("sys/module/slowinit/initstate", "live\n")
+
+
+def count(events: list[dict[str, Any]], name: str) -> int:
+    return sum(e.get("event") == name for e in events)
 
 
 def full_disk_errors(d: Any) -> list[dict[str, Any]]:
@@ -92,7 +96,8 @@ def test_state_dir_on_a_full_tmpfs_errors_by_name_keeps_serving_and_recovers(
         err = wait_until("a store error", lambda: full_disk_errors(d), timeout=30)[0]
         assert (err["level"], err["kind"]) == ("error", "StoreFull"), err
         assert "no space left on device" in err["error"] and str(state) in err["error"], err
-        time.sleep(2.5)  # kreld keeps retrying meanwhile
+        n = len(full_disk_errors(d))  # kreld keeps retrying meanwhile, and says so each time
+        wait_until("two more retries", lambda: len(full_disk_errors(d)) >= n + 2, timeout=30)
         assert d.proc.poll() is None
         # LMDB may fit a first small batch into pages it freed; the rest is held back.
         got_in = loaded_events(d, late)
@@ -147,7 +152,7 @@ def test_disk_full_while_idle_does_not_stop_module_tracking(
         err = d.wait_for("idle_check_failed", timeout=10)
         assert (err["level"], err["kind"]) == ("error", "StoreFull"), err
         assert "no space left on device" in err["error"], err
-        time.sleep(1)
+        d.wait_until(lambda ev: count(ev, "idle_check_failed") >= 2, "a second idle check failing")
         filler.unlink()
         tree.add_module("after", BASE + 0x1000000)
         wait_until("the load after space returned", lambda: loaded_events(d, {"after"}), 15)
@@ -178,11 +183,11 @@ def test_unloads_and_updates_seen_while_the_disk_is_full_are_written_when_space_
         tree.remove_module("early1")  # an unload while the disk is full
         end_init_with_1000_sections(tree)  # an update while the disk is full
         d.wait_for("reconcile_failed", kind="StoreFull", timeout=10)
-        time.sleep(1.5)
+        d.wait_until(lambda ev: count(ev, "reconcile_failed") >= 2, "the batch tried again")
         filler.unlink()
         tree.add_module("after", BASE + 0x1000000)
         wait_until("the load after space returned", lambda: loaded_events(d, {"after"}), 15)
-        time.sleep(1)
+        wait_for_turns(str(sock), "tracker_idle_checks")  # all held back is written by then
         incs = {i["name"]: i for i in history(state, tree.boot_id)}
         with Client(str(sock)) as c:
             in_memory = c.call("GetModules")["modules"]

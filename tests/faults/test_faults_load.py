@@ -682,16 +682,20 @@ def test_descriptor_exhaustion_does_not_invent_unloads(
                 timeout=20,
             )
             tree.add_module("during", BASE + 0x4000000)
-            time.sleep(1.5)
+
+            def emfile_errors() -> list[dict[str, Any]]:
+                return [
+                    e
+                    for e in d.events()
+                    if e.get("event") in ("reconcile_failed", "idle_check_failed")
+                    and "Too many open files" in e.get("error", "")
+                ]
+
+            wait_until("a read failing for want of descriptors", emfile_errors, timeout=30)
         finally:
             for c in held:
                 c.close()
-        emfile = [
-            e
-            for e in d.events()
-            if e.get("event") in ("reconcile_failed", "idle_check_failed")
-            and "Too many open files" in e.get("error", "")
-        ]
+        emfile = emfile_errors()
         assert emfile and emfile[0]["kind"] == "KernelReadError", emfile[:1]
         wait_until("descriptors back", lambda: fd_count(d.proc.pid) < 200, timeout=20)
         tree.add_module("after", BASE + 0x5000000)

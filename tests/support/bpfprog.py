@@ -33,3 +33,31 @@ def load_socket_filter(name: str) -> int:
         err = ctypes.get_errno()
         raise OSError(err, f"bpf(BPF_PROG_LOAD): {os.strerror(err)}")
     return fd
+
+
+def bpf_names_listed() -> set[str]:
+    """The names of the BPF programs /proc/kallsyms lists now."""
+    names = set()
+    with open("/proc/kallsyms", "rb") as f:
+        for line in f:
+            if line.endswith(b"\t[bpf]\n"):
+                sym = line.split()[2].decode()
+                if sym.startswith("bpf_prog_"):  # bpf_prog_<tag>_<name>
+                    names.add(sym.split("_", 3)[-1])
+    return names
+
+
+def wait_freed(*names: str, timeout: float = 30) -> None:
+    """Until the programs named *names*, closed by the caller, are freed.
+
+    The kernel frees a closed program from a work queue; it tells perf of the
+    unload (PERF_RECORD_KSYMBOL) before it takes the program out of kallsyms,
+    so once kallsyms no longer lists it, the unload's record is in the rings."""
+    from support.wait import wait_until
+
+    wait_until(
+        f"{len(names)} BPF programs freed",
+        lambda: not bpf_names_listed() & set(names),
+        timeout,
+        step=0.02,
+    )

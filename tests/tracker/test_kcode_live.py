@@ -33,7 +33,7 @@ from kreld.store import Store
 from kreld.tracker.kernel_code import KernelCodeFollower, stamper
 from kreld.tracker.kernel_code_plan import CodeState
 
-from support.bpfprog import load_socket_filter
+from support.bpfprog import load_socket_filter, wait_freed
 from support.run import ctl_json, kreldctl
 from support.wait import wait_until
 
@@ -60,7 +60,7 @@ def test_real_rings_see_a_program_load_and_unload_as_one_record_with_its_id() ->
         assert sorted(rings.rings) == online_cpus(ROOT)
         fd = need_program("kreldring")
         os.close(fd)
-        time.sleep(0.2)  # the unload runs from a work queue after the close
+        wait_freed("kreldring")
         streams = [r.drain().records for r in rings.rings.values()]
         st = CodeState("boot", 0, [])
         ch = st.apply(merge_by_time(streams), stamper(), 0)
@@ -92,7 +92,7 @@ def test_an_overflowing_ring_is_a_loss_window_and_nothing_is_recorded_wrong(
             start = time.monotonic_ns()
             for i in range(150):
                 os.close(need_program(f"kreldlost{i}"))
-            time.sleep(0.3)
+            wait_freed(*(f"kreldlost{i}" for i in range(150)))
             end = time.monotonic_ns()
             follower.step()
             if follower.rings.counts_lost:
@@ -148,7 +148,7 @@ def test_a_burst_while_a_step_is_paused_after_its_drain_is_closed_by_the_look_it
             span.append(time.monotonic_ns())
             for i in range(150):
                 os.close(need_program(f"kreldpause{i}"))
-            time.sleep(0.3)  # the unloads run from a work queue
+            wait_freed(*(f"kreldpause{i}" for i in range(150)))
             span.append(time.monotonic_ns())
         return parsed
 
@@ -200,13 +200,13 @@ def test_a_ring_the_kernel_turned_off_is_opened_again_behind_a_cpu_hotplug_windo
             fcntl.ioctl(old.fd, 0x2401, 0)  # PERF_EVENT_IOC_DISABLE: the event OFF
             gap = time.monotonic_ns()
             os.close(need_program("kreldoff"))
-            time.sleep(0.3)  # its unload runs from a work queue
+            wait_freed("kreldoff")
             follower.check_cpus()  # the event accrued enabled time before the ioctl
             assert follower.rings.rings[cpu] is old
             follower.check_cpus()  # and none since the last check: stopped
             assert follower.rings.rings[cpu] is not old
             os.close(need_program("kreldback"))
-            time.sleep(0.3)
+            wait_freed("kreldback")
             follower.step()
             losses = store.kernel_code.losses(boot_id)
             codes = store.kernel_code.codes(boot_id)
@@ -329,7 +329,7 @@ def test_follow_code_false_opens_nothing_records_nothing_and_status_says_off(
         d.start(timeout=60)
         assert d.proc is not None
         os.close(need_program("kreldoffcfg"))
-        time.sleep(0.5)
+        wait_freed("kreldoffcfg")  # told to a follower, had there been one
         kc = ctl_json("status", "--socket", sock)["kernel_code"]
         codes = ctl_json("code", "--all", "--socket", sock)["code"]
         ours = [c for c in codes if c["name"].endswith("_kreldoffcfg")]
@@ -363,13 +363,13 @@ def test_a_daemon_on_this_kernel_names_a_bpf_program_at_its_time_and_not_after(
     events = sub.stream("Subscribe")
     assert next(events)["event"] == "snapshot"
     fd = need_program("kreldlive")
-    time.sleep(0.2)
-    os.close(fd)
-    told = []
+    told: list[tuple[str, bool]] = []
     while len(told) < 2:  # Subscribe tells the load (with its id) and the unload
         ev = next(events)
         if ev.get("code", {}).get("name", "").endswith("_kreldlive"):
             told.append((ev["event"], ev["code"]["prog_id"] is not None))
+            if len(told) == 1:
+                os.close(fd)  # unloaded once its load is told
     sub.close()
     assert told == [("code_load", True), ("code_unload", True)]
 

@@ -26,7 +26,7 @@ from kreld.tracker.modules import Hint, ModuleTracker
 from support.faketree import FakeTree
 from support.run import kreldctl
 from support.tmpdirs import fast_tmpdir
-from support.wait import wait_until
+from support.wait import wait_for_turns, wait_until
 
 BASE_A = 0xFFFFFFFFC0400000
 BASE_B = 0xFFFFFFFFC0900000
@@ -339,7 +339,8 @@ def test_burst_of_250_modules_loaded_then_unloaded(env: Env) -> None:
     for n in names:
         env.unload(n)
     wait_until("250 unloads", lambda: len(unloads_of(d.events(), set(names))) >= 250, 60)
-    time.sleep(0.5)  # anything late (a duplicate) would show up now
+    # Anything late (a duplicate) comes before the tracker's second idle check from now.
+    wait_for_turns(env.socket, "tracker_idle_checks")
     hist = env.history()
     check_history(hist)
     assert sorted(i["name"] for i in hist) == names, "one incarnation per load"
@@ -405,7 +406,7 @@ def test_flapping_module_250_times_loses_nothing(ienv: Env) -> None:
         env.load("flap", BASE_A + (k % 7) * 0x10000)
         env.unload("flap")
     wait_until("250 flap unloads", lambda: len(unloads_of(d.events(), {"flap"})) >= 250, 60)
-    time.sleep(0.5)
+    wait_for_turns(env.socket, "tracker_idle_checks")  # anything late comes before
     hist = env.history()
     check_history(hist)
     flaps = [i for i in hist if i["name"] == "flap"]

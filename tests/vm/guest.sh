@@ -76,22 +76,9 @@ copy_module() {
     cat /proc/modules >"$o/proc_modules"
 }
 
+. "$(dirname "$0")/guestlib.sh"
 # wait_log COUNT EVENT [MODULE]: until kreld has logged EVENT (for MODULE) COUNT times.
-wait_log() {
-    i=0
-    while [ $i -lt 600 ]; do
-        if [ -n "${3:-}" ]; then
-            c=$(grep -F "\"event\": \"$2\"" "$LOG" | grep -cF "\"module\": \"$3\"")
-        else
-            c=$(grep -cF "\"event\": \"$2\"" "$LOG")
-        fi
-        [ "$c" -ge "$1" ] && return 0
-        kill -0 "$KPID" 2>/dev/null || fail "kreld exited while waiting for $2 $*"
-        sleep 0.1
-        i=$((i + 1))
-    done
-    fail "no $1 x $2 ${3:-} from kreld in 60 s"
-}
+wait_log() { wait_log_in "$LOG" 60 "$@"; }
 
 start_kreld() {
     "$V/kreld" --config "$CONFIG" --root / --state-dir "$STATE" --socket "$SOCK" \

@@ -34,16 +34,8 @@ mark() {
     echo "$1 $m" >>"$OUT/times"
 }
 
-wait_log() { # COUNT EVENT
-    i=0
-    while [ $i -lt 600 ]; do
-        [ "$(grep -cF "\"event\": \"$2\"" "$LOG")" -ge "$1" ] && return 0
-        kill -0 "$KPID" 2>/dev/null || fail "kreld exited while waiting for $2"
-        sleep 0.1
-        i=$((i + 1))
-    done
-    fail "no $1 x $2 from kreld in 60 s"
-}
+. "$(dirname "$0")/guestlib.sh"
+wait_log() { wait_log_in "$LOG" 60 "$@"; } # COUNT EVENT
 
 mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
 cat /proc/sys/kernel/random/boot_id >"$OUT/boot_id"
@@ -98,12 +90,7 @@ if [ -w /sys/devices/system/cpu/cpu1/online ]; then
     mark cpu1_on
     load 1 kcpu_gap # before kreld's next look at its CPUs: untold
     mark gap_done
-    i=0
-    until grep -F '"event": "kernel_code_cpus"' "$LOG" | grep -qF '"opened": [1]'; do
-        i=$((i + 1))
-        [ $i -gt 300 ] && fail "kreld opened no new ring on CPU 1 in 30 s"
-        sleep 0.1
-    done
+    wait_line "$LOG" 30 "a new ring on CPU 1" '"event": "kernel_code_cpus"' '"opened": \[1\]'
     load 1 kcpu_after
     sleep 0.5
     mark cpu_done

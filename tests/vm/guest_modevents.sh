@@ -34,21 +34,8 @@ mark() {
     echo "$1 $m" >>"$OUT/times"
 }
 
-wait_log() { # COUNT EVENT [MODULE]
-    i=0
-    while [ $i -lt 1800 ]; do
-        if [ -n "${3:-}" ]; then
-            c=$(grep -F "\"event\": \"$2\"" "$LOG" | grep -cF "\"module\": \"$3\"")
-        else
-            c=$(grep -cF "\"event\": \"$2\"" "$LOG")
-        fi
-        [ "$c" -ge "$1" ] && return 0
-        kill -0 "$KPID" 2>/dev/null || fail "kreld exited while waiting for $2 $*"
-        sleep 0.1
-        i=$((i + 1))
-    done
-    fail "no $1 x $2 ${3:-} from kreld in 180 s"
-}
+. "$(dirname "$0")/guestlib.sh"
+wait_log() { wait_log_in "$LOG" 180 "$@"; } # COUNT EVENT [MODULE]
 
 stop_kreld() { # NAME
     kill -TERM "$KPID"

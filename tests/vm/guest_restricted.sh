@@ -32,21 +32,12 @@ fail() {
     exit 1
 }
 
+. "$(dirname "$0")/guestlib.sh"
 # wait_log LOG COUNT EVENT [MODULE]
 wait_log() {
-    i=0
-    while [ $i -lt 900 ]; do
-        if [ -n "${4:-}" ]; then
-            c=$(grep -F "\"event\": \"$3\"" "$1" | grep -cF "\"module\": \"$4\"")
-        else
-            c=$(grep -cF "\"event\": \"$3\"" "$1")
-        fi
-        [ "$c" -ge "$2" ] && return 0
-        kill -0 "$KPID" 2>/dev/null || fail "kreld exited while waiting for $3 ${4:-}"
-        sleep 0.1
-        i=$((i + 1))
-    done
-    fail "no $2 x $3 ${4:-} in $1 in 90 s"
+    f=$1
+    shift
+    wait_log_in "$f" 90 "$@"
 }
 
 # start LOG STATE [PREFIX...]: kreld in the background, until ready
@@ -97,12 +88,7 @@ rmmod dummy || fail "rmmod dummy"
 wait_log "$LOG" 1 module_unloaded dummy
 wait_log "$LOG" 1 kernel_symbols
 # brd's table (from its .ko: kallsyms shows it no address), after the start's modules
-i=0
-until grep -F '"module": "brd"' "$LOG" | grep -qE '"event": "module_symbols(_unavailable)?"'; do
-    i=$((i + 1))
-    [ $i -gt 1200 ] && fail "no symbol table for brd in 120 s"
-    sleep 0.1
-done
+wait_line "$LOG" 120 "brd's symbol table" '"module": "brd"' '"event": "module_symbols(_unavailable)?"'
 
 # perf at kptr_restrict=2 reads zeros: it records no kernel map (brd's code runs under dd)
 HOME=$OUT/perf-home perf record -N -q -k monotonic -e cpu-clock -F 997 -g \

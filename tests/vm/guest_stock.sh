@@ -22,20 +22,11 @@ fail() {
     exit 1
 }
 
+. "$(dirname "$0")/guestlib.sh"
 wait_log() { # wait_log LOG COUNT EVENT [MODULE]
-    i=0
-    while [ $i -lt 900 ]; do
-        if [ -n "${4:-}" ]; then
-            c=$(grep -F "\"event\": \"$3\"" "$1" | grep -cF "\"module\": \"$4\"")
-        else
-            c=$(grep -cF "\"event\": \"$3\"" "$1")
-        fi
-        [ "$c" -ge "$2" ] && return 0
-        kill -0 "$KPID" 2>/dev/null || fail "kreld exited while waiting for $3 ${4:-}"
-        sleep 0.1
-        i=$((i + 1))
-    done
-    fail "no $2 x $3 ${4:-} in $1 in 90 s"
+    f=$1
+    shift
+    wait_log_in "$f" 90 "$@"
 }
 
 uname -r >"$OUT/release"
