@@ -138,30 +138,11 @@ class Daemon(Startup):
         # The socket first, answering from what the store holds (Status says
         # what is still starting), then the heavy work (kallsyms, a vmlinux,
         # the first look at the modules) off the loop.
-        self.lines = line_builder(self.cfg, self.store)
-        self.lines.start(self.supervisor)
-        service = Service(
-            self.store,
-            current_boot=self.serving_boot,
-            current_id=self.serving_id,
-            loaded=self.serving_loaded,
-            snapshot=self.serving_snapshot,
-            status=self.status,
-            line_tables=self.lines.source_for,
-        )
-        self.server = Server(
-            service, policy_of(self.cfg, self.log), limits_of(self.cfg, self.log), self.log
-        )
-        self.server.started.clear()
-        await self.server.start(self.listening_socket())
-        self.tracker_listeners += [self.server.publish, self.status_changed]
-        self.kernel_code.listeners.append(self.server.publish)
-        self.supervisor.on_change(self.status_changed)
-        self.log.info("listening", socket=self.cfg.socket, starting=self.starting())
+        server = await self._serve()
         pool = self.supervisor.executor("startup")  # its error stops the start, below
         await loop.run_in_executor(pool, self.start_tracking)
         pool.shutdown(wait=False)
-        self.server.refresh()
+        server.refresh()
         line = status_line(self.status())
         self.notify(f"READY=1\nSTATUS={line}")
         self.log.info(
@@ -183,9 +164,34 @@ class Daemon(Startup):
         self.notify("STOPPING=1")
         for t in tasks:
             t.cancel()
-        await self.server.close()
+        await server.close()
         self.shutdown()
         return int(ExitCode.OK)
+
+    async def _serve(self) -> Server:
+        """Open the socket, with the line builder its Resolve asks."""
+        self.lines = line_builder(self.cfg, self.store)
+        self.lines.start(self.supervisor)
+        service = Service(
+            self.store,
+            current_boot=self.serving_boot,
+            current_id=self.serving_id,
+            loaded=self.serving_loaded,
+            snapshot=self.serving_snapshot,
+            status=self.status,
+            line_tables=self.lines.source_for,
+        )
+        server = Server(
+            service, policy_of(self.cfg, self.log), limits_of(self.cfg, self.log), self.log
+        )
+        self.server = server
+        server.started.clear()
+        await server.start(self.listening_socket())
+        self.tracker_listeners += [server.publish, self.status_changed]
+        self.kernel_code.listeners.append(server.publish)
+        self.supervisor.on_change(self.status_changed)
+        self.log.info("listening", socket=self.cfg.socket, starting=self.starting())
+        return server
 
     async def _retention(self) -> None:
         """Apply the retention policy at start and then daily, off the loop."""

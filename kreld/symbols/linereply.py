@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kreld.debuginfo.lines import NONE
-from kreld.symbols.queries import join_quoted, quote_names
+from kreld.symbols.quoting import join_quoted, quote_names
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

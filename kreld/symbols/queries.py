@@ -7,14 +7,13 @@ import bisect
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kreld.core import heap
 from kreld.core.consts import FEW_ADDRESSES as FEW
 from kreld.core.model import BootSnapshot, Clock, Incarnation, hexaddr
 from kreld.core.record import record
 from kreld.core.symtab import KEY_SPAN, SymbolTable, SymbolTables, module_symbol_key
 from kreld.symbols.kernel_code import CodeHistory, code_spans
 from kreld.symbols.late_loads import possible_regions
-from kreld.varlink.wire import JSON_PLAIN
+from kreld.symbols.quoting import join_quoted, json_array, quote_names
 
 if TYPE_CHECKING:
     import numpy as np
@@ -212,7 +211,7 @@ class AddressMap:
         ]
         return Resolved(
             [{**self.members(i), "names": len(names[i])} for i in used],
-            _json_array(ordered),
+            json_array(ordered),
             symbol,
             [0 if hit is None else hit[1] for hit in hits],
         )
@@ -290,7 +289,7 @@ class AddressMap:
             if name is not None:  # kernel code: one symbol, the region's own
                 at = np.flatnonzero(inside & (ric == i))
                 local[at], offset[at] = 0, (addrs[at] - np.uint64(self.regions[i].base))
-                counts[i], parts[i] = 1, [_json_array([name])[1:-1] + b","]
+                counts[i], parts[i] = 1, [json_array([name])[1:-1] + b","]
         # Names travel region by region: an address's symbol index is its
         # place among its region's names after those of the regions before.
         first = np.cumsum(counts) - counts
@@ -381,38 +380,6 @@ def _name_regions(
 # per name): quoted some at a time, then joined.
 
 
-# Bytes of names gathered at a time (see quote_names): each of a slice's index
-# arrays holds 8 bytes a byte of name, and the four a slice makes at once stay
-# together under glibc's mmap threshold as kreld.core.heap fixes it, so that
-# none is mapped (and faulted in) afresh on every call.
-_NAME_BYTES = heap.MMAP_THRESHOLD // (4 * 8)
-
-# The bytes a name carries into a JSON string as they are, and NUL.
-_PLAIN_OR_NUL = b"\0" + JSON_PLAIN
-
-
-def quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> list[bytes]:
-    """'"name",' for entries *entries* of a table (its names *blob*, their
-    *ends* in it), some names a part."""
-    import numpy as np
-
-    entries = entries.astype(np.int64)  # the table's are u32: entry 0 has no end before it
-    stop = ends[entries].astype(np.int64)
-    start = np.where(entries > 0, ends[np.maximum(entries - 1, 0)], 0).astype(np.int64)
-    # Some names at a time (_NAME_BYTES), so that the index arrays stay small:
-    # a batch's buffers all together must stay below glibc's thresholds
-    # (kreld.core.heap), or the heap shrinks after each call and grows again,
-    # a page fault per 4 KiB, in the next one.
-    upto = np.cumsum(stop - start)
-    cuts = np.searchsorted(upto, np.arange(_NAME_BYTES, int(upto[-1]), _NAME_BYTES)).tolist()
-    names = np.frombuffer(blob, dtype=np.uint8)
-    return [
-        quoted(names, start[lo:hi], stop[lo:hi])
-        for lo, hi in zip([0, *cuts], [*cuts, len(entries)], strict=True)
-        if lo < hi
-    ]
-
-
 def code_regions(
     code: CodeHistory, clock: Clock, t: int | None, taken: Sequence[Region]
 ) -> list[Region]:
@@ -431,43 +398,6 @@ def code_regions(
         )
         for s in code_spans(code, clock, t, held)
     ]
-
-
-def join_quoted(parts: list[bytes]) -> bytes:
-    """The names of *parts* (from :func:`quote_names`) as a JSON array."""
-    if not parts:
-        return b"[]"
-    return b"".join((b"[", *parts[:-1], parts[-1][:-1], b"]"))
-
-
-def quoted(names: NDArray[np.uint8], start: NDArray[np.int64], stop: NDArray[np.int64]) -> bytes:
-    """'"' name '",' for each name ``names[start:stop]``, in order."""
-    import numpy as np
-
-    # Each name and the byte after it (the next name's first, past the end:
-    # the last byte again), gathered with one index array made by a running
-    # sum: +1 within a name, a jump to each name's start; the bytes after
-    # become NULs, which bytes.replace() turns into the '","' between names.
-    spans = stop - start + 1
-    step = np.ones(int(spans.sum()), dtype=np.int64)
-    ends = np.cumsum(spans) - 1  # of each name's byte after, in the gathered bytes
-    step[ends[:-1] + 1] = start[1:] - stop[:-1]
-    step[:1] = start[:1]
-    gathered = names.take(np.cumsum(step, out=step), mode="clip")
-    gathered[ends] = 0
-    text = gathered.tobytes()
-    if text.translate(None, _PLAIN_OR_NUL) or text.count(b"\0") != len(spans):
-        # Rare: a name JSON must escape, or not ASCII (or holding a NUL): one by one.
-        firsts = [0, *(ends[:-1] + 1).tolist()]
-        each = [text[a:b] for a, b in zip(firsts, ends.tolist(), strict=True)]
-        return _json_array([n.decode("utf-8", "replace") for n in each])[1:-1] + b","
-    return b'"' + text[:-1].replace(b"\0", b'","') + b'",'
-
-
-def _json_array(names: list[str]) -> bytes:
-    import orjson
-
-    return orjson.dumps(names)
 
 
 @record

@@ -301,7 +301,7 @@ class ModuleTracker:
                 self._remember(Tracked(t.inc, t.hinted | used))
         self._last_scan = now
         self.reconciliations += 1
-        self._log_changes(stored, closed)
+        _log_changes(self.log, stored, closed)
         self._emit(
             [(ModuleEvent.LOAD, i) for i in stored]
             + [(ModuleEvent.UPDATE, i) for i in updated]
@@ -320,25 +320,6 @@ class ModuleTracker:
                 if t.inc.seq in paired:
                     recent[i] = Tracked(t.inc, t.hinted | paired[t.inc.seq])
 
-    def _log_changes(self, stored: list[Incarnation], closed: list[Incarnation]) -> None:
-        for inc in stored:
-            self.log.info(
-                "module_loaded" if inc.unloaded is None else "module_came_and_went",
-                module=inc.name,
-                seq=inc.seq,
-                seen_by=inc.seen_by.value,
-                build_id=inc.state.build_id,
-                text=f"{inc.state.sections['.text']:#x}" if ".text" in inc.state.sections else None,
-                initstate=inc.state.initstate,
-                restricted=inc.state.restricted,
-            )
-            for fault in inc.state.faults:
-                self.log.warning("module_read_fault", module=inc.name, seq=inc.seq, fault=fault)
-        for inc in closed:
-            self.log.info(
-                "module_unloaded", module=inc.name, seq=inc.seq, seen_by=inc.unload_seen_by
-            )
-
     def _remember(self, t: Tracked) -> None:
         self._recent.setdefault(t.inc.name, deque(maxlen=4)).append(t)
 
@@ -349,6 +330,27 @@ class ModuleTracker:
                     listener(kind, inc)
                 except Exception as e:
                     self.log.error("listener_failed", error=str(e))
+
+
+def _log_changes(
+    log: FilteringBoundLogger, stored: list[Incarnation], closed: list[Incarnation]
+) -> None:
+    """One line per load and unload a pass stored, and per fault in reading a load."""
+    for inc in stored:
+        log.info(
+            "module_loaded" if inc.unloaded is None else "module_came_and_went",
+            module=inc.name,
+            seq=inc.seq,
+            seen_by=inc.seen_by.value,
+            build_id=inc.state.build_id,
+            text=f"{inc.state.sections['.text']:#x}" if ".text" in inc.state.sections else None,
+            initstate=inc.state.initstate,
+            restricted=inc.state.restricted,
+        )
+        for fault in inc.state.faults:
+            log.warning("module_read_fault", module=inc.name, seq=inc.seq, fault=fault)
+    for inc in closed:
+        log.info("module_unloaded", module=inc.name, seq=inc.seq, seen_by=inc.unload_seen_by)
 
 
 def _flat(item: Hint | list[Hint]) -> list[Hint]:
