@@ -239,6 +239,8 @@ class Startup:
         tracker.addresses = self.addresses  # the same kernel memory for the snapshot and symbols
         tracker.listeners.extend(self.tracker_listeners)  # before its first look
         self.tracepoints.bind(tracker.notify_all)  # what came since the start, in the queue
+        if self.tracepoints.following():
+            tracker.catch_up = self.tracepoints.step
         watch, sources = event_sources(
             self.cfg, self.root, tracker.notify, self.log, self.tracepoints
         )

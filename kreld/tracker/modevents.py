@@ -68,6 +68,7 @@ class TracepointSource:
         self._notify: NotifyAll | None = None
         self._held: list[Hint] = []
         self._lock = threading.Lock()
+        self._draining = threading.Lock()  # its thread, or the tracker catching up
         self._thread: threading.Thread | None = None
         self._wake: tuple[int, int] | None = None
 
@@ -121,6 +122,10 @@ class TracepointSource:
 
     def step(self) -> None:
         """Drain the rings: a hint per load or free, at its time; a rescan on a loss."""
+        with self._draining:
+            self._step()
+
+    def _step(self) -> None:
         if self.rings is None:
             return
         drained = self.rings.drain()

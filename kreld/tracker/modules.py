@@ -11,6 +11,7 @@ so a module seen by two sources is recorded once.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections import deque
@@ -18,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from kreld.core import consts
-from kreld.core.errors import StoreFull
+from kreld.core.errors import KreldError, StoreFull
 from kreld.core.model import HintAction, Incarnation, ModuleEvent, SeenBy, Timestamp
 from kreld.core.record import replace
 from kreld.core.stopping import wake_on_stop
@@ -68,6 +69,10 @@ class ModuleTracker:
         self.recheck_interval = recheck_interval
         self.heartbeat_interval = heartbeat_interval
         self.listeners: list[Listener] = []
+        # Called with hints in hand, before the look: a source whose records the
+        # kernel wrote before those hints' events (the module tracepoints fire
+        # before a module's uevents) hands them now, so the look has their times.
+        self.catch_up: Callable[[], None] | None = None
         # A hint, or hints that belong together (a tracepoint drain: a load and
         # its free read in one batch give both exact times).
         self._hints: queue.SimpleQueue[Hint | list[Hint]] = queue.SimpleQueue()
@@ -206,6 +211,9 @@ class ModuleTracker:
                 break
             self._reading = True
             batch = _flat(first)
+            if self.catch_up is not None:
+                with contextlib.suppress(KreldError, OSError):  # the source's own to report
+                    self.catch_up()
             while True:
                 try:
                     batch += _flat(self._hints.get_nowait())

@@ -96,6 +96,10 @@ HOME=$OUT/perf-home perf record -N -q -k monotonic -e cpu-clock -F 997 -g \
     'for i in $(seq 200); do dd if=/dev/ram0 of=/dev/null bs=4k iflag=direct status=none; done' \
     2>"$OUT/perf-at-2.err" || fail "perf record at 2: $(cat "$OUT/perf-at-2.err")"
 
+# Status while still at 2: it says how the last module read went, and from here
+# on a read at 0 would see the addresses shown.
+"$V/kreldctl" --config "$CONFIG" --socket "$SOCK" status --json >"$OUT/status.json"
+
 # -- 3: the truth, at kptr_restrict=0, while kreld still runs ----------------------------------
 sysctl -q -w kernel.kptr_restrict=0
 cat /proc/kallsyms >"$OUT/kallsyms"
@@ -121,7 +125,6 @@ done
 cat /proc/kallsyms >"$OUT/kallsyms.after"
 sections brd "$OUT/brd.sections"
 cat /proc/modules >"$OUT/modules"
-"$V/kreldctl" --config "$CONFIG" --socket "$SOCK" status --json >"$OUT/status.json"
 stop "$OUT/kreld.rc"
 
 # -- 4: without CAP_SYS_RAWIO -------------------------------------------------------------------
