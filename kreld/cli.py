@@ -325,7 +325,13 @@ class Ctl:
             from kreld.perf import commands as perfctl
 
             out = transparent(self.out)
-            return perfctl.symbolize_for(self.perf_store(), header, lines, out, self.err)
+            if not self.args.lines:
+                return perfctl.symbolize_for(self.perf_store(), header, lines, out, self.err)
+            from kreld.ctl.perflines import lines_hook
+
+            reader = self.lines()  # its store serves the records too (one open per process)
+            hook = lines_hook(reader, self.args.json)
+            return perfctl.symbolize_for(reader.records(), header, lines, out, self.err, hook)
         from kreld.client import resolutions
         from kreld.ctl.stream import symbolize_stream
 
@@ -440,8 +446,6 @@ class Ctl:
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "lines", False) and getattr(args, "for_perf", None):
-        parser.error("--lines: not with --for yet; give the addresses with --boot and --at")
     if args.source and args.command not in FROM_COMMANDS:
         parser.error(
             f"--from: {args.command} does not read a bucket (only {', '.join(FROM_COMMANDS)})"
