@@ -121,7 +121,14 @@ class ModuleMapPlan:
     inc: Incarnation
     start: int
     end: int
-    time: int  # the load, on the sample clock
+    time: int  # when the map begins, on the sample clock
+    loaded: int  # when kreld saw the load (it was certainly there from then)
+
+    @property
+    def possible(self) -> bool:
+        """Whether the map begins before the load was certain: a sample between
+        is named from a load possibly there then (seen late by kreld)."""
+        return self.time < self.loaded
 
     @property
     def name(self) -> str:
@@ -129,9 +136,10 @@ class ModuleMapPlan:
 
 
 def plan_modules(m: BootMatch, span: tuple[int, int] | None, err: TextIO) -> list[ModuleMapPlan]:
-    """The loads to map: those recorded after the recording's start, at or before
-    its end, each mapped from the earliest moment its code may have run
-    (:func:`map_time`)."""
+    """The loads to map: those recorded after the recording's start whose code
+    may have run before its end, each mapped from the earliest moment it may
+    have (:meth:`Unloads.map_time`): a load kreld saw only after the recording
+    ended, but absent no later than its end, may hold samples of it too."""
     clock: SampleClock = m.clock
     if span is None:
         return []
@@ -143,13 +151,16 @@ def plan_modules(m: BootMatch, span: tuple[int, int] | None, err: TextIO) -> lis
     plans: list[ModuleMapPlan] = []
     for inc in m.incarnations:
         t = inc.loaded.on(clock.clock)
-        if inc.seq in seen or not start < t <= last:
+        after = t if inc.loaded_after is None else inc.loaded_after.on(clock.clock)
+        if inc.seq in seen or not start < t or min(t, after) > last:
             continue
         r = text_range(inc)
         if r is None:
             print(f"kreldctl: warning: {inc.name} (seq {inc.seq}): no .text address", file=err)
             continue
-        plans.append(ModuleMapPlan(inc, r[0], r[1], max(start, unloads.map_time(inc, r))))
+        begins = max(start, unloads.map_time(inc, r))
+        if begins <= last:
+            plans.append(ModuleMapPlan(inc, r[0], r[1], begins, t))
     return sorted(plans, key=lambda p: (p.time, p.inc.seq))
 
 
@@ -323,9 +334,11 @@ def inject(
             size = write_with(rec, sink, [*added, *extra], ids)
     finally:
         rec.close()
+    possible = sum(p.possible for p in plans)
     print(
-        f"kreldctl: {out_path}: {len(plans)} module loads mapped, {len(ids)} build-ids "
-        f"added, {len(extra)} ksymbol records"
+        f"kreldctl: {out_path}: {len(plans)} module loads mapped"
+        + (f" ({possible} from before kreld saw them: possible there)" if possible else "")
+        + f", {len(ids)} build-ids added, {len(extra)} ksymbol records"
         + (f", the kernel and {len(early) - 1} modules mapped from its start" if early else ""),
         file=err,
     )
@@ -347,4 +360,6 @@ def _plan_json(p: ModuleMapPlan) -> dict[str, object]:
         "start": hexaddr(p.start),
         "end": hexaddr(p.end),
         "time": p.time,
+        "loaded": p.loaded,
+        "possible": p.possible,
     }
