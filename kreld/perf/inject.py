@@ -136,10 +136,10 @@ class ModuleMapPlan:
 
 
 def plan_modules(m: BootMatch, span: tuple[int, int] | None, err: TextIO) -> list[ModuleMapPlan]:
-    """The loads to map: those recorded after the recording's start whose code
-    may have run before its end, each mapped from the earliest moment it may
-    have (:meth:`Unloads.map_time`): a load kreld saw only after the recording
-    ended, but absent no later than its end, may hold samples of it too."""
+    """The loads to map: those recorded after the recording's start, at or before
+    its end, each mapped from the earliest moment its code may have run
+    (:meth:`Unloads.map_time`); one whose map begins before kreld saw the load
+    names the samples between as possible (:attr:`ModuleMapPlan.possible`)."""
     clock: SampleClock = m.clock
     if span is None:
         return []
@@ -151,16 +151,13 @@ def plan_modules(m: BootMatch, span: tuple[int, int] | None, err: TextIO) -> lis
     plans: list[ModuleMapPlan] = []
     for inc in m.incarnations:
         t = inc.loaded.on(clock.clock)
-        after = t if inc.loaded_after is None else inc.loaded_after.on(clock.clock)
-        if inc.seq in seen or not start < t or min(t, after) > last:
+        if inc.seq in seen or not start < t <= last:
             continue
         r = text_range(inc)
         if r is None:
             print(f"kreldctl: warning: {inc.name} (seq {inc.seq}): no .text address", file=err)
             continue
-        begins = max(start, unloads.map_time(inc, r))
-        if begins <= last:
-            plans.append(ModuleMapPlan(inc, r[0], r[1], begins, t))
+        plans.append(ModuleMapPlan(inc, r[0], r[1], max(start, unloads.map_time(inc, r)), t))
     return sorted(plans, key=lambda p: (p.time, p.inc.seq))
 
 

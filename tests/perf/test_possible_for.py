@@ -126,15 +126,15 @@ def test_with_lines_the_json_marks_a_possible_frame(tmp_path: Path) -> None:
     assert f"debuginfo for build {BUILD}" in inside["no_lines"]
 
 
-def test_inject_maps_a_load_seen_after_the_recording_ended_from_its_intervals_start(
+def test_inject_maps_a_late_seen_load_from_its_intervals_start_and_says_possible(
     tmp_path: Path,
 ) -> None:
-    """The recording ends at 30 s, kreld saw ``late`` at 40 s, absent at 10 s:
-    its samples up to 30 s may be late's, so OUT maps it from 10 s or the
-    recording's start, marked possible in the summary, and lists it in
+    """The recording runs 20 to 45 s, kreld saw ``late`` at 40 s, absent at
+    10 s: its samples from 20 s on may be late's, so OUT maps it from 10 s or
+    the recording's start, marked possible in the summary, and lists it in
     export kallsyms --for OUT."""
     opts, tree = late_store(tmp_path)
-    src = recording(tree, tmp_path / "in.data", [20 * S, 30 * S])
+    src = recording(tree, tmp_path / "in.data", [20 * S, 45 * S])
     out = tmp_path / "out.data"
     cp = kreldctl("inject", "-i", str(src), "-o", str(out), "--json", *opts)
     (mapped,) = json.loads(cp.stdout)["modules"]
