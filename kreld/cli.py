@@ -325,13 +325,13 @@ class Ctl:
             from kreld.perf import commands as perfctl
 
             out = transparent(self.out)
-            if not self.args.lines:
-                return perfctl.symbolize_for(self.perf_store(), header, lines, out, self.err)
-            from kreld.ctl.perflines import lines_hook
+            if self.args.lines:  # its store serves the records too (one open per process)
+                from kreld.ctl.perflines import symbolize_for_lines
 
-            reader = self.lines()  # its store serves the records too (one open per process)
-            hook = lines_hook(reader, self.args.json)
-            return perfctl.symbolize_for(reader.records(), header, lines, out, self.err, hook)
+                return symbolize_for_lines(
+                    self.lines(), header, lines, out, self.err, self.args.json
+                )
+            return perfctl.symbolize_for(self.perf_store(), header, lines, out, self.err)
         from kreld.client import resolutions
         from kreld.ctl.stream import symbolize_stream
 

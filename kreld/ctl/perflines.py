@@ -42,9 +42,10 @@ if TYPE_CHECKING:
     from kreld.ctl.lines import LineSession
     from kreld.perf.commands import LinesHook, ScriptNamer
     from kreld.perf.match import BootMatch
+    from kreld.perf.reader import PerfHeader
     from kreld.symbols.queries import Region
 
-__all__ = ["BATCH", "FrameLines", "kernel_frames", "lines_hook"]
+__all__ = ["BATCH", "FrameLines", "kernel_frames", "lines_hook", "symbolize_for_lines"]
 
 # Frames answered together (one numpy look-up per build per batch).
 BATCH = 8192
@@ -106,6 +107,21 @@ class FrameLines:
         if f is not None:
             return LineAnswer((), f"{f.dso} code has no debuginfo")
         return LineAnswer((), "not in the kernel image nor in a module loaded then")
+
+
+def symbolize_for_lines(
+    session: LineSession,
+    h: PerfHeader,
+    lines: Iterable[Line],
+    out: TextIO,
+    err: TextIO,
+    as_json: bool,
+) -> int:
+    """``symbolize --for --lines``: the boot's records read where *session*
+    reads them (the store it opened, or the bucket)."""
+    from kreld.perf.commands import symbolize_for
+
+    return symbolize_for(session.records(), h, lines, out, err, lines_hook(session, as_json))
 
 
 def lines_hook(session: LineSession, as_json: bool) -> LinesHook:

@@ -331,11 +331,9 @@ def inject(
             size = write_with(rec, sink, [*added, *extra], ids)
     finally:
         rec.close()
-    possible = sum(p.possible for p in plans)
     print(
-        f"kreldctl: {out_path}: {len(plans)} module loads mapped"
-        + (f" ({possible} from before kreld saw them: possible there)" if possible else "")
-        + f", {len(ids)} build-ids added, {len(extra)} ksymbol records"
+        f"kreldctl: {out_path}: {_mapped(plans)}, {len(ids)} build-ids added, "
+        f"{len(extra)} ksymbol records"
         + (f", the kernel and {len(early) - 1} modules mapped from its start" if early else ""),
         file=err,
     )
@@ -348,6 +346,12 @@ def inject(
         "ksymbols": len(extra),
         "start_maps": len(early),
     }
+
+
+def _mapped(plans: Sequence[ModuleMapPlan]) -> str:
+    possible = sum(p.possible for p in plans)
+    said = f"{len(plans)} module loads mapped"
+    return said + (f" ({possible} from before kreld saw them: possible there)" if possible else "")
 
 
 def _plan_json(p: ModuleMapPlan) -> dict[str, object]:
