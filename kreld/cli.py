@@ -322,16 +322,12 @@ class Ctl:
         lines = stdin_lines()
         if self.args.for_perf:
             header = self.perf_header(stdin_taken=True)  # a bad file is told first
-            from kreld.perf import commands as perfctl
+            from kreld.ctl.perflines import symbolize_for
 
-            out = transparent(self.out)
-            if self.args.lines:  # its store serves the records too (one open per process)
-                from kreld.ctl.perflines import symbolize_for_lines
-
-                return symbolize_for_lines(
-                    self.lines(), header, lines, out, self.err, self.args.json
-                )
-            return perfctl.symbolize_for(self.perf_store(), header, lines, out, self.err)
+            session = self.lines() if self.args.lines else None  # its store serves the records
+            store = self.perf_store() if session is None else session.records()
+            out, as_json = transparent(self.out), self.args.json
+            return symbolize_for(store, header, lines, out, self.err, session, as_json)
         from kreld.client import resolutions
         from kreld.ctl.stream import symbolize_stream
 

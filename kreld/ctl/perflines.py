@@ -43,9 +43,10 @@ if TYPE_CHECKING:
     from kreld.perf.commands import LinesHook, ScriptNamer
     from kreld.perf.match import BootMatch
     from kreld.perf.reader import PerfHeader
+    from kreld.store.bootsource import BootSource
     from kreld.symbols.queries import Region
 
-__all__ = ["BATCH", "FrameLines", "kernel_frames", "lines_hook", "symbolize_for_lines"]
+__all__ = ["BATCH", "FrameLines", "kernel_frames", "lines_hook", "symbolize_for"]
 
 # Frames answered together (one numpy look-up per build per batch).
 BATCH = 8192
@@ -109,19 +110,22 @@ class FrameLines:
         return LineAnswer((), "not in the kernel image nor in a module loaded then")
 
 
-def symbolize_for_lines(
-    session: LineSession,
+def symbolize_for(
+    store: BootSource,
     h: PerfHeader,
     lines: Iterable[Line],
     out: TextIO,
     err: TextIO,
+    session: LineSession | None,
     as_json: bool,
 ) -> int:
-    """``symbolize --for --lines``: the boot's records read where *session*
-    reads them (the store it opened, or the bucket)."""
-    from kreld.perf.commands import symbolize_for
+    """``symbolize --for``, with *session* (``--lines``) each kernel frame's
+    lines added; *store* where the boot's records are read (with ``--lines``
+    the session's own: a process opens the store once)."""
+    from kreld.perf.commands import symbolize_for as named
 
-    return symbolize_for(session.records(), h, lines, out, err, lines_hook(session, as_json))
+    hook = None if session is None else lines_hook(session, as_json)
+    return named(store, h, lines, out, err, hook)
 
 
 def lines_hook(session: LineSession, as_json: bool) -> LinesHook:
