@@ -48,8 +48,14 @@ if TYPE_CHECKING:
 
 __all__ = ["BATCH", "FrameLines", "kernel_frames", "lines_hook", "symbolize_for"]
 
-# Frames answered together (one numpy look-up per build per batch).
+# Frames answered together (one numpy look-up per build per batch), and the
+# most text held meanwhile (lines are up to 64 KiB: kreld/core/textin.py).
 BATCH = 8192
+BATCH_BYTES = 4 << 20
+# A sample's kernel frames in one JSON object at most (perf's own call chains
+# stop at kernel.perf_event_max_stack, 127 by default): a longer run of frame
+# lines goes on in another object of the same sample, so memory stays bounded.
+SAMPLE_FRAMES = 1024
 # Distinct (address, place) answers remembered across batches at most.
 MEMO = 1 << 16
 _KERNEL_HALF = 0xFFFF800000000000
@@ -60,6 +66,10 @@ _FRAME = re.compile(
 )
 # Under a frame's symbol: a tab and the 16 digits of its address and a space.
 _INDENT = "\t" + " " * 17
+
+
+# Lines held until their frames are answered: (text, sample time, kernel frames).
+Pending = list[tuple[str, "int | None", list[tuple[int, str, bool, str]]]]
 
 
 def kernel_frames(line: str) -> list[tuple[int, str, bool, str]]:
@@ -135,24 +145,22 @@ def lines_hook(session: LineSession, as_json: bool) -> LinesHook:
     def run(m: BootMatch, namer: ScriptNamer, lines: Iterable[Line], out: TextIO) -> None:
         writer = _JsonWriter(out) if as_json else _TextWriter(out)
         answering = FrameLines(session, m, namer)
-        pending: list[tuple[str, int | None, list[tuple[int, str, bool, str]]]] = []
-        asked = 0
+        pending: Pending = []
+        asked = held = 0
         for line, whole in lines:
             text = namer.line(line) if whole else line
             frames = kernel_frames(text) if whole else []
             pending.append((text, namer.t, frames))
             asked += len(frames)
-            if asked >= BATCH or len(pending) >= BATCH:
+            held += len(text)
+            if asked >= BATCH or len(pending) >= BATCH or held >= BATCH_BYTES:
                 writer.write(pending, answering)
-                pending, asked = [], 0
+                pending, asked, held = [], 0, 0
         writer.write(pending, answering)
         writer.close()
         session.report_unkept()
 
     return run
-
-
-Pending = list[tuple[str, "int | None", list[tuple[int, str, bool, str]]]]
 
 
 def _answered(pending: Pending, answering: FrameLines) -> list[list[LineAnswer]]:
@@ -204,6 +212,10 @@ class _JsonWriter:
             if self.sample is None:
                 continue
             for (address, symbol, possible, dso), a in zip(frames, answers, strict=True):
+                if len(self.sample["kernel_frames"]) >= SAMPLE_FRAMES:
+                    head = self.sample["sample"]
+                    self._emit()
+                    self.sample = {"sample": head, "time": t, "kernel_frames": []}
                 item: dict[str, Any] = {"address": hex(address), "symbol": symbol, "dso": dso}
                 if possible:
                     item["possible"] = True

@@ -165,6 +165,27 @@ def test_without_debuginfo_each_frame_keeps_its_symbol_and_says_why(
     assert f"debuginfo for build {built.image_bid}" in kernel["no_lines"]
 
 
+def test_a_sample_of_thousands_of_frame_lines_is_written_in_bounded_objects(
+    built: Built, tmp_path: Path
+) -> None:
+    """Input no perf writes (2,500 kernel frames under one sample line) costs
+    memory for SAMPLE_FRAMES of them at a time: the sample goes on in further
+    objects, every frame answered once, in order."""
+    from kreld.ctl.perflines import SAMPLE_FRAMES
+
+    opts = built.recorded(tmp_path)
+    data = recording(built, tmp_path / "perf.data")
+    one = script([BASES[".text"] + 4]).split("\n")[0] + "\n"
+    text = one + "".join(
+        f"\t{BASES['.text'] + 4 + (i % 8):16x} [unknown] ([x])\n" for i in range(2500)
+    )
+    got = json.loads(symbolize(opts, data, text, "--json").stdout)
+    assert [len(s["kernel_frames"]) for s in got] == [SAMPLE_FRAMES, SAMPLE_FRAMES, 452]
+    assert {s["sample"] for s in got} == {one.strip()} and {s["time"] for s in got} == {T0}
+    addresses = [int(f["address"], 16) for s in got for f in s["kernel_frames"]]
+    assert addresses == [BASES[".text"] + 4 + (i % 8) for i in range(2500)]
+
+
 class _Counting:
     """A line table's source that counts what is asked of it."""
 
