@@ -322,10 +322,12 @@ class Ctl:
         lines = stdin_lines()
         if self.args.for_perf:
             header = self.perf_header(stdin_taken=True)  # a bad file is told first
-            from kreld.perf import commands as perfctl
+            from kreld.ctl.perflines import symbolize_for
 
-            out = transparent(self.out)
-            return perfctl.symbolize_for(self.perf_store(), header, lines, out, self.err)
+            session = self.lines() if self.args.lines else None  # its store serves the records
+            store = self.perf_store() if session is None else session.records()
+            out, as_json = transparent(self.out), self.args.json
+            return symbolize_for(store, header, lines, out, self.err, session, as_json)
         from kreld.client import resolutions
         from kreld.ctl.stream import symbolize_stream
 
@@ -440,8 +442,6 @@ class Ctl:
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "lines", False) and getattr(args, "for_perf", None):
-        parser.error("--lines: not with --for yet; give the addresses with --boot and --at")
     if args.source and args.command not in FROM_COMMANDS:
         parser.error(
             f"--from: {args.command} does not read a bucket (only {', '.join(FROM_COMMANDS)})"

@@ -103,16 +103,21 @@ class LineSession:
             print(f"kreldctl: line tables of {builds} not kept: {e}", file=self.err)
         self.pending.clear()
 
+    def records(self) -> BootSource:
+        """Where the boots' records are read: the store, or the bucket."""
+        from kreld.core.errors import StoreError
+
+        if self.source is None:
+            raise StoreError(str(self.cfg.state_dir), "no store to read the boot's records from")
+        return self.source
+
     def address_map(self) -> tuple[AddressMap, str]:
         """The boot's layout at ``--at`` (default: now on the running boot, the
         end of its record on another), and the boot's release."""
-        from kreld.core.errors import StoreError
         from kreld.kernel.info import Root, read_boot_id
         from kreld.symbols.queries import AddressMap
 
-        src = self.source
-        if src is None:
-            raise StoreError(str(self.cfg.state_dir), "no store to read the boot's records from")
+        src = self.records()
         current = None
         with contextlib.suppress(KreldError):
             current = read_boot_id(Root(Path(self.cfg.root)))
@@ -143,10 +148,14 @@ class LineSession:
         from kreld.symbols.linetables import wanted_of
 
         got = lines_at(amap, addresses, self.provider.source_for(wanted_of(amap, release)))
+        self.report_unkept()
+        return got
+
+    def report_unkept(self) -> None:
+        """On stderr, each table built that could not be kept, once."""
         for bid, why in self.provider.unkept.items():
             print(f"kreldctl: the line table of build {bid} was not kept: {why}", file=self.err)
         self.provider.unkept.clear()
-        return got
 
 
 def with_lines(result: dict[str, Any], answer: LineAnswer) -> dict[str, Any]:

@@ -11,11 +11,11 @@ recorded live at the sample's own time, and leaves every other line as it was.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TextIO
 
 from kreld.core.errors import SymbolsUnavailable
-from kreld.core.record import record
+from kreld.core.record import record, replace
 from kreld.core.symtab import SymbolTables
 from kreld.core.textin import Line
 from kreld.perf.match import BootMatch, SampleClock, match_boot
@@ -23,11 +23,14 @@ from kreld.perf.reader import KERNEL_MAP_PREFIX, PerfHeader
 from kreld.store.bootsource import BootSource
 from kreld.symbols.export import module_key, render_kallsyms
 from kreld.symbols.kernel_code import CodeIndex, code_history, kallsyms_lines
+from kreld.symbols.late_loads import possibly_held
 from kreld.symbols.queries import Region, init_live_at, is_init_section, module_regions
 
 __all__ = [
     "INIT_WINDOW_NS",
     "Frame",
+    "LinesHook",
+    "ScriptNamer",
     "Symbolizer",
     "export_for",
     "find_boot",
@@ -123,6 +126,7 @@ INIT_WINDOW_NS = 10_000_000_000
 class Frame:
     symbol: str  # "func+0x1f", or "[unknown]" when no symbol covers it
     dso: str  # perf's name of the image: "[kernel.kallsyms]", "[brd]"
+    possible: bool = False  # a module possibly loaded then (its load seen late)
 
 
 class Symbolizer:
@@ -158,6 +162,7 @@ class Symbolizer:
             regions.extend(module_regions(inc, inc.init_live))
         self.regions = regions
         self._holders: dict[int, list[Region]] = {}
+        self._marked: dict[int, Region] = {}  # id of a region -> it marked possible
 
     def _live(self, r: Region, t: int) -> bool:
         inc, clock = r.inc, self.clock.clock
@@ -187,8 +192,23 @@ class Symbolizer:
             return holders[0] if len(holders) == 1 else None
         if self.clock.exact:
             live = next((r for r in holders if self._live(r, t)), None)
-            return live if live is not None else self._initializing(holders, t)
+            if live is not None:
+                return live
+            maybe = [r for r in holders if possibly_held(r, self.clock.clock, t)]
+            if maybe:
+                return self._possible(maybe[0]) if len(maybe) == 1 else None
+            return self._initializing(holders, t)
         return min(holders, key=lambda r: self._rank(r, t))
+
+    def _possible(self, r: Region) -> Region:
+        """*r* marked possible: its load is known only as an interval (seen by
+        the poll, a uevent or kreld's start) and the sample lies in it, so it is
+        named as Resolve names it then, marked; two loads possibly there name
+        neither (never a guess between them)."""
+        marked = self._marked.get(id(r))
+        if marked is None:
+            marked = self._marked[id(r)] = replace(r, possible=True)
+        return marked
 
     def _initializing(self, holders: list[Region], t: int) -> Region | None:
         """A sample in module memory that no recorded load held at *t*: the module
@@ -213,7 +233,7 @@ class Symbolizer:
         hit = None if table is None or sec is None else table.lookup(sec, address - r.rel_base)
         if hit is None:
             return Frame("[unknown]", dso)
-        return Frame(f"{hit[0]}+{hit[1]:#x}", dso)
+        return Frame(f"{hit[0]}+{hit[1]:#x}", dso, r.possible)
 
     def _code_frame(self, address: int, t: int | None) -> Frame | None:
         """A BPF program, trampoline, ftrace or kprobe page certainly at *address*
@@ -224,45 +244,74 @@ class Symbolizer:
         return None if c is None else Frame(f"{c.name}+{address - c.addr:#x}", f"[{c.owner}]")
 
 
-def symbolize_lines(lines: Iterable[Line], sym: Symbolizer, out: TextIO) -> tuple[int, int]:
-    """Copy ``perf script`` output to *out*, naming the kernel frames perf left
-    ``[unknown]``; returns (frames named, unknown kernel frames seen).  Pieces
-    of a line over the reader's limit (not whole) are copied unchanged."""
-    t: int | None = None
-    named = seen = 0
+class ScriptNamer:
+    """``perf script`` output a line at a time: the time of the sample line
+    last read, and each kernel frame perf left ``[unknown]`` named at it.  A
+    frame named from a load possibly there then (:meth:`Symbolizer._possible`)
+    says so after its symbol: ``brd_init+0x4 (possible) ([brd])``, its DSO
+    still perf's own spelling, last, as perf script's readers take it."""
 
-    def replace(m: re.Match[str]) -> str:
-        nonlocal named, seen
-        address = int(m.group(1), 16)
-        if address < _KERNEL_HALF:
-            return m.group(0)
-        seen += 1
-        f = sym.frame(address, t)
-        if f is None or (f.symbol == "[unknown]" and m.group(2) == f.dso):
-            return m.group(0)
-        named += f.symbol != "[unknown]"
-        return f"{m.group(1)} {f.symbol} ({f.dso})"
+    def __init__(self, sym: Symbolizer) -> None:
+        self.sym = sym
+        self.t: int | None = None
+        self.named = self.seen = self.possible = 0
 
-    for line, whole in lines:
-        if not whole:
-            out.write(line)
-            continue
+    def line(self, line: str) -> str:
+        """A whole line as it is written out."""
         if not line.startswith("\t"):
             tm = _SAMPLE_TIME.search(line)
             if tm is not None:
-                t = _parse_time(tm)
+                self.t = _parse_time(tm)
             elif line.strip():
-                t = None  # a sample line without a time: its frames at no time
+                self.t = None  # a sample line without a time: its frames at no time
         if "[unknown]" in line:
-            line = _UNKNOWN_FRAME.sub(replace, line)
-        out.write(line)
-    return named, seen
+            line = _UNKNOWN_FRAME.sub(self._replace, line)
+        return line
+
+    def _replace(self, m: re.Match[str]) -> str:
+        address = int(m.group(1), 16)
+        if address < _KERNEL_HALF:
+            return m.group(0)
+        self.seen += 1
+        f = self.sym.frame(address, self.t)
+        if f is None or (f.symbol == "[unknown]" and m.group(2) == f.dso):
+            return m.group(0)
+        named = f.symbol != "[unknown]"
+        self.named += named
+        self.possible += named and f.possible
+        mark = " (possible)" if f.possible else ""
+        return f"{m.group(1)} {f.symbol}{mark} ({f.dso})"
+
+    def summary(self) -> str:
+        said = f"named {self.named} of {self.seen} unknown kernel frames"
+        if self.possible:
+            said += f", {self.possible} of them possible (a module whose load kreld saw late)"
+        return said
+
+
+def symbolize_lines(lines: Iterable[Line], namer: ScriptNamer, out: TextIO) -> None:
+    """Copy ``perf script`` output to *out*, naming the kernel frames perf left
+    ``[unknown]`` (*namer* counts them).  Pieces of a line over the reader's
+    limit (not whole) are copied unchanged."""
+    for line, whole in lines:
+        out.write(namer.line(line) if whole else line)
+
+
+# symbolize --for --lines: given the recording's boot, its symbolizer, the
+# lines and the output, writes them with each kernel frame's source lines.
+LinesHook = Callable[[BootMatch, ScriptNamer, Iterable[Line], TextIO], None]
 
 
 def symbolize_for(
-    store: BootSource, h: PerfHeader, lines: Iterable[Line], out: TextIO, err: TextIO
+    store: BootSource,
+    h: PerfHeader,
+    lines: Iterable[Line],
+    out: TextIO,
+    err: TextIO,
+    with_lines: LinesHook | None = None,
 ) -> int:
-    """``perf script`` output of *h* from *lines* to *out*, unknown kernel frames named."""
+    """``perf script`` output of *h* from *lines* to *out*, unknown kernel frames
+    named; with *with_lines*, written by it (source lines added)."""
     m = find_boot(store, h, err)
     if not m.clock.exact:
         print(
@@ -279,9 +328,13 @@ def symbolize_for(
 
     code = CodeIndex(code_history(store, m.boot.boot_id))
 
-    def run(tables: SymbolTables) -> tuple[int, int]:
-        return symbolize_lines(lines, Symbolizer(m, tables, kernel_key, code), out)
+    def run(tables: SymbolTables) -> ScriptNamer:
+        namer = ScriptNamer(Symbolizer(m, tables, kernel_key, code))
+        if with_lines is None:
+            symbolize_lines(lines, namer, out)
+        else:
+            with_lines(m, namer, lines, out)
+        return namer
 
-    named, seen = store.with_tables(keys, run)
-    print(f"kreldctl: named {named} of {seen} unknown kernel frames", file=err)
+    print(f"kreldctl: {store.with_tables(keys, run).summary()}", file=err)
     return 0

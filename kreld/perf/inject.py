@@ -121,7 +121,14 @@ class ModuleMapPlan:
     inc: Incarnation
     start: int
     end: int
-    time: int  # the load, on the sample clock
+    time: int  # when the map begins, on the sample clock
+    loaded: int  # when kreld saw the load (it was certainly there from then)
+
+    @property
+    def possible(self) -> bool:
+        """Whether the map begins before the load was certain: a sample between
+        is named from a load possibly there then (seen late by kreld)."""
+        return self.time < self.loaded
 
     @property
     def name(self) -> str:
@@ -131,7 +138,8 @@ class ModuleMapPlan:
 def plan_modules(m: BootMatch, span: tuple[int, int] | None, err: TextIO) -> list[ModuleMapPlan]:
     """The loads to map: those recorded after the recording's start, at or before
     its end, each mapped from the earliest moment its code may have run
-    (:func:`map_time`)."""
+    (:meth:`Unloads.map_time`); one whose map begins before kreld saw the load
+    names the samples between as possible (:attr:`ModuleMapPlan.possible`)."""
     clock: SampleClock = m.clock
     if span is None:
         return []
@@ -149,7 +157,7 @@ def plan_modules(m: BootMatch, span: tuple[int, int] | None, err: TextIO) -> lis
         if r is None:
             print(f"kreldctl: warning: {inc.name} (seq {inc.seq}): no .text address", file=err)
             continue
-        plans.append(ModuleMapPlan(inc, r[0], r[1], max(start, unloads.map_time(inc, r))))
+        plans.append(ModuleMapPlan(inc, r[0], r[1], max(start, unloads.map_time(inc, r)), t))
     return sorted(plans, key=lambda p: (p.time, p.inc.seq))
 
 
@@ -324,8 +332,8 @@ def inject(
     finally:
         rec.close()
     print(
-        f"kreldctl: {out_path}: {len(plans)} module loads mapped, {len(ids)} build-ids "
-        f"added, {len(extra)} ksymbol records"
+        f"kreldctl: {out_path}: {_mapped(plans)}, {len(ids)} build-ids added, "
+        f"{len(extra)} ksymbol records"
         + (f", the kernel and {len(early) - 1} modules mapped from its start" if early else ""),
         file=err,
     )
@@ -340,6 +348,12 @@ def inject(
     }
 
 
+def _mapped(plans: Sequence[ModuleMapPlan]) -> str:
+    possible = sum(p.possible for p in plans)
+    said = f"{len(plans)} module loads mapped"
+    return said + (f" ({possible} from before kreld saw them: possible there)" if possible else "")
+
+
 def _plan_json(p: ModuleMapPlan) -> dict[str, object]:
     return {
         "name": p.inc.name,
@@ -347,4 +361,6 @@ def _plan_json(p: ModuleMapPlan) -> dict[str, object]:
         "start": hexaddr(p.start),
         "end": hexaddr(p.end),
         "time": p.time,
+        "loaded": p.loaded,
+        "possible": p.possible,
     }

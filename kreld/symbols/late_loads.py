@@ -15,7 +15,7 @@ from kreld.core.record import replace
 if TYPE_CHECKING:
     from kreld.symbols.queries import Region
 
-__all__ = ["possible_regions", "possibly_loaded_at"]
+__all__ = ["possible_regions", "possibly_held", "possibly_loaded_at"]
 
 
 def possibly_loaded_at(inc: Incarnation, clock: Clock, t: int | None) -> bool:
@@ -26,6 +26,21 @@ def possibly_loaded_at(inc: Incarnation, clock: Clock, t: int | None) -> bool:
     if t is None or after is None:
         return False
     return after.on(clock) < t < inc.loaded.on(clock)
+
+
+def possibly_held(r: Region, clock: Clock, t: int | None) -> bool:
+    """Whether region *r* of a module load may have held its range at *t*
+    though not certainly: the load possibly there (:func:`possibly_loaded_at`)
+    and, for an init section, init not known to have ended by *t*."""
+    from kreld.symbols.queries import is_init_section  # which imports this module
+
+    inc = r.inc
+    if inc is None or not possibly_loaded_at(inc, clock, t):
+        return False
+    if not is_init_section(r.section):
+        return True
+    done = inc.init_done
+    return inc.init_live and (done is None or t is None or t < done.on(clock))
 
 
 def possible_regions(

@@ -22,7 +22,7 @@ import numpy as np
 from kreld.debuginfo.lines import Frame, LineTable
 from kreld.symbols.queries import AddressMap, Region
 
-__all__ = ["LineAnswer", "TableSource", "lines_at"]
+__all__ = ["LineAnswer", "TableSource", "lines_at", "lines_in"]
 
 # The line table of a build-id, or None where no debuginfo could be had
 # (the string then says why).
@@ -51,27 +51,33 @@ def _where(region: Region, address: int, table: LineTable) -> int | str:
     return at
 
 
-def _build_of(amap: AddressMap, region: Region) -> str | None:
-    return amap.kernel_build_id if region.inc is None else region.inc.state.build_id
-
-
 def lines_at(amap: AddressMap, addresses: Sequence[int], tables: TableSource) -> list[LineAnswer]:
-    """Each address's :class:`LineAnswer`; each build's table is asked once,
-    and the addresses of one build are looked up together."""
-    answers: list[LineAnswer | None] = [None] * len(addresses)
-    by_build: dict[str, list[tuple[int, int]]] = {}  # build-id -> (index, region-relative)
-    regions: list[Region | None] = [amap.region_at(a) for a in addresses]
-    for k, (a, r) in enumerate(zip(addresses, regions, strict=True)):
+    """Each address's :class:`LineAnswer` in *amap*'s layout (see :func:`lines_in`)."""
+    placed = [(a, amap.region_at(a)) for a in addresses]
+    return lines_in(placed, amap.kernel_build_id, tables)
+
+
+def lines_in(
+    placed: Sequence[tuple[int, Region | None]], kernel_build_id: str | None, tables: TableSource
+) -> list[LineAnswer]:
+    """Each address's :class:`LineAnswer`, the address given with the region
+    that held it then (None: none did) and *kernel_build_id* the boot's image;
+    each build's table is asked once, and the addresses of one build are
+    looked up together."""
+    answers: list[LineAnswer | None] = [None] * len(placed)
+    by_build: dict[str, list[tuple[int, int]]] = {}  # build-id -> (index, address)
+    for k, (a, r) in enumerate(placed):
         if r is None:
             answers[k] = LineAnswer((), "not in the kernel image nor in a module loaded then")
         elif r.name is not None or r.image.startswith("["):
             answers[k] = LineAnswer((), f"{r.image} code has no debuginfo")
         else:
-            build = _build_of(amap, r)
+            build = kernel_build_id if r.inc is None else r.inc.state.build_id
             if build is None:
                 answers[k] = LineAnswer((), f"no build-id recorded for {r.image}")
             else:
                 by_build.setdefault(build, []).append((k, a))
+    regions = [r for _, r in placed]
     for build, members in by_build.items():
         table = tables(build)
         if isinstance(table, str):

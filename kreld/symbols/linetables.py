@@ -43,6 +43,7 @@ from kreld.debuginfo.places import Kind, Wanted
 
 if TYPE_CHECKING:
     from kreld.config.settings import Config
+    from kreld.core.model import Incarnation
     from kreld.debuginfo.finder import DebuginfoFinder
     from kreld.debuginfo.lines import LineTable
     from kreld.store.linetabs import LineTableStore
@@ -55,6 +56,7 @@ __all__ = [
     "TableInfo",
     "provider_for",
     "table_listing",
+    "wanted_for",
     "wanted_of",
 ]
 
@@ -104,18 +106,23 @@ def table_listing(kept: LineTableStore) -> list[TableInfo]:
 
 
 def wanted_of(amap: AddressMap, release: str) -> dict[str, Wanted]:
-    """What each build of *amap* is, by build-id: the kernel image of
-    *release* (the boot's) and each module incarnation's build by the name
-    recorded for it."""
+    """What each build of *amap* is, by build-id (see :func:`wanted_for`)."""
+    incs = (r.inc for r in amap.regions if r.inc is not None)
+    return wanted_for(amap.kernel_build_id, incs, release)
+
+
+def wanted_for(
+    kernel_build_id: str | None, incs: Iterable[Incarnation], release: str
+) -> dict[str, Wanted]:
+    """What each build is, by build-id: the kernel image of *release* (the
+    boot's) and each module incarnation's build by the name recorded for it."""
     out: dict[str, Wanted] = {}
-    if amap.kernel_build_id:
-        out[amap.kernel_build_id] = Wanted(amap.kernel_build_id, Kind.IMAGE, release)
-    for r in amap.regions:
-        inc = r.inc
-        if inc is not None and inc.state.build_id and inc.state.build_id not in out:
-            out[inc.state.build_id] = Wanted(
-                inc.state.build_id, Kind.MODULE, release, name=inc.state.name
-            )
+    if kernel_build_id:
+        out[kernel_build_id] = Wanted(kernel_build_id, Kind.IMAGE, release)
+    for inc in incs:
+        bid = inc.state.build_id
+        if bid and bid not in out:
+            out[bid] = Wanted(bid, Kind.MODULE, release, name=inc.state.name)
     return out
 
 

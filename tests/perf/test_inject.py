@@ -465,3 +465,68 @@ def test_json_with_output_to_stdout_puts_the_summary_on_stderr(world: World) -> 
     assert cp.stdout == inject(w, "pipe").read_bytes()
     summary = json.loads(cp.stderr[cp.stderr.index(b"{") :])
     assert summary and isinstance(summary, dict)
+
+
+# -- the same recording through symbolize --for: lines, possible answers ------------------
+
+_KERNEL_FRAME = re.compile(r"(?<![0-9a-f])(ffff[0-9a-f]{12}) (\S+)(?: \(possible\))? \(([^()]*)\)")
+
+
+def symbolize_for(w: World, data: Path, script: str, *more: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "DEBUGINFOD_URLS"}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "kreldctl"), "symbolize", "--for", str(data),
+         "--state-dir", str(w.m.state), "--config", str(w.m.config), *more],
+        input=script, capture_output=True, text=True, check=True, timeout=300, env=env,
+    ).stdout  # fmt: skip
+
+
+def test_symbolize_for_lines_answers_every_kernel_frame_of_real_perf_script_output(
+    world: World,
+) -> None:
+    """perf script of a real recording (this kernel, brd's samples spliced in)
+    through ``symbolize --for --lines``: the text is ``symbolize --for``'s with
+    an answer under each kernel frame; with ``--json`` every kernel frame has
+    one, brd's named, and (no debuginfo for this kernel here) each keeps its
+    symbol and says why it has no lines."""
+    w = world
+    data = w.recs["file"]
+    script = run_perf(w, "script", "-i", str(data), f"--symfs={w.empty}").stdout
+    none = w.d / "no-debuginfo"
+    none.mkdir(exist_ok=True)
+    plain = symbolize_for(w, data, script)
+    text = symbolize_for(w, data, script, "--lines", "--debuginfo-dir", str(none))
+    added = [ln for ln in text.splitlines() if ln.startswith("\t" + " " * 17)]
+    assert [ln for ln in text.splitlines() if ln not in added] == plain.splitlines()
+    samples = json.loads(
+        symbolize_for(w, data, script, "--lines", "--json", "--debuginfo-dir", str(none))
+    )
+    frames = [f for s in samples for f in s["kernel_frames"]]
+    assert len(frames) == len(_KERNEL_FRAME.findall(plain)) == len(added) > 100
+    assert [(f["address"][2:], f["symbol"], f["dso"]) for f in frames] == _KERNEL_FRAME.findall(
+        plain
+    )
+    brd = {f["symbol"].split("+")[0] for f in frames if f["dso"] == "[brd]"}
+    assert brd == set(IN_BRD.values())
+    assert all(f["frames"] == [] and "debuginfo for build" in f["no_lines"] for f in frames)
+
+
+def test_brd_samples_before_kreld_saw_its_load_are_named_possible(world: World) -> None:
+    """brd's samples spliced in just after the look that saw brd absent, before
+    the one that found it: ``symbolize --for`` names each, marked possible, and
+    ``inject`` maps brd from that look, marking its map possible, and the real
+    ``perf report`` of its output names each."""
+    w = world
+    src = splice(w.d / "file.raw", w.d / "possible.data", w.absent_ns + 1000)
+    script = run_perf(w, "script", "-i", str(src), f"--symfs={w.empty}").stdout
+    out = symbolize_for(w, src, script)
+    named = re.findall(r" (brd_\w+)\+0x[0-9a-f]+ \(possible\) \(\[brd\]\)", out)
+    assert set(named) == set(IN_BRD.values()), out[-2000:]
+    out_data = w.d / "possible.out"
+    cp = w.ctl("inject", "-i", str(src), "-o", str(out_data), "--json")
+    (brd,) = (p for p in json.loads(cp.stdout)["modules"] if p["name"] == "brd")
+    assert brd["possible"] is True and brd["time"] < w.load_ns
+    ks = w.d / "possible.kallsyms"
+    w.ctl("export", "kallsyms", "--for", str(out_data), "-o", str(ks))
+    named_by_perf = {s for dso, s in report(w, out_data, ks) if dso == "[brd]"}
+    assert named_by_perf == set(IN_BRD.values())

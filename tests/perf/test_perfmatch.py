@@ -222,7 +222,11 @@ def test_symbolize_for_names_each_sample_by_the_load_live_at_its_time(world: Wor
     assert named[0].endswith(f"{ip:x} late_ioctl+0x4 ([late])")
     assert named[1] == f"\t{ip:16x} late_ioctl+0x4 ([late])"
     assert named[6] == f"\t{ip:16x} late2_ioctl+0x4 ([late2])"
-    assert named[11] == f"\t{ip:16x} late_ioctl+0x4 ([late])"  # in late's init
+    # In late's init: named, and marked possible when kreld's look before the one
+    # that found late came before the sample (the load then known as an interval
+    # holding it), as Resolve answers it.
+    assert named[11] in (f"\t{ip:16x} late_ioctl+0x4 ([late])",
+                         f"\t{ip:16x} late_ioctl+0x4 (possible) ([late])")  # fmt: skip
     assert "named 6 of 8 unknown kernel frames" in cp.stderr
 
 

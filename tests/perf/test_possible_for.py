@@ -1,0 +1,152 @@
+"""A module load kreld knows only as an interval (seen by a look, not by the
+tracepoint: absent at ``loaded_after``, there at ``loaded``) names the samples
+of a recording that fall inside it, in ``symbolize --for`` (marked possible,
+as Resolve marks it) and in ``inject`` (mapped from the interval's start),
+so that no sample is left unnamed because kreld learnt of the load late.
+
+The store is written here (a snapshot of a fake tree, then the load and its
+symbol table as the daemon records them); the recordings are perf.data files
+written here (tests/support/perffile.py)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.core.symtab import module_symbol_key, module_table
+from kreld.store import Store
+
+from support.faketree import FakeTree
+from support.inject import TEXT
+from support.perffile import FINISHED_INIT, MISC_KERNEL, PerfFile, record, sample
+from support.run import bin_path, kreldctl
+
+BASE = 0xFFFFFFFFC0400000
+SECTIONS = {".text": BASE, ".data": BASE + 0x2000, ".init.text": BASE + 0x100000}
+BUILD = "1a7e" * 10
+S = 1_000_000_000
+AFTER, LOADED = 10 * S, 40 * S  # absent at 10 s, seen loaded at 40 s: 30 s unknown
+
+
+def _ts(t: int) -> Timestamp:
+    return Timestamp(t, t, t)
+
+
+def late_store(tmp_path: Path) -> tuple[list[str], FakeTree]:
+    """A boot on which ``late`` was seen loaded at 40 s by a look that did not
+    see it at 10 s; its init still running when seen."""
+    tree = FakeTree(tmp_path / "root", text=TEXT)
+    opts = ["--root", str(tree.root), "--state-dir", str(tmp_path / "state")]
+    kreldctl(*opts, "snapshot")
+    state = ModuleState(
+        name="late", build_id=BUILD, sections=SECTIONS, coresize=0x4000, initsize=0x1000,
+        initstate="coming", srcversion=None, taint=None, core_base=BASE, restricted=False,
+        inode=1,
+    )  # fmt: skip
+    inc = Incarnation(tree.boot_id, 7, state, _ts(LOADED), SeenBy.POLL, init_live=True,
+                      loaded_after=_ts(AFTER))  # fmt: skip
+    table = module_table([(BASE, b"t", b"late_fn"), (BASE + 0x100000, b"t", b"late_init")],
+                         SECTIONS, {})  # fmt: skip
+    assert table is not None
+    with Store(tmp_path / "state") as store:
+        store.modules.apply_module_changes(tree.boot_id, [inc], [], [], None)
+        key = module_symbol_key(BUILD, "late", None)
+        assert key is not None
+        store.symbols.put_table(key, table)
+    return opts, tree
+
+
+def recording(tree: FakeTree, path: Path, times: list[int], clock_at: int = 15 * S) -> Path:
+    """A perf.data on CLOCK_MONOTONIC whose kernel samples come at *times*: its
+    one synthesized record, the kernel's map, with the sample_id its attr asks
+    for (pid, tid, time), so that the recording spans exactly *times*."""
+    clock = (1, time.time_ns(), clock_at)
+    f = PerfFile(text=TEXT, kernel_build_id=tree.build_id, osrelease=tree.release,
+                 clock=clock, sample_time=(min(times), max(times)))  # fmt: skip
+    name = b"[kernel.kallsyms]_text\0"
+    body = struct.pack("<iIQQQ", -1, 0, TEXT, 0x1269A88, TEXT) + name.ljust(
+        -(-len(name) // 8) * 8, b"\0"
+    )
+    kernel_map = record(1, MISC_KERNEL, body + struct.pack("<iiQ", -1, -1, min(times)))
+    data = kernel_map + FINISHED_INIT + b"".join(sample(TEXT + 0x10, t) for t in times)
+    return f.write(path, data=data)
+
+
+def script(*samples: tuple[int, int]) -> str:
+    out = []
+    for t, ip in samples:
+        sec, ns = divmod(t, S)
+        out.append(f"  dd   322 [000] {sec:>6}.{ns // 1000:06d}:    1003009 cpu-clock: \n")
+        out.append(f"\t{ip:16x} [unknown] ([unknown])\n\n")
+    return "".join(out)
+
+
+def symbolize(
+    opts: list[str], data: Path, text: str, *more: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([bin_path("kreldctl"), "symbolize", "--for", str(data), *opts, *more],
+                          input=text, capture_output=True, text=True, check=True)  # fmt: skip
+
+
+def test_symbolize_for_names_a_sample_inside_a_late_seen_loads_interval_as_possible(
+    tmp_path: Path,
+) -> None:
+    """20 s before kreld saw the load (far past the window a recorded load's
+    init is looked for in), in its text and in its init text: named, marked
+    possible; before the interval: nothing; after the load: named, certain."""
+    opts, tree = late_store(tmp_path)
+    data = recording(tree, tmp_path / "perf.data", [5 * S, 50 * S])
+    text = script((5 * S, BASE + 0x10), (20 * S, BASE + 0x10), (20 * S, BASE + 0x100004),
+                  (50 * S, BASE + 0x10))  # fmt: skip
+    cp = symbolize(opts, data, text)
+    frames = [ln for ln in cp.stdout.splitlines() if ln.startswith("\t")]
+    assert frames == [
+        f"\t{BASE + 0x10:16x} [unknown] ([unknown])",
+        f"\t{BASE + 0x10:16x} late_fn+0x10 (possible) ([late])",
+        f"\t{BASE + 0x100004:16x} late_init+0x4 (possible) ([late])",
+        f"\t{BASE + 0x10:16x} late_fn+0x10 ([late])",
+    ]
+    assert "named 3 of 4 unknown kernel frames, 2 of them possible" in cp.stderr
+
+
+def test_with_lines_the_json_marks_a_possible_frame(tmp_path: Path) -> None:
+    opts, tree = late_store(tmp_path)
+    data = recording(tree, tmp_path / "perf.data", [5 * S, 50 * S])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    text = script((20 * S, BASE + 0x10), (50 * S, BASE + 0x10))
+    cp = symbolize(opts, data, text, "--lines", "--json", "--debuginfo-dir", str(empty))
+    inside, after = (s["kernel_frames"][0] for s in json.loads(cp.stdout))
+    assert inside["symbol"] == "late_fn+0x10" and inside["possible"] is True
+    assert after["symbol"] == "late_fn+0x10" and "possible" not in after
+    assert f"debuginfo for build {BUILD}" in inside["no_lines"]
+
+
+def test_inject_maps_a_late_seen_load_from_its_intervals_start_and_says_possible(
+    tmp_path: Path,
+) -> None:
+    """The recording runs 20 to 45 s, kreld saw ``late`` at 40 s, absent at
+    10 s: its samples from 20 s on may be late's, so OUT maps it from 10 s or
+    the recording's start, marked possible in the summary, and lists it in
+    export kallsyms --for OUT."""
+    opts, tree = late_store(tmp_path)
+    src = recording(tree, tmp_path / "in.data", [20 * S, 45 * S])
+    out = tmp_path / "out.data"
+    cp = kreldctl("inject", "-i", str(src), "-o", str(out), "--json", *opts)
+    (mapped,) = json.loads(cp.stdout)["modules"]
+    assert mapped["name"] == "late" and mapped["possible"] is True
+    assert AFTER <= mapped["time"] <= 20 * S and mapped["loaded"] == LOADED
+    assert "1 module loads mapped (1 from before kreld saw them: possible there)" in cp.stderr
+    kallsyms = kreldctl("export", "kallsyms", "--for", str(out), *opts).stdout
+    assert any(ln.endswith(" late_fn\t[late]") for ln in kallsyms.splitlines())
+
+
+def test_inject_leaves_out_a_load_absent_until_after_the_recording_ended(tmp_path: Path) -> None:
+    opts, tree = late_store(tmp_path)
+    src = recording(tree, tmp_path / "in.data", [2 * S, 8 * S], clock_at=S)
+    cp = kreldctl("inject", "-i", str(src), "-o", str(tmp_path / "out.data"), "--json", *opts)
+    assert json.loads(cp.stdout)["modules"] == []
