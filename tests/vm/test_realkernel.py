@@ -882,8 +882,9 @@ def test_exported_kallsyms_lists_modules_in_the_kernels_order(
 def test_subscriber_in_the_guest_sees_dummy_load_and_unload(first: Boot) -> None:
     """A client in the guest subscribed with ``Subscribe`` (guest_subscribe.py,
     ``kreld.client``) before any test module was loaded: the snapshot of the
-    modules recorded loaded and kreld's first look at them, then dummy's load, veth's, dummy's unload (the same
-    seq) and the second dummy's load, each as kreld recorded it."""
+    modules recorded loaded and kreld's first look at them, then dummy's load,
+    veth's, dummy's unload (the same seq) and the second dummy's load, each as
+    kreld recorded it."""
     f = first.facts
     rc = (f.dir / "watch.rc").read_text().strip()
     err = (f.dir / "watch.err").read_text()
@@ -894,7 +895,9 @@ def test_subscriber_in_the_guest_sees_dummy_load_and_unload(first: Boot) -> None
     # The socket answers while kreld starts: what its first look finds comes
     # after the snapshot (of what the store held loaded: nothing on a first
     # start), as loads seen by that look.
-    first_look = [m for m in msgs[1:] if m["event"] == "load" and m["module"]["seen_by"] == "startup"]
+    first_look = [
+        m for m in msgs[1:] if m["event"] == "load" and m["module"]["seen_by"] == "startup"
+    ]
     known = {m["name"] for m in msgs[0]["modules"]} | {m["module"]["name"] for m in first_look}
     assert set(f.modules_at_start) <= known <= startup | set(f.modules_at_ready), known
     later = [m for m in msgs[1:] if m not in first_look]
