@@ -48,9 +48,10 @@ from typing import TextIO
 
 from kreld.core.errors import InvalidArgument
 from kreld.core.kernel_code import OWNER_BPF
-from kreld.core.model import Incarnation, hexaddr
+from kreld.core.model import Clock, Incarnation, hexaddr
 from kreld.core.record import record
 from kreld.core.safeout import safe_output
+from kreld.core.symtab import SymbolTables
 from kreld.perf.commands import find_boot
 from kreld.perf.match import BootMatch, SampleClock
 from kreld.perf.reader import read_perf_header
@@ -58,7 +59,7 @@ from kreld.perf.rewrite import Added, Recording, write_with
 from kreld.perf.synth import AttrLayout, KsymType, build_id_entry, kernel_mmap, ksymbol
 from kreld.store.bootsource import BootSource
 from kreld.symbols.kernel_code import code_history
-from kreld.symbols.queries import module_regions
+from kreld.symbols.queries import Region, is_init_section, module_regions
 
 __all__ = [
     "KSYM_KINDS",
@@ -287,6 +288,48 @@ def code_ksyms(store: BootSource, err: TextIO) -> Callable[[BootMatch], list[Ksy
     return ksyms
 
 
+def init_text_ksyms(store: BootSource, plans: Sequence[ModuleMapPlan], clock: Clock) -> list[Ksym]:
+    """The functions of each mapped load's init text, while its init ran.
+
+    perf maps a module by one range and names its symbols relative to that
+    range's start, and the init text is allocated apart from the core: it
+    cannot be a second map of the module.  Each function there becomes
+    out-of-line code of its own instead (``PERF_RECORD_KSYMBOL``), registered
+    from the module's map and unregistered once kreld saw its init done (or
+    the module gone), since the kernel frees init text then."""
+    wanted: list[tuple[ModuleMapPlan, list[Region]]] = []
+    for p in plans:
+        regions = [r for r in module_regions(p.inc, True)
+                   if is_init_section(r.section) and _is_code(r.section) and r.table]  # fmt: skip
+        if regions and p.inc.init_live:
+            wanted.append((p, regions))
+    keys = {r.table for _, regions in wanted for r in regions if r.table is not None}
+    if not keys:
+        return []
+
+    def named(tables: SymbolTables) -> list[Ksym]:
+        out: list[Ksym] = []
+        for p, regions in wanted:
+            end = p.inc.init_done or p.inc.unloaded
+            unload = None if end is None else end.on(clock)
+            for r in regions:
+                table = tables.get(r.table) if r.table is not None else None
+                sec = None if table is None else table.section_index(r.section)
+                if table is None or sec is None:
+                    continue
+                starts = sorted(
+                    {r.rel_base + e.value for e in table if e.section == sec and e.type in "tT"}
+                )
+                for a, b in zip(starts, [*starts[1:], r.limit], strict=True):
+                    if r.base <= a < min(b, r.limit):
+                        name = table.lookup(sec, a - r.rel_base)
+                        if name is not None:
+                            out.append((a, min(b, r.limit) - a, "ool", name[0], p.time, unload))
+        return out
+
+    return store.with_tables(keys, named)
+
+
 def inject(
     store: BootSource,
     in_path: str,
@@ -326,7 +369,9 @@ def inject(
         plans = plan_modules(m, span, err)
         added, ids = module_records(plans, rec, mapped)
         added, ids = [*early, *added], [*ids0, *ids]
-        extra = ksymbol_records(ksyms(m), rec.layout, rec.e) if ksyms is not None else []
+        code = [*(ksyms(m) if ksyms is not None else []),
+                *init_text_ksyms(store, plans, m.clock.clock)]  # fmt: skip
+        extra = ksymbol_records(code, rec.layout, rec.e)
         with safe_output(out_path, 0o600) as sink:  # perf writes its files 0600
             size = write_with(rec, sink, [*added, *extra], ids)
     finally:

@@ -429,9 +429,11 @@ BPF = 0xFFFFFFFFA0001000
 BPF_NAME = "bpf_prog_6deef7357e7b4530_vfs_read"
 
 
-def test_ksymbol_records_name_bpf_code_in_perf_while_it_was_loaded(world: World) -> None:
-    """The seam for BPF symbols: a KSYMBOL registered at a program's load names
-    the samples in it (perf script), until the one unregistering it."""
+@pytest.mark.parametrize("kind", ["bpf", "ool"])
+def test_ksymbol_records_name_bpf_code_in_perf_while_it_was_loaded(world: World, kind: str) -> None:
+    """The seam for BPF symbols (and out-of-line code: a module's init text): a
+    KSYMBOL registered at a program's load names the samples in it (perf
+    script), until the one unregistering it."""
     w = world
     src = splice(w.d / "file.raw", w.d / "bpf.data", w.load_ns,
                  [(BPF + 0x10, 1), (BPF + 0x20, 2), (BPF + 0x30, 4)])  # fmt: skip
@@ -439,7 +441,7 @@ def test_ksymbol_records_name_bpf_code_in_perf_while_it_was_loaded(world: World)
     out = w.d / "bpf.out"
     err = io.StringIO()
     with Store(str(w.m.state), readonly=True) as store:
-        prog = [(BPF, 0x100, "bpf", BPF_NAME, t0 - 50, t0 + 3)]
+        prog = [(BPF, 0x100, kind, BPF_NAME, t0 - 50, t0 + 3)]
         res = inject_file(store, str(src), str(out), err, ksyms=lambda m: prog)
     assert res["ksymbols"] == 2, err.getvalue()
     cp = run_perf(w, "script", "-i", str(out), "-F", "ip,sym", f"--symfs={w.empty}")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
+from kreld.core.record import replace
 from kreld.core.symtab import module_symbol_key, module_table
 from kreld.store import Store
 
@@ -150,3 +151,41 @@ def test_inject_leaves_out_a_load_absent_until_after_the_recording_ended(tmp_pat
     src = recording(tree, tmp_path / "in.data", [2 * S, 8 * S], clock_at=S)
     cp = kreldctl("inject", "-i", str(src), "-o", str(tmp_path / "out.data"), "--json", *opts)
     assert json.loads(cp.stdout)["modules"] == []
+
+
+def _ksymbols(path: Path) -> list[tuple[int, int, int, str]]:
+    """(addr, len, flags, name) of each PERF_RECORD_KSYMBOL in a file-mode perf.data."""
+    buf = path.read_bytes()
+    off, size = struct.unpack_from("<QQ", buf, 40)  # the header's data section
+    out, pos = [], off
+    while pos < off + size:
+        rtype, _misc, rsize = struct.unpack_from("<IHH", buf, pos)
+        if rtype == 17:
+            addr, length, _kind, flags = struct.unpack_from("<QIHH", buf, pos + 8)
+            name = buf[pos + 24 : pos + rsize].split(b"\0", 1)[0].decode()
+            out.append((addr, length, flags, name))
+        pos += rsize
+    return out
+
+
+def test_inject_names_the_init_text_of_a_load_mapped_mid_recording_while_its_init_ran(
+    tmp_path: Path,
+) -> None:
+    """perf maps a module by one range, and its init text lies apart: each of
+    its functions is registered as code of its own (KSYMBOL) from the module's
+    map on, and unregistered when kreld saw the init done."""
+    opts, tree = late_store(tmp_path)
+    src = recording(tree, tmp_path / "in.data", [20 * S, 45 * S])
+    out = tmp_path / "out.data"
+    cp = kreldctl("inject", "-i", str(src), "-o", str(out), "--json", *opts)
+    assert json.loads(cp.stdout)["ksymbols"] == 1, cp.stderr
+    assert _ksymbols(out) == [(BASE + 0x100000, 0x1000, 0, "late_init")]
+    with Store(tmp_path / "state") as store:
+        (inc,) = store.incarnations(tree.boot_id)
+        done = replace(inc, init_done=_ts(42 * S))
+        store.modules.apply_module_changes(tree.boot_id, [], [done], [], None)
+    kreldctl("inject", "-i", str(src), "-o", str(tmp_path / "out2.data"), *opts)
+    assert _ksymbols(tmp_path / "out2.data") == [
+        (BASE + 0x100000, 0x1000, 0, "late_init"),
+        (BASE + 0x100000, 0x1000, 1, "late_init"),  # PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER
+    ]

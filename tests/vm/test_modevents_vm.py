@@ -8,9 +8,8 @@ tests/vm/guest_modevents.sh.
   own ``.init.text``: its load is recorded before its init ended, and the
   samples a per-task ``perf record -k monotonic`` of insmod took there, which
   the guest's own perf leaves ``[unknown]`` (init text is freed when perf
-  script runs), are named by ``kreldctl symbolize --for``.  (``inject`` maps
-  a module loaded mid-recording by its core allocation only: its init text,
-  allocated apart, is not mapped yet, so no inject test here.)
+  script runs), are named by ``kreldctl symbolize --for`` and, through
+  ``inject``'s KSYMBOL records for the init functions, by perf script.
 * ``dummy`` loaded and unloaded while kreld starts with a large vmlinux to
   read: recorded with both times, each exact.
 
@@ -213,6 +212,30 @@ def test_symbolize_for_names_the_init_samples_the_recording_left_unknown(
         named = re.search(r" (\w+)\+0x[0-9a-f]+ \(\[slowinit\]\)$", out[i].rstrip("\n"))
         assert named and named[1] in INIT_NAMES, out[i]
     print(f"[realkernel] {len(inside)} init samples named by symbolize --for", file=sys.stderr)
+
+
+def test_inject_names_the_init_samples_by_the_init_functions(guest: Guest, tmp_path: Path) -> None:
+    """inject registers each of slowinit's init functions as code of its own
+    (KSYMBOL) while its init ran: perf script of its output names the init
+    samples by them, where the recording alone leaves them [unknown]."""
+    state, data = str(guest.rw / "state"), guest.out / "perf-init.data"
+    out = tmp_path / "injected.data"
+    ctl("--state-dir", state, "inject", "-i", str(data), "-o", str(out))
+    ks = tmp_path / "kallsyms"
+    ctl("--state-dir", state, "export", "kallsyms", "--for", str(out), "-o", str(ks))
+    script = host_perf("script", "-i", str(out), "-F", "ip,sym", f"--kallsyms={ks}",
+                       scratch=tmp_path)  # fmt: skip
+    lo, hi = _init_range(guest)
+    named = [
+        ln.split()[1] if len(ln.split()) > 1 else "[unknown]"
+        for ln in script.splitlines()
+        if ln.split()
+        and re.fullmatch(r"[0-9a-f]+", ln.split()[0])
+        and lo <= int(ln.split()[0], 16) < hi
+    ]
+    assert len(named) >= 20, f"only {len(named)} samples in slowinit's init text"
+    assert all(n in INIT_NAMES for n in named), sorted(set(named))
+    print(f"[realkernel] {len(named)} init samples named by inject", file=sys.stderr)
 
 
 def test_a_module_loaded_and_unloaded_while_kreld_starts_is_recorded_with_both_times(
