@@ -348,8 +348,8 @@ class SymbolCapture:
             packed = None
             if lines and not s.restricted:
                 packed = module_table(lines, s.sections, section_sizes(inc))
-            if packed is not None and init_gone(inc, lines):  # read late: a .ko names init
-                packed, source = _ko_or(self.files, inc, packed, source)
+            if packed is not None and lines and init_gone(inc, lines):  # read late
+                packed, source = _with_init_of_ko(self.files, inc, lines, packed, source)
             if packed is not None and stored is not None:
                 self.store.symbols.put_table(key, packed, replace=True)
                 self.captured += 1
@@ -402,9 +402,27 @@ def _from_file(
     return packed
 
 
-def _ko_or(files: ModuleFiles, inc: Incarnation, packed: bytes, source: str) -> tuple[bytes, str]:
+def _with_init_of_ko(
+    files: ModuleFiles, inc: Incarnation, lines: list[Line], packed: bytes, source: str
+) -> tuple[bytes, str]:
+    """kallsyms' lines of a load read after its init ended, with the init
+    symbols its ``.ko`` names placed at the load's init bases: the rest as the
+    kernel shows it (a ``.ko`` alone lacks what the kernel adds and what lies
+    in sections sysfs does not list, such as an empty ``.bss``)."""
     ko = files.table(inc.state.name, inc.state.build_id, [])
-    return (packed, source) if ko is None else (ko, "ko")
+    if ko is None:
+        return packed, source
+    table = SymbolTable(ko)
+    bases = inc.state.sections
+    init = [
+        (bases[sec] + e.value, e.type.encode(), e.name.encode())
+        for e in table
+        if (sec := table.sections[e.section] if e.section < len(table.sections) else "")
+        and sec.startswith(".init")
+        and sec in bases
+    ]
+    merged = module_table([*lines, *init], bases, section_sizes(inc)) if init else None
+    return (packed, source) if merged is None else (merged, f"{source}+ko")
 
 
 def absolute_entries(table: SymbolTable | None) -> list[tuple[int, str]]:
