@@ -10,8 +10,8 @@ extracted once into /var/cache/kreld-vm/dbg under a flock, shared with other che
   - cold: building the table from the file and naming the 10,000 in a fresh process,
     goal within 2x of llvm-symbolizer's total for the 10,000;
   - peak memory of that process, goal <= 512 MiB;
-  - warm: the table loaded from its bytes, the 100,000 looked up to their chains of
-    locations (searchsorted and a gather per inline depth), goal >= 5x llvm-symbolizer's
+  - warm: the table loaded from its bytes, the 100,000 looked up to their frames in
+    columns (searchsorted, then a gather per inline depth), goal >= 5x llvm-symbolizer's
     loaded rate (in process: the socket is not part of this figure);
   - the table's bytes, goal <= 1/4 of the DWARF sections it came from;
   - answers: every frame's function, file (normalized both sides) and line equal to
@@ -269,11 +269,11 @@ def vmlinux_results(quick: bool, work: Path) -> list[Result]:
     table = LineTable.from_bytes(blob)
     log("kreld warm: chains of the whole set from the loaded table")
     arr = np.array(big, dtype=np.uint64)
-    table.chains(arr)
+    table.frame_columns(arr)
     reps = []
     for _ in range(5):
         t0 = time.perf_counter()
-        table.chains(arr)
+        table.frame_columns(arr)
         reps.append(time.perf_counter() - t0)
     warm_rate = len(big) / sorted(reps)[len(reps) // 2]
     ours_big = [[(f.function, f.file, f.line) for f in table.frames(a)] for a in big]
