@@ -76,8 +76,9 @@ _LARGE_REPLY = 64 << 10
 
 
 def _loads(raw: bytes) -> Any:
-    """A reply's JSON.  orjson refuses what json takes (an integer past 64
-    bits, a lone surrogate escaped): json has the last word."""
+    """A reply's JSON.  What orjson refuses and json takes (a lone surrogate
+    escaped) is left to json.  Integers: varlink's are 64-bit, which orjson
+    reads exactly (past 64 bits it would read a float)."""
     if len(raw) >= _LARGE_REPLY:
         try:
             import orjson
