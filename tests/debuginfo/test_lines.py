@@ -416,3 +416,21 @@ def test_resolves_columns_name_every_address_as_lines_at_does_with_regions_inter
         alone += frames == [("asm_add", None, 0, False)]
     assert named > 50 and alone == 3
     assert any(isinstance(g, list) and g[-1]["function"] in CLONES for g in spelt)
+
+
+@pytest.mark.parametrize("relocatable", [False, True])
+def test_a_table_built_through_a_file_on_disk_equals_one_built_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relocatable: bool
+) -> None:
+    """The reader's private copy is an anonymous file in memory where the
+    kernel gives one; without memfd_create (another kernel or libc) it is a
+    file under the scratch directory, removed after: the same table."""
+    import os
+
+    built = _gcc(tmp_path, "dwarf5-gz", relocatable)
+    in_memory = build_line_table(built).to_bytes()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.delattr(os, "memfd_create")
+    assert build_line_table(built, scratch=scratch).to_bytes() == in_memory
+    assert list(scratch.iterdir()) == []
