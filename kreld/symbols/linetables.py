@@ -202,17 +202,6 @@ class LineTableProvider:
 
         return source
 
-    def forget(self, build_ids: Iterable[str] | None = None) -> None:
-        """Drop tables held in memory and remembered absences (all, or of
-        *build_ids*): the next ask looks again."""
-        bids = None if build_ids is None else list(build_ids)
-        with self._state:
-            for bid in list(self._tables) if bids is None else bids:
-                got = self._tables.pop(bid, None)
-                if got is not None:
-                    self._held -= got[1]
-        self.absences.forget(bids)
-
     def listing(self) -> list[TableInfo]:
         """The tables the store keeps (empty without a store)."""
         return [] if self.kept is None else table_listing(self.kept)
