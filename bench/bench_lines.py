@@ -10,8 +10,8 @@ extracted once into /var/cache/kreld-vm/dbg under a flock, shared with other che
   - cold: building the table from the file and naming the 10,000 in a fresh process,
     goal within 2x of llvm-symbolizer's total for the 10,000;
   - peak memory of that process, goal <= 512 MiB;
-  - warm: the table loaded from its bytes, the 100,000 looked up to their chains of
-    locations (searchsorted and a gather per inline depth), goal >= 5x llvm-symbolizer's
+  - warm: the table loaded from its bytes, the 100,000 looked up to their frames in
+    columns (searchsorted, then a gather per inline depth), goal >= 5x llvm-symbolizer's
     loaded rate (in process: the socket is not part of this figure);
   - the table's bytes, goal <= 1/4 of the DWARF sections it came from;
   - answers: every frame's function, file (normalized both sides) and line equal to
@@ -36,7 +36,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from common import Result, bench_main, log, venv_python
@@ -82,7 +85,9 @@ class _Child:
     first); input and output go through files, so neither side blocks."""
 
     @staticmethod
-    def run(argv: list[str], stdin: bytes | None = None) -> tuple[float, int, bytes]:
+    def run(
+        argv: list[str], stdin: bytes | None = None, ok: tuple[int, ...] = (0,)
+    ) -> tuple[float, int, bytes]:
         with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout:
             fin.write(stdin or b"")
             fin.seek(0)
@@ -92,7 +97,7 @@ class _Child:
             _, status, usage = os.wait4(p.pid, 0)
             dt = time.perf_counter() - t0
             p.returncode = os.waitstatus_to_exitcode(status)
-            if p.returncode:
+            if p.returncode not in ok:
                 raise RuntimeError(
                     f"{argv[:3]} exited {p.returncode}: {err.decode(errors='replace')[-1500:]}"
                 )
@@ -158,6 +163,89 @@ def eu_frames(out: bytes) -> list[Frames]:
         res[-1].append((func, _norm(file) if line else None, line))
         i += 2
     return res
+
+
+@dataclass
+class Sample:
+    """A small and a big set of addresses (or of (section, offset) keys of a
+    module), the reference's answers at each, and its times for each, in the
+    same run: its loaded rate is the big set's minus the small set's."""
+
+    small: list[Any]
+    big: list[Any]
+    refs_small: list[Frames]
+    refs_big: list[Frames]
+    t_small: float
+    t_big: float
+    rss_small: int = 0
+
+    @property
+    def loaded_rate(self) -> float:
+        return (len(self.big) - len(self.small)) / max(self.t_big - self.t_small, 1e-9)
+
+
+def _sets(
+    draw: Callable[[int], list[Any]], quick: bool, sizes: tuple[int, int, int]
+) -> tuple[list[Any], list[Any]]:
+    """The big set (*sizes*: big, quick big, small) drawn sorted, and every
+    so many of it as the small one."""
+    big_n, quick_n, small_n = sizes
+    big = sorted(draw(quick_n if quick else big_n))
+    return big[:: len(big) // small_n][:small_n], big
+
+
+def vmlinux_sample(quick: bool) -> Sample:
+    """Random addresses of vmlinux's .text (10,000 and 100,000), named by
+    ``llvm-symbolizer --inlines``, a process per set."""
+    rng = random.Random(28)
+    lo, size = text_range(VMLINUX, ".text")
+    small, big = _sets(
+        lambda n: [rng.randrange(lo, lo + size) for _ in range(n)], quick, (100_000, 20_000, 10_000)
+    )
+    llvm = ["llvm-symbolizer", "--inlines", "--output-style=JSON", "-e", str(VMLINUX)]
+    log(f"llvm-symbolizer, {len(small)} and {len(big)}")
+    t_small, rss, out_small = _Child.run(llvm, "\n".join(map(hex, small)).encode())
+    t_big, _, out_big = _Child.run(llvm, "\n".join(map(hex, big)).encode())
+    return Sample(small, big, llvm_frames(out_small), llvm_frames(out_big), t_small, t_big, rss)
+
+
+def module_picks(path: Path, n: int, rng: random.Random) -> list[tuple[str, int]]:
+    """*n* random (section, offset) of a module's code sections, each
+    section's share by its size, but some of every section."""
+    sections = code_sections(path)
+    total = sum(sections.values())
+    picks: list[tuple[str, int]] = []
+    for sec, size in sections.items():
+        k = max(n * size // total, min(50, size))
+        picks += [(sec, rng.randrange(size)) for _ in range(k)]
+    return picks
+
+
+def eu_run(path: Path, picks: list[tuple[str, int]]) -> tuple[float, list[Frames]]:
+    """``eu-addr2line -i -f -j SECTION`` on *picks*, a run per section
+    (offsets on its input), its time summed; the answers in *picks*' order."""
+    took = 0.0
+    by_pick: dict[tuple[str, int], Frames] = {}
+    for sec in dict.fromkeys(s for s, _ in picks):
+        offs = sorted({o for s, o in picks if s == sec})
+        # Exit 1 where some offset has no line.
+        dt, _, out = _Child.run(["eu-addr2line", "-a", "-i", "-f", "-j", sec, "-e", str(path)],
+                                "\n".join(map(hex, offs)).encode(), ok=(0, 1))  # fmt: skip
+        took += dt
+        by_pick.update(((sec, o), fr) for o, fr in zip(offs, eu_frames(out), strict=True))
+    return took, [by_pick[p] for p in picks]
+
+
+def module_sample(name: str, path: Path, quick: bool, with_big: bool = True) -> Sample:
+    """Random (section, offset) of a module's code (1,000 and 10,000: elfutils
+    takes seconds a thousand in a large module), named by eu-addr2line (the
+    big set only *with_big*)."""
+    rng = random.Random(name)
+    small, big = _sets(lambda n: module_picks(path, n, rng), quick, (10_000, 3_000, 1_000))
+    log(f"{name}.ko: eu-addr2line, {len(small)}" + (f" and {len(big)}" if with_big else ""))
+    t_small, refs_small = eu_run(path, small)
+    t_big, refs_big = eu_run(path, big) if with_big else (float("nan"), [])
+    return Sample(small, big, refs_small, refs_big, t_small, t_big)
 
 
 def named(ref: Frames) -> bool:
@@ -252,16 +340,10 @@ def drgn_frames(path: Path, addrs: list[int], lo: int, hi: int) -> tuple[float, 
 
 
 def vmlinux_results(quick: bool, work: Path) -> list[Result]:
-    rng = random.Random(28)
+    ref = vmlinux_sample(quick)
+    small, big, refs_small, refs_big = ref.small, ref.big, ref.refs_small, ref.refs_big
+    l10, lrss, loaded_rate = ref.t_small, ref.rss_small, ref.loaded_rate
     lo, size = text_range(VMLINUX, ".text")
-    big = sorted(rng.randrange(lo, lo + size) for _ in range(100_000 if not quick else 20_000))
-    small = big[:: len(big) // 10_000][:10_000]
-    llvm = ["llvm-symbolizer", "--inlines", "--output-style=JSON", "-e", str(VMLINUX)]
-    log("llvm-symbolizer, 10,000 and all")
-    l10, lrss, lout10 = _Child.run(llvm, "\n".join(map(hex, small)).encode())
-    lbig, _, loutbig = _Child.run(llvm, "\n".join(map(hex, big)).encode())
-    refs_small, refs_big = llvm_frames(lout10), llvm_frames(loutbig)
-    loaded_rate = (len(big) - len(small)) / max(lbig - l10, 1e-9)
     log("kreld cold: build the table and name the 10,000 in a fresh process")
     table_path = work / "vmlinux.lines"
     c_dt, c_rss, c_build, ours_small = cold_kreld(VMLINUX, table_path, small)
@@ -269,14 +351,14 @@ def vmlinux_results(quick: bool, work: Path) -> list[Result]:
     table = LineTable.from_bytes(blob)
     log("kreld warm: chains of the whole set from the loaded table")
     arr = np.array(big, dtype=np.uint64)
-    table.chains(arr)
+    table.frame_columns(arr)
     reps = []
     for _ in range(5):
         t0 = time.perf_counter()
-        table.chains(arr)
+        table.frame_columns(arr)
         reps.append(time.perf_counter() - t0)
     warm_rate = len(big) / sorted(reps)[len(reps) // 2]
-    ours_big = [[(f.function, f.file, f.line) for f in table.frames(a)] for a in big]
+    ours_big = [[(f.function, f.file, f.line) for f in fr] for fr in table.frames_at(arr)]
     eq_s, n_s = compare(ours_small, refs_small, "vmlinux", small)
     eq_b, n_b = compare(ours_big, refs_big, "vmlinux", big)
     nl_b = no_line_only(ours_big, refs_big)
@@ -312,20 +394,8 @@ def vmlinux_results(quick: bool, work: Path) -> list[Result]:
 
 
 def module_results(name: str, path: Path, quick: bool, work: Path) -> list[Result]:
-    rng = random.Random(name)
-    per = 300 if quick else 2_000
-    picks: list[tuple[str, int]] = []
-    for sec, size in code_sections(path).items():
-        picks += [(sec, rng.randrange(size)) for _ in range(min(per, size))]
-    eu_t = 0.0
-    refs: list[Frames] = []
-    for sec in dict.fromkeys(s for s, _ in picks):
-        offs = [o for s, o in picks if s == sec]
-        dt, _, out = _Child.run(
-            ["eu-addr2line", "-a", "-i", "-f", "-j", sec, "-e", str(path), *map(hex, offs)]
-        )
-        eu_t += dt
-        refs += eu_frames(out)
+    ref = module_sample(name, path, quick, with_big=False)
+    picks, refs, eu_t = ref.small, ref.refs_small, ref.t_small
     keys = list(range(len(picks)))
     picks_file = work / f"{name}.picks.json"
     picks_file.write_text(json.dumps(picks))

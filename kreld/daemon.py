@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from kreld.core.model import BootSnapshot
     from kreld.server.linebuild import LineBuilder
     from kreld.store import Store
+    from kreld.symbols.absences import Absences
     from kreld.symbols.linetables import LineTableProvider
 
 
@@ -302,7 +303,7 @@ def line_builder(cfg: Config, store: Store) -> LineBuilder:
 
     kept = store.line_tables
 
-    def make() -> LineTableProvider:
+    def make(absences: Absences) -> LineTableProvider:
         # A debuginfod server may be https: ssl, which kreld.programs keeps
         # out of the daemon's start, may be imported from now on (before
         # http.client is, which offers HTTPS only where ssl imports).
@@ -311,7 +312,9 @@ def line_builder(cfg: Config, store: Store) -> LineBuilder:
         from kreld.debuginfo.finder import finder_for
         from kreld.symbols.linetables import LineTableProvider
 
-        return LineTableProvider(finder_for(cfg, cfg.root), kept, kept.put, memory=0)
+        return LineTableProvider(
+            finder_for(cfg, cfg.root), kept, kept.put, memory=0, absences=absences
+        )
 
     def listing() -> list[dict[str, Any]]:
         return [{"build_id": b, "size": m.get("size", 0), "source": m.get("source", ""),

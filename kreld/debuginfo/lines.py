@@ -20,7 +20,7 @@ import io
 import json
 import posixpath
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from kreld.debuginfo.lines_reloc import SectionBase
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-__all__ = ["NONE", "Frame", "LineTable", "normalize_path"]
+__all__ = ["NONE", "Frame", "FrameColumns", "LineTable", "normalize_path"]
 
 NONE = 0xFFFFFFFF  # "no such index" in every u32 array of a table
 _MAGIC = b"KRLNTAB2"
@@ -55,6 +55,21 @@ class Frame:
     def to_json(self) -> dict[str, Any]:
         return {"function": self.function, "file": self.file, "line": self.line,
                 "column": self.column, "inlined": self.inlined}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FrameColumns:
+    """The frames of many addresses in columns: ``counts[i]`` frames for
+    address *i*, following those of the addresses before it, innermost
+    first, in ``function`` (an index of :meth:`LineTable.function_name`),
+    ``file`` (of :meth:`LineTable.file_name`, ``NONE`` where the DWARF has
+    none) and ``line`` (0 where it has none).  Every frame of an address but
+    its outermost was inlined into the next."""
+
+    counts: NDArray[np.int64]
+    function: NDArray[np.uint32]
+    file: NDArray[np.uint32]
+    line: NDArray[np.uint32]
 
 
 def normalize_path(comp_dir: str, directory: str, name: str) -> str:
@@ -108,21 +123,6 @@ class LineTable:
         found = ok & (self.loc_func[loc] != NONE)
         return np.where(found, loc, NONE).astype(np.uint32)
 
-    def chains(self, addresses: NDArray[np.uint64]) -> list[NDArray[np.uint32]]:
-        """Per inline depth, each address's location there (``NONE`` past its
-        outermost): ``chains(a)[0]`` is innermost."""
-        level = self.locations(addresses)
-        out = [level]
-        for _ in range(_MAX_DEPTH):
-            live = level != NONE
-            nxt = np.full(len(level), NONE, dtype=np.uint32)
-            nxt[live] = self.loc_parent[level[live]]
-            if not (nxt != NONE).any():
-                return out
-            out.append(nxt)
-            level = nxt
-        raise LineTableError("<line table>", f"an inline chain deeper than {_MAX_DEPTH}: a loop")
-
     def symbols(self, addresses: NDArray[np.uint64]) -> NDArray[np.uint32]:
         """The function-name index of the ELF symbol each address lies in
         (``NONE`` where none): the last symbol starting at or before it,
@@ -141,26 +141,62 @@ class LineTable:
         out[ok] = self.sym_func[i[ok]]
         return out
 
-    def frames_at(self, addresses: NDArray[np.uint64]) -> list[list[Frame]]:
-        """Each address's chain, innermost first, named as the reference of
-        the file's kind names it (see the module's docstring): the DWARF's
-        frames, the outermost renamed after its ELF symbol in an
-        executable; the symbol alone, without a line, where no DWARF
-        function covers the address."""
-        levels = self.chains(addresses)
+    def frame_columns(self, addresses: NDArray[np.uint64]) -> FrameColumns:
+        """Every address's frames, innermost first, named as the reference of
+        the file's kind names them (see the module's docstring): the DWARF's
+        chain, its outermost frame renamed after its ELF symbol in an
+        executable; the symbol alone, without a file or line, where no DWARF
+        function covers the address.  In columns, without a Python object
+        per address: the chains are walked one inline depth at a time over
+        the addresses still that deep, each depth's frames written straight
+        to their places."""
+        loc = self.locations(addresses)
         syms = self.symbols(addresses)
-        outer = self.symbol_names == "outer"
+        counts = np.zeros(len(loc), dtype=np.int64)
+        at = np.flatnonzero(loc != NONE)
+        level = loc[at]
+        levels: list[tuple[NDArray[np.int64], NDArray[np.uint32]]] = []
+        while len(at):
+            if len(levels) == _MAX_DEPTH:
+                raise LineTableError(
+                    "<line table>", f"an inline chain deeper than {_MAX_DEPTH}: a loop"
+                )
+            levels.append((at, level))
+            counts[at] += 1
+            up = self.loc_parent[level]
+            live = up != NONE
+            at, level = at[live], up[live]
+        named = syms != NONE
+        alone = np.flatnonzero(named & (counts == 0))
+        counts[alone] = 1
+        first = np.cumsum(counts) - counts
+        total = int(first[-1] + counts[-1]) if len(counts) else 0
+        function = np.empty(total, dtype=np.uint32)
+        file = np.full(total, NONE, dtype=np.uint32)
+        line = np.zeros(total, dtype=np.uint32)
+        for depth, (at, level) in enumerate(levels):
+            where = first[at] + depth
+            function[where] = self.loc_func[level]
+            file[where] = self.loc_file[level]
+            line[where] = self.loc_line[level]
+        function[first[alone]] = syms[alone]
+        if self.symbol_names == "outer":
+            outer = np.flatnonzero(named & (counts > 0))
+            function[first[outer] + counts[outer] - 1] = syms[outer]
+        return FrameColumns(counts, function, file, line)
+
+    def frames_at(self, addresses: NDArray[np.uint64]) -> list[list[Frame]]:
+        """Each address's frames, innermost first (:meth:`frame_columns`), as
+        :class:`Frame` objects."""
+        cols = self.frame_columns(addresses)
+        funcs = cols.function.tolist()
+        files, lines = cols.file.tolist(), cols.line.tolist()
         out: list[list[Frame]] = []
-        for j in range(len(addresses)):
-            locs = [int(lv[j]) for lv in levels if lv[j] != NONE]
-            frames = [self.frame(loc, k + 1 < len(locs)) for k, loc in enumerate(locs)]
-            s = int(syms[j])
-            if s != NONE:
-                if not frames:
-                    frames = [Frame(self.function_name(s), None, 0, None, False)]
-                elif outer:
-                    frames[-1] = replace(frames[-1], function=self.function_name(s))
-            out.append(frames)
+        k = 0
+        for n in cols.counts.tolist():
+            out.append([Frame(self.function_name(funcs[j]), self.file_name(files[j]), lines[j],
+                              None, j + 1 < k + n) for j in range(k, k + n)])  # fmt: skip
+            k += n
         return out
 
     def name_blobs(self) -> tuple[bytes, NDArray[np.uint32], bytes, NDArray[np.uint32]]:
@@ -179,16 +215,6 @@ class LineTable:
             return None
         return self._files[int(self._file_offs[i]) : int(self._file_offs[i + 1])].decode(
             "utf-8", "replace"
-        )
-
-    def frame(self, loc: int, inlined: bool) -> Frame:
-        """Location *loc* as a frame."""
-        return Frame(
-            self.function_name(int(self.loc_func[loc])),
-            self.file_name(int(self.loc_file[loc])),
-            int(self.loc_line[loc]),
-            None,
-            inlined,
         )
 
     def frames(self, address: int) -> list[Frame]:

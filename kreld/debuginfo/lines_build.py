@@ -66,10 +66,13 @@ File names are spelled by :func:`kreld.debuginfo.lines.normalize_path`.
 
 from __future__ import annotations
 
+import errno
 import io
 import mmap
+import os
 import struct
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -233,18 +236,55 @@ def _text_address(path: Path) -> int | None:
         return symbol_value(m, str(path), "_text")
 
 
-def _symcache_of(path: Path) -> bytes:
+def _write_all(fd: int, data: bytes) -> None:
+    with os.fdopen(fd, "wb", closefd=False) as out:
+        out.write(data)
+
+
+def _symcache_written(write: Callable[[int], None], what: str, scratch: Path | None) -> bytes:
+    """The SymCache of the file *write* writes to the empty file open at the
+    descriptor it is given: an anonymous file in memory (``memfd_create``,
+    read by the reader through ``/proc/self/fd``), which costs no write to
+    disk nor unlink of a few hundred MiB (for a kernel, a second or two of
+    the first answer's time), else (no memfd, or memory refused) a private
+    file under *scratch* (default ``$TMPDIR``), removed after."""
+    try:
+        fd: int | None = os.memfd_create("kreld-lines", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            write(fd)
+            via = Path(f"/proc/self/fd/{fd}")
+            if via.exists():
+                return _symcache_of(via, what)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+                raise
+        finally:
+            os.close(fd)
+    with tempfile.TemporaryDirectory(prefix="kreld-lines-", dir=scratch) as tmp:
+        copy = Path(tmp) / "debug"
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            write(fd)
+        finally:
+            os.close(fd)
+        return _symcache_of(copy, what)
+
+
+def _symcache_of(path: Path, what: str) -> bytes:
     from symbolic import Archive, SymbolicError  # type: ignore[attr-defined]
     from symbolic.symcache import SymCache
 
     try:
         objects = list(Archive.open(str(path)).iter_objects())
         if not objects:
-            raise LineTableError(str(path), "no object in the file")
+            raise LineTableError(what, "no object in the file")
         out = io.BytesIO()
         SymCache.from_object(objects[0]).dump_into(out)  # type: ignore[no-untyped-call]
     except SymbolicError as e:
-        raise LineTableError(str(path), str(e).splitlines()[0]) from None
+        raise LineTableError(what, str(e).splitlines()[0]) from None
     return out.getvalue()
 
 
@@ -255,7 +295,8 @@ def build_line_table(
     vmlinux, or a relocatable module).  Run it off the record path: it reads
     all of the file's DWARF (seconds and a few hundred MiB for a kernel).
     A private copy of the DWARF (about its size) is made for the time of the
-    build in a temporary directory under *scratch* (default: ``$TMPDIR``)."""
+    build, in memory where it can be, else in a temporary directory under
+    *scratch* (default: ``$TMPDIR``; see :func:`_symcache_written`)."""
     try:
         with open(path, "rb") as f:
             head = f.read(64)
@@ -276,19 +317,15 @@ def build_line_table(
         meta["sections"] = [[s.name, s.base, s.size] for s in placed.sections]
         meta["base"] = 0
         meta["symbol_names"] = "fill"
-        with tempfile.TemporaryDirectory(prefix="kreld-lines-", dir=scratch) as tmp:
-            linked = Path(tmp) / "placed.o"
-            linked.write_bytes(placed.image)
-            del placed
-            raw = _symcache_of(linked)
+        image = placed.image
+        del placed
+        raw = _symcache_written(lambda fd: _write_all(fd, image), str(path), scratch)
+        del image
     else:
         meta["base"] = _load_address(path)
         meta["text"] = _text_address(path)
         meta["symbol_names"] = "outer"
-        with tempfile.TemporaryDirectory(prefix="kreld-lines-", dir=scratch) as tmp:
-            trimmed = Path(tmp) / "debug-only"
-            debug_only_copy(path, trimmed)
-            raw = _symcache_of(trimmed)
+        raw = _symcache_written(lambda fd: debug_only_copy(path, fd), str(path), scratch)
         # Read after the SymCache is built, so that the symbols are not held
         # through the build's peak.
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:

@@ -367,49 +367,54 @@ def _rewrite(
     return bytes(out)
 
 
-def debug_only_copy(src: Path, dst: Path) -> None:
-    """Write to *dst* (a new file) the copy of executable *src* the module's
-    docstring describes; section bytes are copied by the kernel
-    (``copy_file_range``), never through this process's memory."""
+def debug_only_copy(src: Path, fd: int) -> None:
+    """Write to the empty file open at *fd* the copy of executable *src* the
+    module's docstring describes; section bytes are copied by the kernel
+    (``copy_file_range``) where it can, else a bounded chunk at a time."""
     with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         eh, secs = read_sections(m, str(src))
         phoff, phentsize, phnum = int(eh[5]), int(eh[9]), int(eh[10])  # type: ignore[call-overload]
         head = bytearray(m[: max(_EHDR.size, phoff + phentsize * phnum)])
-    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with open(src, "rb") as fin, os.fdopen(fd, "wb", closefd=False) as out:
-            out.write(head)
-            for s in secs:
-                if s.flags & _SHF_ALLOC or s.type in (_SHT_SYMTAB, _SHT_NOBITS, _SHT_NULL):
-                    s.type = _SHT_NULL if s.type == _SHT_SYMTAB else _SHT_NOBITS if s.type else 0
-                    continue
-                out.write(b"\0" * (-out.tell() % 8))
-                out.flush()
-                at = out.tell()
-                _copy_range(fin.fileno(), s.offset, fd, at, s.size, str(src))
-                out.seek(at + s.size)
-                s.offset = at
+    with open(src, "rb") as fin, os.fdopen(fd, "wb", closefd=False) as out:
+        out.write(head)
+        for s in secs:
+            if s.flags & _SHF_ALLOC or s.type in (_SHT_SYMTAB, _SHT_NOBITS, _SHT_NULL):
+                s.type = _SHT_NULL if s.type == _SHT_SYMTAB else _SHT_NOBITS if s.type else 0
+                continue
             out.write(b"\0" * (-out.tell() % 8))
-            shoff = out.tell()
-            for s in secs:
-                out.write(_SHDR.pack(s.name_off, s.type, s.flags, s.addr, s.offset, s.size, s.link,
-                                     s.info, s.align, s.entsize))  # fmt: skip
-            fields = list(eh)
-            fields[6] = shoff
-            out.seek(0)
-            out.write(_EHDR.pack(*fields))
-    finally:
-        os.close(fd)
+            out.flush()
+            at = out.tell()
+            _copy_range(fin.fileno(), s.offset, fd, at, s.size, str(src))
+            out.seek(at + s.size)
+            s.offset = at
+        out.write(b"\0" * (-out.tell() % 8))
+        shoff = out.tell()
+        for s in secs:
+            out.write(_SHDR.pack(s.name_off, s.type, s.flags, s.addr, s.offset, s.size, s.link,
+                                 s.info, s.align, s.entsize))  # fmt: skip
+        fields = list(eh)
+        fields[6] = shoff
+        out.seek(0)
+        out.write(_EHDR.pack(*fields))
 
 
 def _copy_range(src: int, src_off: int, dst: int, dst_off: int, size: int, path: str) -> None:
+    """Bytes of *src* to *dst* by the kernel: ``copy_file_range`` (one
+    filesystem), else ``sendfile`` (across filesystems, into a memfd), else
+    plain reads a bounded chunk at a time."""
     done = 0
     while done < size:
         try:
             n = os.copy_file_range(src, dst, size - done, src_off + done, dst_off + done)
         except OSError:
             n = 0
-        if n <= 0:  # another filesystem, or none of it: plain reads, bounded
+        if n <= 0:
+            try:
+                os.lseek(dst, dst_off + done, os.SEEK_SET)
+                n = os.sendfile(dst, src, src_off + done, min(size - done, 1 << 30))
+            except OSError:
+                n = 0
+        if n <= 0:  # none of them: plain reads, bounded
             chunk = os.pread(src, min(size - done, 1 << 24), src_off + done)
             if not chunk:
                 raise _bad(path, "shorter than its section headers say")

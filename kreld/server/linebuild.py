@@ -17,7 +17,9 @@ debuginfod, a loaded machine) the addresses answer "being built: ask again"
 rather than hold the daemon's one call worker longer.
 
 A host with no debuginfo does the finder's look-up once per build per
-:data:`RETRY_AFTER_S` (a few ``open`` calls), then answers from memory.
+:data:`RETRY_AFTER_S` (a few ``open`` calls), then answers from memory: the
+provider's :class:`~kreld.symbols.absences.Absences`, which the builder
+hands it and reads without waiting for the builder thread.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kreld.core import heap
+from kreld.symbols.absences import Absences
 
 if TYPE_CHECKING:
     from kreld.core.supervise import Supervisor
@@ -61,7 +64,7 @@ class LineBuilder:
 
     def __init__(
         self,
-        make_provider: Callable[[], LineTableProvider],
+        make_provider: Callable[[Absences], LineTableProvider],
         listing: Callable[[], list[dict[str, Any]]],
         *,
         wait_s: float = WAIT_S,
@@ -71,19 +74,19 @@ class LineBuilder:
     ) -> None:
         # Made by the builder thread when first needed: the finder, the
         # debuginfod client and the DWARF reader stay out of a daemon that is
-        # never asked for lines.
+        # never asked for lines.  It remembers builds without debuginfo in
+        # the builder's absences, which calls read.
+        self.absences = Absences(retry_after_s, clock)
         self._make_provider = make_provider
         self._provider: LineTableProvider | None = None
         self._listing = listing
         self.wait_s = wait_s
-        self.retry_after_s = retry_after_s
         self.memory = memory
         self._clock = clock
         self._cond = threading.Condition()
         self._queue: OrderedDict[str, Wanted] = OrderedDict()
         self._ready: OrderedDict[str, tuple[LineTable, int]] = OrderedDict()
         self._held = 0
-        self._missing: dict[str, tuple[float, str]] = {}
         self._building: tuple[Wanted, int] | None = None  # and since (CLOCK_MONOTONIC ns)
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -108,15 +111,16 @@ class LineBuilder:
                 _, want = self._queue.popitem(last=False)
                 self._building = (want, time.monotonic_ns())
             if self._provider is None:
-                self._provider = self._make_provider()
-            got = self._provider.table(want)  # a KreldError comes back as a reason
-            self._provider.forget([want.build_id])  # held here, by this bound
+                self._provider = self._make_provider(self.absences)
+            # A KreldError comes back as a reason, remembered in the absences
+            # (by the provider, or here for a reason it gives without looking).
+            got = self._provider.table(want)
+            if isinstance(got, str) and self.absences.why(want.build_id) is None:
+                self.absences.remember(want.build_id, got)
             heap.trim()  # the build's reading (hundreds of MiB for a kernel) is freed
             with self._cond:
                 self._building = None
-                if isinstance(got, str):
-                    self._missing[want.build_id] = (self._clock() + self.retry_after_s, got)
-                else:
+                if not isinstance(got, str):
                     self._hold(want.build_id, got)
                 self._cond.notify_all()
 
@@ -172,12 +176,7 @@ class LineBuilder:
         if hit is not None:
             self._ready.move_to_end(bid)
             return hit[0]
-        miss = self._missing.get(bid)
-        if miss is not None:
-            if self._clock() < miss[0]:
-                return miss[1]
-            del self._missing[bid]
-        return None
+        return self.absences.why(bid)
 
     def _is_building(self, bid: str) -> bool:
         return self._building is not None and self._building[0].build_id == bid
@@ -187,8 +186,6 @@ class LineBuilder:
         kept = self._listing()
         with self._cond:
             building = self._building
-            now = self._clock()
-            missing = {b: why for b, (until, why) in self._missing.items() if now < until}
             queued = len(self._queue)
         return {
             "kept": kept,
@@ -197,5 +194,5 @@ class LineBuilder:
             else f"{building[0].build_id} ({building[0].describe()})",
             "building_since_ns": None if building is None else building[1],
             "queued": queued,
-            "missing": missing,
+            "missing": self.absences.current(),
         }

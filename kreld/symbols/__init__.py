@@ -6,8 +6,8 @@ that captures symbol tables as modules load (``capture``, with what a load's
 sections tell it: ``sections``), and source lines with inline chains from a
 build's line table (``linequery``; in bulk, as Resolve's columns:
 ``linereply``), the table had from the store or built from debuginfo found
-by build-id (``linetables``).  Names travel quoted into JSON in bulk
-(``quoting``).
+by build-id (``linetables``; builds found without debuginfo remembered for a
+while: ``absences``).  Names travel quoted into JSON in bulk (``quoting``).
 
 May import: ``core``, ``config``, ``kernel``, ``debuginfo``, ``store``, ``varlink``.
 """

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kreld.debuginfo.lines import NONE
+from kreld.debuginfo.lines import NONE, FrameColumns
 from kreld.symbols.quoting import join_quoted, quote_names
 
 if TYPE_CHECKING:
@@ -46,51 +46,53 @@ class LineColumns:
     def __init__(self, n: int) -> None:
         self.reasons = _Reasons()
         self.frames = np.zeros(n, dtype=np.int64)  # every address is set once
-        # Per build looked up: its addresses' indices, their location chains
-        # (depth x addresses, NONE past the outermost) and the table.
-        self._found: list[tuple[NDArray[np.int64], NDArray[np.uint32], LineTable]] = []
+        # Per table looked up: the indices of its addresses and their frames
+        # (one entry per region of the table's build).
+        self._found: dict[int, tuple[LineTable, list[tuple[NDArray[np.int64], FrameColumns]]]] = {}
 
     def why(self, at: NDArray[np.int64], reason: str) -> None:
         self.frames[at] = self.reasons.code(reason)
 
-    def found(self, at: NDArray[np.int64], chains: NDArray[np.uint32], table: LineTable) -> None:
-        depth = (chains != NONE).sum(axis=0)
-        self.frames[at] = depth
-        self._found.append((at, chains, table))
+    def found(self, at: NDArray[np.int64], cols: FrameColumns, table: LineTable) -> None:
+        """The frames of the addresses *at* (*cols* has some for each)."""
+        self.frames[at] = cols.counts
+        self._found.setdefault(id(table), (table, []))[1].append((at, cols))
 
     def to_json(self) -> bytes:
-        """The ``ResolveLines`` object as JSON.  Names are quoted in bulk from
-        the tables' blobs, as Resolve's symbol names are (some 40,000
-        distinct functions for 100,000 kernel addresses)."""
+        """The ``ResolveLines`` object as JSON.  Each table's functions and
+        files that are used are numbered by marking them in an array as long
+        as the table's names (no sort), and quoted in bulk from its blobs, as
+        Resolve's symbol names are (some 40,000 distinct functions for 100,000
+        kernel addresses); each address's frames are copied to their place
+        in the columns at once."""
         import orjson
 
         counts = np.maximum(self.frames, 0)
         start = np.cumsum(counts) - counts
         total = int(counts.sum())
-        function = np.zeros(total, dtype=np.int64)
-        file = np.full(total, -1, dtype=np.int64)
-        line = np.zeros(total, dtype=np.int64)
+        function = np.empty(total, dtype=np.int32)
+        file = np.empty(total, dtype=np.int32)
+        line = np.empty(total, dtype=np.int32)
         functions: list[bytes] = []
         files: list[bytes] = []
         nfunc = nfile = 0
-        for at, chains, table in self._found:
+        for table, chunks in self._found.values():
             names, func_offs, paths, file_offs = table.name_blobs()
-            live = chains != NONE
-            d_idx, a_idx = np.nonzero(live)  # row-major: as chains[live] lists them
-            locs = chains[d_idx, a_idx]
-            where = start[at[a_idx]] + d_idx
-            # Each build's functions and files that are used, once.
-            funcs, func_of = np.unique(table.loc_func[locs], return_inverse=True)
-            function[where] = nfunc + func_of.reshape(-1)
-            functions += quote_names(names, func_offs[1:], funcs)
-            nfunc += len(funcs)
-            fl = table.loc_file[locs]
-            has = fl != NONE
-            fids = np.unique(fl[has])
-            file[where[has]] = nfile + np.searchsorted(fids, fl[has])
-            files += quote_names(paths, file_offs[1:], fids) if len(fids) else []
-            nfile += len(fids)
-            line[where] = table.loc_line[locs]
+            func_ids, func_of = _numbered([c.function for _, c in chunks], len(func_offs) - 1)
+            file_ids, file_of = _numbered([c.file for _, c in chunks], len(file_offs) - 1)
+            for at, cols in chunks:
+                where = _places(start[at], cols.counts)
+                function[where] = func_of[cols.function] + nfunc
+                fl = cols.file.astype(np.int64)
+                has = fl != NONE
+                file[where] = np.where(has, file_of[np.where(has, fl, 0)] + nfile, -1)
+                line[where] = cols.line
+            if len(func_ids):
+                functions += quote_names(names, func_offs[1:], func_ids)
+            if len(file_ids):
+                files += quote_names(paths, file_offs[1:], file_ids)
+            nfunc += len(func_ids)
+            nfile += len(file_ids)
         opt = orjson.OPT_SERIALIZE_NUMPY
         return b"".join(
             (
@@ -106,27 +108,53 @@ class LineColumns:
         )  # fmt: skip
 
 
+def _numbered(
+    columns: list[NDArray[np.uint32]], size: int
+) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
+    """The distinct entries of *columns* (indices below *size*, or ``NONE``),
+    in order, and each index's number among them."""
+    used = np.zeros(size + 1, dtype=bool)  # the last stands for NONE
+    for col in columns:
+        used[np.minimum(col, size)] = True
+    used[size] = False
+    ids = np.flatnonzero(used)
+    number = (np.cumsum(used, dtype=np.int32) - 1).astype(np.int32)
+    return ids, number
+
+
+def _places(starts: NDArray[np.int64], counts: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Where in the columns the frames of addresses starting at *starts*
+    (*counts* of each, one after the other in their own columns) go."""
+    total = int(counts.sum())
+    shift = starts - (np.cumsum(counts) - counts)
+    return np.repeat(shift, counts) + np.arange(total, dtype=np.int64)
+
+
 def line_columns(amap: AddressMap, addresses: Any, tables: TableSource) -> LineColumns:
     """The frames of every address of *addresses* (a list or a u64 array)."""
     addrs = np.asarray(addresses, dtype=np.uint64)
     out = LineColumns(len(addrs))
     ric, inside = amap.region_indices(addrs)
     out.why(np.flatnonzero(~inside), "not in the kernel image nor in a module loaded then")
-    by_build: dict[str, list[int]] = {}
-    for i in np.unique(ric[inside]).tolist():
+    # The addresses of each region, grouped by one stable sort (regions are
+    # few, addresses many: a pass over all of them per region costs more).
+    key = np.where(inside, ric, -1)
+    order = np.argsort(key, kind="stable")
+    bounds = np.searchsorted(key[order], np.arange(len(amap.regions) + 2) - 1)
+    by_build: dict[str, list[tuple[int, NDArray[np.int64]]]] = {}
+    for i in np.flatnonzero(np.diff(bounds[1:])).tolist():
         r = amap.regions[i]
+        at = order[bounds[i + 1] : bounds[i + 2]]
         build = amap.kernel_build_id if r.inc is None else r.inc.state.build_id
-        at = np.flatnonzero(inside & (ric == i))
         if r.name is not None or r.image.startswith("["):
             out.why(at, f"{r.image} code has no debuginfo")
         elif build is None:
             out.why(at, f"no build-id recorded for {r.image}")
         else:
-            by_build.setdefault(build, []).append(i)
+            by_build.setdefault(build, []).append((i, at))
     for build, regions in by_build.items():
         table = tables(build)
-        for i in regions:
-            at = np.flatnonzero(inside & (ric == i))
+        for i, at in regions:
             if isinstance(table, str):
                 out.why(at, table)
             else:
@@ -143,7 +171,6 @@ def _look_up(
     build: str,
 ) -> None:
     """The frames of the addresses *at* of one region, from its build's table."""
-    offsets = addrs - np.uint64(region.base)
     if region.inc is None:
         text = table.meta.get("text")
         if not isinstance(text, int):
@@ -157,13 +184,23 @@ def _look_up(
         if section is None:
             out.why(at, f"section {region.section} is not in the debug file")
             return
+        offsets = addrs - np.uint64(region.base)
         past = offsets >= np.uint64(max(section.size, 1))
-        out.why(at[past], f"past the end of section {region.section} in the debug file")
-        at, offsets = at[~past], offsets[~past]
+        if past.any():
+            out.why(at[past], f"past the end of section {region.section} in the debug file")
+            at, offsets = at[~past], offsets[~past]
         where = offsets + np.uint64(section.base)
     if not len(at):
         return
-    chains = np.stack(table.chains(where))
-    none = chains[0] == NONE
-    out.why(at[none], f"no function at this address in build {build}'s DWARF")
-    out.found(at[~none], chains[:, ~none], table)
+    cols = table.frame_columns(where)
+    none = cols.counts == 0
+    if none.any():
+        out.why(at[none], f"no function at this address in build {build}'s DWARF")
+        cols = _only(cols, ~none)
+        at = at[~none]
+    out.found(at, cols, table)
+
+
+def _only(cols: FrameColumns, keep: NDArray[np.bool_]) -> FrameColumns:
+    """*cols* of the addresses *keep* says (the others have no frames)."""
+    return FrameColumns(cols.counts[keep], cols.function, cols.file, cols.line)

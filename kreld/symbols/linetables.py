@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from kreld.core.errors import DebuginfoError, InvalidArgument, KreldError, LineTableError
 from kreld.debuginfo.places import Kind, Wanted
+from kreld.symbols.absences import DEFAULT_RETRY_AFTER, Absences
 
 if TYPE_CHECKING:
     from kreld.config.settings import Config
@@ -68,8 +69,6 @@ Keeper = Callable[[str, bytes, str, str], None]
 
 # Tables read back kept in memory at most (a kernel's is ~40 MiB).
 DEFAULT_MEMORY = 256 << 20
-# How long a build found without debuginfo is not looked for again.
-DEFAULT_RETRY_AFTER = 300.0
 
 
 @dataclass(frozen=True)
@@ -140,19 +139,19 @@ class LineTableProvider:
         retry_after: float = DEFAULT_RETRY_AFTER,
         scratch: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        absences: Absences | None = None,
     ) -> None:
         self.finder = finder
         self.kept = kept
         self.keep = keep
         self.memory = memory
-        self.retry_after = retry_after
         self.scratch = scratch
-        self._clock = clock
+        #: Builds found without debuginfo (*retry_after*, *clock*: unless given).
+        self.absences = absences if absences is not None else Absences(retry_after, clock)
         self._building = threading.Lock()  # one build read or built at a time
         self._state = threading.Lock()  # the dicts below, never held while building
         self._tables: OrderedDict[str, tuple[LineTable, int]] = OrderedDict()
         self._held = 0
-        self._missing: dict[str, tuple[float, str]] = {}
         #: What this provider built, by build-id: where its debug file came from.
         self.built: dict[str, str] = {}
         #: Why a built table could not be kept (the store not writable), by build-id.
@@ -180,11 +179,10 @@ class LineTableProvider:
                 table, size = self._stored(bid) or self._build(want)
             except (KreldError, OSError) as e:
                 why = _reason(bid, e)
-                with self._state:
-                    self._missing[bid] = (self._clock() + self.retry_after, why)
+                self.absences.remember(bid, why)
                 return why
+            self.absences.forget([bid])
             with self._state:
-                self._missing.pop(bid, None)
                 self._hold(bid, table, size)
             return table
 
@@ -197,10 +195,7 @@ class LineTableProvider:
             if hit is not None:
                 self._tables.move_to_end(build_id)
                 return hit[0]
-            missing = self._missing.get(build_id)
-            if missing is not None and self._clock() < missing[0]:
-                return missing[1]
-            return None
+        return self.absences.why(build_id)
 
     def source_for(self, wanted: dict[str, Wanted]) -> TableSource:
         """The build-id -> table function :func:`~kreld.symbols.linequery.lines_at`
@@ -213,18 +208,6 @@ class LineTableProvider:
             return self.table(want)
 
         return source
-
-    def forget(self, build_ids: Iterable[str] | None = None) -> None:
-        """Drop tables held in memory and remembered absences (all, or of
-        *build_ids*): the next ask looks again."""
-        with self._state:
-            for bid in list(self._tables) if build_ids is None else list(build_ids):
-                got = self._tables.pop(bid, None)
-                if got is not None:
-                    self._held -= got[1]
-                self._missing.pop(bid, None)
-            if build_ids is None:
-                self._missing.clear()
 
     def listing(self) -> list[TableInfo]:
         """The tables the store keeps (empty without a store)."""
@@ -261,9 +244,11 @@ class LineTableProvider:
         return LineTable.from_bytes(data, source), len(data)
 
     def _hold(self, build_id: str, table: LineTable, size: int) -> None:
+        # Within the bound only (none with memory 0: the daemon's builder
+        # holds the tables its calls use itself); the table is answered anyway.
         self._tables[build_id] = (table, size)
         self._held += size
-        while self._held > self.memory and len(self._tables) > 1:
+        while self._held > self.memory and self._tables:
             _, (_, dropped) = self._tables.popitem(last=False)
             self._held -= dropped
 

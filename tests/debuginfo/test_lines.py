@@ -358,3 +358,79 @@ def test_code_no_dwarf_covers_is_named_by_its_symbol_without_a_line(tmp_path: Pa
             assert _ours(table, address) == ref == [("asm_add", None, 0, False)]
             asm += 1
     assert asm == 3
+
+
+# -- Resolve's columns -------------------------------------------------------
+
+
+def test_resolves_columns_name_every_address_as_lines_at_does_with_regions_interleaved(
+    tmp_path: Path,
+) -> None:
+    """The bulk columns Resolve sends (one walk per inline depth, names
+    numbered per table) spell out, address by address, what ``lines_at``
+    answers one by one: the image's clones under their ELF names, a module's
+    assembly under its symbol alone, every reason; the addresses of the
+    image, of two module sections and of nowhere mixed in any order."""
+    import json
+    import re
+
+    from kreld.client import line_frames
+    from kreld.symbols.linereply import line_columns
+
+    exe, c_obj, s_obj, obj = (tmp_path / n for n in ("image", "c.o", "s.o", "both.o"))
+    gcc = ["gcc", "-g", "-O2", "-nostartfiles", "-Wl,-e,use_clones", "-o", str(exe),
+           "clones.c", "asm_add.S"]  # fmt: skip
+    subprocess.run(gcc, cwd=SRC, check=True)
+    # Linked again with _text at its first function, as a kernel's is.
+    nm = subprocess.run(["nm", "-n", str(exe)], capture_output=True, text=True, check=True)
+    first = next(ln.split()[0] for ln in nm.stdout.splitlines() if ln.split()[1] in "tT")
+    subprocess.run([*gcc, f"-Wl,--defsym=_text=0x{first}"], cwd=SRC, check=True)
+    subprocess.run(["gcc", "-g", "-O2", "-c", "-o", str(c_obj), "clones.c"], cwd=SRC, check=True)
+    subprocess.run(["gcc", "-c", "-o", str(s_obj), "asm_add.S"], cwd=SRC, check=True)
+    subprocess.run(["ld", "-r", "-o", str(obj), str(c_obj), str(s_obj)], check=True)
+    tables = {KERNEL_BUILD: build_line_table(exe), MODULE_BUILD: build_line_table(obj)}
+    link_text = tables[KERNEL_BUILD].meta["text"]
+    assert isinstance(link_text, int)
+    amap, _ = _recorded(link_text, 0x1000)
+    image = [RUNTIME_TEXT + a - link_text for s in instructions(exe).values() for a in s]
+    module = [MODULE_BASES[".text"] + o for o in instructions(obj)[".text"]]
+    module += [MODULE_BASES[".init.text"] + k for k in range(0, 64, 7)]  # not in the file
+    addrs = image + module + [0x1234, RUNTIME_TEXT - 1]
+    np.random.default_rng(7).shuffle(addrs)
+
+    def source(build: str) -> LineTable | str:
+        return tables[build]
+
+    spelt = line_frames(json.loads(line_columns(amap, addrs, source).to_json()))
+    answers = lines_at(amap, addrs, source)
+    named = alone = 0
+    for a, got, ans in zip(addrs, spelt, answers, strict=True):
+        if isinstance(got, str):
+            # One reason for many addresses: without each one's offset.
+            assert not ans.frames and ans.why_not is not None, hex(a)
+            assert got == re.sub(r" at offset 0x[0-9a-f]+", "", ans.why_not), hex(a)
+            continue
+        frames = [(f["function"], f["file"], f["line"], f["inlined"]) for f in got]
+        assert frames == [(f.function, f.file, f.line, f.inlined) for f in ans.frames], hex(a)
+        named += 1
+        alone += frames == [("asm_add", None, 0, False)]
+    assert named > 50 and alone == 3
+    assert any(isinstance(g, list) and g[-1]["function"] in CLONES for g in spelt)
+
+
+@pytest.mark.parametrize("relocatable", [False, True])
+def test_a_table_built_through_a_file_on_disk_equals_one_built_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relocatable: bool
+) -> None:
+    """The reader's private copy is an anonymous file in memory where the
+    kernel gives one; without memfd_create (another kernel or libc) it is a
+    file under the scratch directory, removed after: the same table."""
+    import os
+
+    built = _gcc(tmp_path, "dwarf5-gz", relocatable)
+    in_memory = build_line_table(built).to_bytes()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.delattr(os, "memfd_create")
+    assert build_line_table(built, scratch=scratch).to_bytes() == in_memory
+    assert list(scratch.iterdir()) == []

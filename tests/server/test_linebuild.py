@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,8 +17,9 @@ from kreld.debuginfo.cache import DebugCache
 from kreld.debuginfo.finder import DebuginfoFinder
 from kreld.debuginfo.lines import LineTable
 from kreld.debuginfo.places import Kind, Wanted, search_roots
-from kreld.server.linebuild import THREAD, LineBuilder
+from kreld.server.linebuild import RETRY_AFTER_S, THREAD, LineBuilder
 from kreld.store import Store
+from kreld.symbols.absences import Absences
 from kreld.symbols.linetables import LineTableProvider
 
 from support.debuginfo_elves import build_id_of
@@ -37,19 +40,23 @@ def _module(out: Path) -> str:
     return build_id_of(out)
 
 
-def _builder(tmp_path: Path, store: Store, debug: Path, wait_s: float) -> LineBuilder:
-    def make() -> LineTableProvider:
+def _builder(
+    tmp_path: Path, store: Store, debug: Path, wait_s: float, clock: Any = time.monotonic
+) -> LineBuilder:
+    def make(absences: Absences) -> LineTableProvider:
         finder = DebuginfoFinder(
             search_roots(tmp_path / "sysroot", (), [str(debug)]),
             cache=DebugCache(tmp_path / "cache", 1 << 30),
             system_root=tmp_path / "sysroot",
         )
-        return LineTableProvider(finder, store.line_tables, store.line_tables.put, memory=0)
+        return LineTableProvider(
+            finder, store.line_tables, store.line_tables.put, memory=0, absences=absences
+        )
 
     def listing() -> list[dict[str, object]]:
         return [{"build_id": b, **m} for b, m in store.line_tables.listing().items()]
 
-    return LineBuilder(make, listing, wait_s=wait_s)
+    return LineBuilder(make, listing, wait_s=wait_s, clock=clock)
 
 
 def test_a_call_past_its_wait_hears_being_built_and_the_next_gets_the_kept_table(
@@ -85,16 +92,24 @@ def test_a_build_without_debuginfo_is_answered_from_memory_until_its_retry(
     debug.mkdir()
     want = Wanted("ab" * 20, Kind.IMAGE, R)
     sup = Supervisor()
+    now = [1000.0]
     with Store(tmp_path / "state") as store:
-        lines = _builder(tmp_path, store, debug, wait_s=60)
+        lines = _builder(tmp_path, store, debug, wait_s=60, clock=lambda: now[0])
         lines.start(sup)
         try:
             why = lines.table(want)
             assert isinstance(why, str) and f"build {'ab' * 20}" in why and str(debug) in why
             assert lines.status()["missing"] == {"ab" * 20: why}
             # A debug file put there now is not looked for: the answer is remembered.
-            _module(debug / "boot" / f"vmlinux-{R}")
+            decoy = _module(debug / "boot" / f"vmlinux-{R}")
             assert lines.table(want) == why
+            # Past the retry, the builder asks its provider again, which looks
+            # again: one memory of the absence, not one in each.
+            now[0] += RETRY_AFTER_S + 1
+            assert lines.status()["missing"] == {}
+            later = lines.table(want)
+            assert isinstance(later, str) and f"build-id {decoy}, refused" in later
+            assert lines.status()["missing"] == {"ab" * 20: later}
         finally:
             sup.stopping.set()
             lines.stop()
