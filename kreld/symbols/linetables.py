@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,7 @@ __all__ = [
     "TableInfo",
     "provider_for",
     "table_listing",
+    "table_source",
     "wanted_of",
 ]
 
@@ -198,14 +199,7 @@ class LineTableProvider:
     def source_for(self, wanted: dict[str, Wanted]) -> TableSource:
         """The build-id -> table function :func:`~kreld.symbols.linequery.lines_at`
         takes, for the builds *wanted* describes (:func:`wanted_of`)."""
-
-        def source(build_id: str) -> LineTable | str:
-            want = wanted.get(build_id)
-            if want is None:
-                return f"build {build_id} is not of this boot's kernel or modules"
-            return self.table(want)
-
-        return source
+        return table_source(self.table, wanted)
 
     def forget(self, build_ids: Iterable[str] | None = None) -> None:
         """Drop tables held in memory and remembered absences (all, or of
@@ -259,6 +253,21 @@ class LineTableProvider:
         while self._held > self.memory and len(self._tables) > 1:
             _, (_, dropped) = self._tables.popitem(last=False)
             self._held -= dropped
+
+
+def table_source(
+    table: Callable[[Wanted], LineTable | str], wanted: Mapping[str, Wanted]
+) -> TableSource:
+    """The build-id -> table (or why not) function a Resolve's lines take: *table*
+    of the build *wanted* describes, and no build that is not of the boot."""
+
+    def source(build_id: str) -> LineTable | str:
+        want = wanted.get(build_id)
+        if want is None:
+            return f"build {build_id} is not of this boot's kernel or modules"
+        return table(want)
+
+    return source
 
 
 def provider_for(
