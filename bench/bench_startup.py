@@ -1,4 +1,4 @@
-"""Issue 13 (goals 3 and 5): what starting costs, in time and in memory.
+"""What starting costs, in time and in memory.
 
 * ``kreldctl show --json`` (the store read directly) and ``kreldctl --help``,
   as real subprocesses, against ``python -c pass`` on the same interpreter

@@ -99,13 +99,23 @@ def test_readme_names_every_method_of_the_interface() -> None:
     assert not absent, f"README does not name these io.kreld methods: {absent}"
 
 
+# Beside the docs: the tests, the benches (and the results they write) and the
+# scripts, whose docstrings and comments are read as much.
+OTHER_FILES = sorted(
+    p
+    for folder in ("tests", "bench", "scripts", ".ci")
+    for p in (REPO / folder).rglob("*")
+    if p.is_file() and "__pycache__" not in p.parts and p.suffix in ("", ".py", ".md", ".sh")
+)
+
+
 def test_no_issue_numbers_in_code_or_docs() -> None:
     """Comments and docs say the reason, never the ticket: the reader next year
     has no tracker."""
     ticket = re.compile(r"\b(?:issue|ticket)s? *#?\d+", re.I)
     found = [
         f"{p.relative_to(REPO)}:{n}"
-        for p in DOC_FILES
+        for p in [*DOC_FILES, *OTHER_FILES]
         for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
         if ticket.search(line)
     ]
