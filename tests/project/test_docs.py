@@ -120,3 +120,26 @@ def test_no_issue_numbers_in_code_or_docs() -> None:
         if ticket.search(line)
     ]
     assert not found, f"issue numbers at {found}"
+
+
+# What a newcomer reads, in the order they need it: what and why (before the
+# first heading), install, a quick start, the profiler's API, configuration,
+# the fleet, the architecture, development.  Internals go to docs/, the
+# changes to CHANGELOG.md.
+README_SECTIONS = [
+    "Install on a host",
+    "Quick start",
+    "For profilers: the socket",
+    "Configuration",
+    "A fleet: object storage",
+    "Architecture",
+    "Development",
+]
+
+
+def test_readme_is_short_and_in_a_newcomers_order() -> None:
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) < 250, "README.md: 250 lines or more; move internals to docs/"
+    assert re.findall(r"^## (.+)$", text, re.M) == README_SECTIONS
+    assert not re.search(r"^#+ .*(change ?log|changes|history)", text, re.I | re.M)
+    assert (REPO / "CHANGELOG.md").is_file()
