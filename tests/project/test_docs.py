@@ -143,3 +143,20 @@ def test_readme_is_short_and_in_a_newcomers_order() -> None:
     assert re.findall(r"^## (.+)$", text, re.M) == README_SECTIONS
     assert not re.search(r"^#+ .*(change ?log|changes|history)", text, re.I | re.M)
     assert (REPO / "CHANGELOG.md").is_file()
+
+
+# `test_x.py::test_name` in the docs: the proof a claim cites.  A name cut short
+# ends in an ellipsis ("test_a_kcore_whose_headers_point_anywhere_…"): a prefix.
+_CITED = re.compile(r"(test_\w+\.py)::(test_\w+)(…|\.\.\.)?")
+
+
+def test_every_test_the_docs_cite_exists() -> None:
+    tests = {p.name: p.read_text() for p in (REPO / "tests").rglob("test_*.py")}
+    missing = []
+    for path in DOC_FILES:
+        for m in _CITED.finditer(path.read_text(errors="replace")):
+            file, name, cut = m.groups()
+            end = r"\w*" if cut else r"\b"
+            if file not in tests or not re.search(rf"def {name}{end}", tests[file]):
+                missing.append(f"{path.relative_to(REPO)}: {file}::{name}")
+    assert not missing, "cited tests that do not exist:\n" + "\n".join(missing)
