@@ -84,7 +84,7 @@ from kreld.debuginfo.lines_reloc import (
     read_symbols,
     symbol_value,
 )
-from kreld.kernel.elf import ElfSource, elf_header, program_headers
+from kreld.kernel.elf import PT_LOAD, ElfSource, elf_header, program_headers
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -99,7 +99,6 @@ _SYMC_MAGIC = b"SYMC"
 _SYMC_VERSION = 9
 _SYMC_COUNTS = struct.Struct("<6I")
 _SYMC_HEADER_END = 8 + 72
-_PT_LOAD = 1
 
 
 def _align8(n: int) -> int:
@@ -215,7 +214,7 @@ def _load_address(path: Path) -> int:
             phdrs = program_headers(src, elf_header(src))
     except (OSError, KernelReadError):
         return 0
-    return next((p.vaddr for p in phdrs if p.type == _PT_LOAD), 0)
+    return next((p.vaddr for p in phdrs if p.type == PT_LOAD), 0)
 
 
 def _text_address(path: Path) -> int | None:

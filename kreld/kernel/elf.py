@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from elftools.elf.elffile import ELFFile
 
 __all__ = [
+    "ET_CORE",
+    "PT_LOAD",
+    "PT_NOTE",
     "ElfFileError",
     "ElfHeader",
     "ElfSource",
@@ -80,7 +83,9 @@ _LONG_NAME = re.compile(rb"[^\0]{%d}" % (MAX_ELF_NAME + 1))
 _SHT_SYMTAB = 2
 _SHT_NOTE = 7
 _SHT_NOBITS = 8
-_PT_NOTE = 4
+ET_CORE = 4  # e_type of a core file (/proc/kcore)
+PT_LOAD = 1
+PT_NOTE = 4
 # The header layouts without their byte order, which the file's ident gives.
 _EHDR64 = "4sBBBBB7xHHIQQQIHHHHHH"
 _EHDR32 = "4sBBBBB7xHHIIIIIHHHHHH"
@@ -368,7 +373,7 @@ def fd_build_id(fd: int) -> str | None:
         if h.shoff:
             spans = [(s.offset, s.size) for s in section_headers(src, h) if s.type == _SHT_NOTE]
         else:
-            spans = [(p.offset, p.filesz) for p in program_headers(src, h) if p.type == _PT_NOTE]
+            spans = [(p.offset, p.filesz) for p in program_headers(src, h) if p.type == PT_NOTE]
         total = 0
         for offset, size in spans:
             total += size

@@ -28,7 +28,10 @@ from types import TracebackType
 from kreld.core.errors import AddressNotMapped, KernelMemoryError, KernelReadError, NoteError
 from kreld.core.record import record
 from kreld.kernel.elf import (
+    ET_CORE,
     MAX_PROGRAM_HEADERS,
+    PT_LOAD,
+    PT_NOTE,
     ElfSource,
     elf_header,
     note_segment,
@@ -44,9 +47,6 @@ MAX_READ = 1 << 20  # one read of kernel memory (a struct, a table of section at
 # PT_NOTE, the program headers elf.MAX_PROGRAM_HEADERS allows.
 MAX_SEGMENTS = MAX_PROGRAM_HEADERS - 1
 MAX_STRING = 512  # a C string read from kernel memory (a section name, a module name)
-_ET_CORE = 4
-_PT_LOAD = 1
-_PT_NOTE = 4
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 
@@ -229,7 +229,7 @@ def _read_headers(fd: int, path: str) -> tuple[list[Segment], dict[str, str]]:
     if not header.wide or header.endian != "<":
         # Kcore's reads of kernel memory (u64, pointer) are little-endian.
         raise KernelMemoryError(path, "not an ELF64 little-endian file")
-    if header.type != _ET_CORE:
+    if header.type != ET_CORE:
         raise KernelMemoryError(path, f"ELF type {header.type}, not a core file")
     phdrs = program_headers(src, header)
     if not phdrs:
@@ -237,12 +237,12 @@ def _read_headers(fd: int, path: str) -> tuple[list[Segment], dict[str, str]]:
     segments: list[Segment] = []
     info: dict[str, str] = {}
     for i, ph in enumerate(phdrs):
-        if ph.type == _PT_LOAD and ph.filesz:
+        if ph.type == PT_LOAD and ph.filesz:
             if ph.vaddr + ph.filesz > 1 << 64:
                 raise KernelMemoryError(path, f"segment {i} wraps around the address space")
             if ph.offset + ph.filesz < 1 << 63:
                 segments.append(Segment(ph.vaddr, ph.offset, ph.filesz))
-        elif ph.type == _PT_NOTE and not info:
+        elif ph.type == PT_NOTE and not info:
             info = _vmcoreinfo(note_segment(src, ph.offset, ph.filesz))
     if len(segments) > MAX_SEGMENTS:
         raise KernelMemoryError(path, f"more than {MAX_SEGMENTS} PT_LOAD segments")
