@@ -1,4 +1,4 @@
-"""Issue 15: the fleet bucket at scale (10,000 hosts x 10 boots x 100 modules, 20 builds).
+"""The fleet bucket at scale (10,000 hosts x 10 boots x 100 modules, 20 builds).
 
 Objects are generated with kreld's own encoders (:mod:`kreld.fleet.objects`, as the publisher
 writes them) into obstore's in-memory store, and read back with the real reader

@@ -1,4 +1,4 @@
-"""Issue 23: ``kreldctl inject -i BIG -o OUT`` on a recording of 100 MB or more,
+"""``kreldctl inject -i BIG -o OUT`` on a recording of 100 MB or more,
 against ``perf inject -i BIG -o OUT`` (perf's own rewrite with nothing to add)
 and a plain copy (``cp``) of the same file.
 
@@ -210,7 +210,7 @@ def timing(quick: bool) -> list[Result]:
         shutil.rmtree(d, ignore_errors=True)
     mib = f"{size / 2**20:.0f} MiB"
     notes = [
-        f"issue 23: the perf.data is {mib} (perf record -g -a); {n} runs per figure, "
+        f"inject: the perf.data is {mib} (perf record -g -a); {n} runs per figure, "
         "interleaved. Goal: kreldctl inject within 2x of perf inject of the same file."
     ]
     kreld, perf_t, cp = median(runs["kreld"]), median(runs["perf"]), median(runs["cp"])

@@ -1,4 +1,4 @@
-"""Kernel code (issue 21): what following BPF programs costs kreld.
+"""Kernel code: what following BPF programs costs kreld.
 
 * kreld (``--root /``, the side-band rings open) while this process loads and
   unloads a tiny BPF socket filter 100 times a second: kreld's CPU
@@ -118,7 +118,8 @@ def churn(n: int, rate: float | None) -> float:
 
 def resolve_ratio(quick: bool, programs: int) -> tuple[float, float]:
     """Median ns of a 10,000-address Resolve with *programs* live programs
-    recorded, and of the same map built without kernel code (as before issue 21)."""
+    recorded, and of the same map built without kernel code (as kreld did before it
+    followed BPF programs)."""
     from kreld.core.kernel_code import CodeKind, CodeSeen, CodeSource, KernelCode
     from kreld.core.model import Anchors, BootSnapshot, Clock, Timestamp
     from kreld.symbols.kernel_code import CodeHistory

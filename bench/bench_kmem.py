@@ -1,4 +1,4 @@
-"""Issue 22: what reading modules in kernel memory costs, against today's sysfs reads.
+"""What reading modules in kernel memory costs, against today's sysfs reads.
 
 Where kptr_restrict=2 zeroes ``/sys/module/*/sections``, the tracker still reads
 each module's sysfs directory (build-id, sizes, state; the sections read as
@@ -12,7 +12,7 @@ layout with its BTF), 100 modules of 24 sections each:
 * per load: the newest module (at the list's head) read; baseline: that one
   module read in sysfs.
 
-Goal (issue 22): within 2x of the sysfs reads.  Both sides' files are on the
+Goal: within 2x of the sysfs reads.  Both sides' files are on the
 same file system (page cache); on a real kernel each sysfs read and each kcore
 read costs more (the VM figures are in tests/vm/test_seethrough_vm.py's notes).
 

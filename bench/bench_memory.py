@@ -1,4 +1,4 @@
-"""Issue 13: what kreld holds in memory once it runs, on this machine's real root.
+"""What kreld holds in memory once it runs, on this machine's real root.
 
 ``kreld --root /`` is started on a new state directory (it captures the
 kernel's symbol table, some 122,000 symbols here), stopped, and started
@@ -8,7 +8,7 @@ kernel-text addresses (the first loads numpy and orjson, and touches the
 table's pages in the LMDB map).  Baselines, measured in the same run: a bare
 Python (the same interpreter) importing what the daemon has loaded at each
 point (``kreld.daemon``; then also numpy and orjson) and nothing else.
-Goal (issue 13): steady state after the restart, table cached, <= 40 MiB.
+Goal: steady state after the restart, table cached, <= 40 MiB.
 The same bound after Resolve calls is a stricter figure of our own: numpy
 alone, loaded by the first large Resolve, holds some 11 MiB.  The peak of
 the first capture is measured by bench_startup.

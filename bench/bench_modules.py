@@ -1,4 +1,4 @@
-"""Issue 3: how soon a module load is visible in the store, and what an idle
+"""How soon a module load is visible in the store, and what an idle
 daemon costs.
 
 * Event-to-visible latency: ``kreld`` runs as a real subprocess on a fake
@@ -18,7 +18,7 @@ daemon costs.
   - polling path (``watch = "poll"``, ``poll_interval = 0.5``), baseline: the
     same renames seen by the bench's own watchdog ``PollingObserver`` at the
     same interval: the floor of polling at that interval.
-  Goals (issue 3): inotify p99 < 20 ms; polling p99 < interval + 50 ms.
+  Goals: inotify p99 < 20 ms; polling p99 < interval + 50 ms.
 * One ``kreldctl modules --json`` subprocess on that store (read directly,
   and through the running daemon), for context, against ``python -c pass``
   (the floor of any Python CLI).

@@ -1,4 +1,4 @@
-"""Issue 12: ``kreldctl export kallsyms --for perf.data`` on a recording of 100 MB
+"""``kreldctl export kallsyms --for perf.data`` on a recording of 100 MB
 or more costs what a small recording costs: the header read stops at the end
 of perf's synthesized records and never scans the samples.
 
@@ -120,7 +120,7 @@ def run(quick: bool) -> list[Result]:
     mib = f"{size / 2**20:.0f} MiB"
     cat_desc = f"cat of the whole {mib} perf.data to /dev/null, page-cached (subprocess)"
     notes = [
-        f"issue 12: the perf.data is {mib} ({kind}); {n} runs per figure, interleaved. "
+        f"export --for: the perf.data is {mib} ({kind}); {n} runs per figure, interleaved. "
         "Goals: export --for costs about what export --boot does (rendering the kallsyms "
         "dominates both); the header read costs a small share of reading the file, and takes "
         "under 1 MiB of it whatever its size."

@@ -1,4 +1,4 @@
-"""Issue 8: kreld with a store of 1,000 boots and 100,000 module incarnations.
+"""Kreld with a store of 1,000 boots and 100,000 module incarnations.
 
 The store is built directly with :class:`kreld.store.Store`, as years of a
 host's life would leave it: 1,000 boots (distinct boot-ids, one a day; a new

@@ -1,4 +1,4 @@
-"""Issue 4: the varlink server against the limit and against life without kreld.
+"""The varlink server against the limit and against life without kreld.
 
 Figures: GetBoot and Resolve (1 and 10,000 addresses) p50/p99 and
 throughput over the socket.  Baselines, measured in the same run:
@@ -334,7 +334,7 @@ def _run(
         )
     )
     res[0].notes = [
-        f"issue 4: {n_calls} small calls and {n_big} 10,000-address calls per figure, interleaved "
+        f"server: {n_calls} small calls and {n_big} 10,000-address calls per figure, interleaved "
         f"with their baselines; kernel symbols: {'restricted' if restricted else 'cached'}; "
         f"CPUs {os.cpu_count()}"
     ]

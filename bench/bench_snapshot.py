@@ -1,4 +1,4 @@
-"""Issue 2: what a boot snapshot and ``kreldctl show --json`` cost, against a
+"""What a boot snapshot and ``kreldctl show --json`` cost, against a
 profiler's plain full parse of ``/proc/kallsyms`` (the work kreld saves it).
 
 Figures (medians and p99 over repeated runs, variants interleaved):
@@ -210,8 +210,8 @@ def _run(tmp: Path, n: int) -> list[Result]:
         )
     )
     out_notes.append(
-        f"issue 2: {n} runs per figure, variants interleaved; p99 of fewer than 100 runs "
-        "is their maximum. Issue 2 sets no goal for these figures."
+        f"snapshot: {n} runs per figure, variants interleaved; p99 of fewer than 100 runs "
+        "is their maximum. No goal is set for these figures."
     )
     for r in results:
         r.bench = "snapshot"

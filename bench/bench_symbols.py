@@ -1,4 +1,4 @@
-"""Issue 5: the symbol cache against parsing symbols again, and what a boot costs.
+"""The symbol cache against parsing symbols again, and what a boot costs.
 
 * Opening a cached kernel table: a read transaction on an existing store,
   a :class:`kreld.core.symtab.SymbolTable` over the buffer and one lookup

@@ -111,7 +111,7 @@ class LocalBackend:
             from kreld.kernel.kallsyms import KallsymsText  # only when scanning
             from kreld.kernel.snapshot import take_snapshot
             from kreld.store import Store
-            from kreld.symbols.capture import SymbolCapture
+            from kreld.symbols.table_sources import TableSources
 
             try:  # one read, for the snapshot and the kernel's table
                 ks: KallsymsText | None = KallsymsText.read(self.root)
@@ -126,7 +126,7 @@ class LocalBackend:
             with writer_lock(self.cfg.state_dir), Store(self.cfg.state_dir) as store:
                 stored, added, changed = store.boots.record_boot(snap)
                 if ks and not stored.restricted and store.boot_symbols(stored.boot_id) is None:
-                    SymbolCapture(store, self.root, stored, None).capture_kernel(ks)
+                    TableSources(store, self.root, stored, None).capture_kernel(ks)
             return {"boot": stored.to_json(), "new": added, "updated": changed}
         from kreld.server import methods
 

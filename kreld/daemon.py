@@ -304,11 +304,6 @@ def line_builder(cfg: Config, store: Store) -> LineBuilder:
     kept = store.line_tables
 
     def make(absences: Absences) -> LineTableProvider:
-        # A debuginfod server may be https: ssl, which kreld.programs keeps
-        # out of the daemon's start, may be imported from now on (before
-        # http.client is, which offers HTTPS only where ssl imports).
-        if "ssl" in sys.modules and sys.modules.get("ssl") is None:
-            del sys.modules["ssl"]
         from kreld.debuginfo.finder import finder_for
         from kreld.symbols.linetables import LineTableProvider
 

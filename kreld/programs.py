@@ -14,16 +14,25 @@ __all__ = ["kreld", "kreldctl", "lean_process"]
 
 
 def lean_process() -> None:
-    """Keep Python's ssl module (OpenSSL) out of this process.
+    """Import asyncio without Python's ssl module (OpenSSL).
 
-    asyncio imports ssl only to offer TLS, which a varlink server on an
-    AF_UNIX socket never uses (publishing to a bucket goes through obstore's
-    own TLS), and loading it is a tenth of the daemon's start
-    (bench/RESULTS.md).  asyncio guards its imports of ssl, as for a Python
-    built without it.  A process that has loaded ssl already keeps it.
+    asyncio imports ssl as it is imported (``base_events``, ``selector_events``
+    and ``sslproto`` each try ``import ssl``), only to offer TLS, which a varlink
+    server on an AF_UNIX socket never uses (publishing to a bucket goes through
+    obstore's own TLS); loading it is a tenth of the daemon's start
+    (bench/RESULTS.md).  asyncio guards those imports, as for a Python built
+    without ssl, so ssl is held out for asyncio's import alone: asyncio keeps
+    ``ssl = None``, and nothing else is changed, so a later ``import ssl`` (by
+    http.client, for an https debuginfod server) loads it as usual.  A process
+    that has loaded ssl or asyncio already keeps them as they are.
     """
-    if "ssl" not in sys.modules:
-        sys.modules["ssl"] = None  # type: ignore[assignment]
+    if "ssl" in sys.modules or "asyncio" in sys.modules:
+        return
+    sys.modules["ssl"] = None  # type: ignore[assignment]
+    try:
+        import asyncio  # noqa: F401
+    finally:
+        del sys.modules["ssl"]
 
 
 def kreld() -> int:

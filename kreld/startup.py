@@ -250,9 +250,14 @@ class Startup:
             src.start(self.stop_threads)
         tracker.startup()
         symbols = SymbolCapture(
-            self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs, tracker.busy
+            self.store,
+            self.root,
+            stored,
+            self.log,
+            self.cfg.debuginfo_dirs,
+            tracker.busy,
+            self.addresses,
         )
-        symbols.addresses = self.addresses
         tracker.listeners.append(symbols.on_event)
         symbols.start(self.stop_threads, tracker.loaded(), ks)
         del ks

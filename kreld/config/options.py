@@ -50,7 +50,18 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, indent_increment, max_help_position, width)
 
 
-def add_common(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
+# What --debug does: kreldctl shows an error's traceback; the daemon also logs
+# at the debug level.
+DEBUG_HELP = "show tracebacks of errors"
+DAEMON_DEBUG_HELP = (
+    "log at the debug level (unless --log-level says otherwise) and with the"
+    " traceback of an error that stops kreld"
+)
+
+
+def add_common(
+    parser: argparse.ArgumentParser, *, suppress: bool = False, debug_help: str = DEBUG_HELP
+) -> None:
     """The options both programs accept (before or after a subcommand).
 
     With *suppress*, an option left out does not overwrite a value given
@@ -85,9 +96,7 @@ def add_common(parser: argparse.ArgumentParser, *, suppress: bool = False) -> No
         default=d(None),
         help="read every kernel path under DIR (default /; tests use a fake tree)",
     )
-    g.add_argument(
-        "--debug", action="store_true", default=d(False), help="show tracebacks of errors"
-    )
+    g.add_argument("--debug", action="store_true", default=d(False), help=debug_help)
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
@@ -141,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog(),
         formatter_class=HelpFormatter,
     )
-    add_common(p)
+    add_common(p, debug_help=DAEMON_DEBUG_HELP)
     p.add_argument(
         "--log-level", choices=tuple(klog.LEVELS), default=None, help="log level (default info)"
     )

@@ -25,6 +25,7 @@ __all__ = [
     "RESTART_KEYS",
     "SCHEMA",
     "Config",
+    "Limits",
     "http_url_fault",
     "load_bytes",
     "load_config",
@@ -45,7 +46,28 @@ _RESTART = {"restart": True}
 
 
 @record
-class Config:
+class Limits:
+    """What one peer may cost the server: the ``[limits]`` section, named and
+    defaulted here alone.  :class:`Config` holds them (it derives from this
+    record), and the server takes this record of them
+    (:func:`kreld.server.listener.limits_of`)."""
+
+    max_message_bytes: int = consts.DEFAULT_MAX_MESSAGE_BYTES
+    max_connections: int = consts.DEFAULT_MAX_CONNECTIONS
+    max_connections_per_uid: int = consts.DEFAULT_MAX_CONNECTIONS_PER_UID
+    cap_root: bool = consts.DEFAULT_CAP_ROOT
+    idle_timeout: float = consts.DEFAULT_IDLE_TIMEOUT
+    write_timeout: float = consts.DEFAULT_WRITE_TIMEOUT
+    subscribe_queue: int = consts.DEFAULT_SUBSCRIBE_QUEUE
+
+    @classmethod
+    def of(cls, cfg: Limits) -> Limits:
+        """The limits of a configuration, as a record of their own."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+
+@record
+class Config(Limits):
     state_dir: str = field(default=consts.DEFAULT_STATE_DIR, metadata=_RESTART)
     socket: str = field(default=consts.DEFAULT_SOCKET, metadata=_RESTART)
     root: str = field(default=consts.DEFAULT_ROOT, metadata=_RESTART)
@@ -64,13 +86,6 @@ class Config:
     socket_group: str = field(default="kreld", metadata=_RESTART)
     allowed_groups: tuple[str, ...] = ("kreld",)
     allowed_uids: tuple[int, ...] = ()
-    max_message_bytes: int = consts.DEFAULT_MAX_MESSAGE_BYTES
-    max_connections: int = consts.DEFAULT_MAX_CONNECTIONS
-    max_connections_per_uid: int = consts.DEFAULT_MAX_CONNECTIONS_PER_UID
-    cap_root: bool = consts.DEFAULT_CAP_ROOT
-    idle_timeout: float = consts.DEFAULT_IDLE_TIMEOUT
-    write_timeout: float = consts.DEFAULT_WRITE_TIMEOUT
-    subscribe_queue: int = consts.DEFAULT_SUBSCRIBE_QUEUE
     keep_boots: int = 0
     keep_days: float = 0.0
     log_level: str = "info"

@@ -126,7 +126,7 @@ DEFAULT_DEBUGINFOD_MAX_TIME: Final = 900.0
 DEFAULT_DEBUGINFOD_MAX_BYTES: Final = 2 << 30
 DEFAULT_DEBUGINFO_CACHE_BYTES: Final = 8 << 30
 
-# What one peer may cost the server ([limits] in kreld.toml; kreld.server.listener.Limits).
+# What one peer may cost the server ([limits] in kreld.toml; kreld.config.settings.Limits).
 DEFAULT_MAX_MESSAGE_BYTES: Final = 4 << 20
 DEFAULT_MAX_CONNECTIONS: Final = 1024
 # Connections one uid may hold at once (root and kreld's own uid too, unless

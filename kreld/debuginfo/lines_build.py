@@ -78,7 +78,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kreld.core.errors import LineTableError
+from kreld.core.errors import KernelReadError, LineTableError
 from kreld.debuginfo.lines import NONE, LineTable, normalize_path
 from kreld.debuginfo.lines_reloc import (
     SymbolRows,
@@ -87,6 +87,7 @@ from kreld.debuginfo.lines_reloc import (
     read_symbols,
     symbol_value,
 )
+from kreld.kernel.elf import PT_LOAD, ElfSource, elf_header, program_headers
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -101,9 +102,6 @@ _SYMC_MAGIC = b"SYMC"
 _SYMC_VERSION = 9
 _SYMC_COUNTS = struct.Struct("<6I")
 _SYMC_HEADER_END = 8 + 72
-_PT_LOAD = 1
-_PHDR_SIZE = 56  # an ELF64 program header
-_MAX_PHDRS = 4096  # more is not a kernel image
 
 
 def _align8(n: int) -> int:
@@ -211,22 +209,15 @@ def _from_symcache(
 
 def _load_address(path: Path) -> int:
     """Where symbolic counts a SymCache's addresses from: the first
-    ``PT_LOAD``'s virtual address."""
-    with open(path, "rb") as f:
-        head = f.read(64)
-        phoff, (phentsize, phnum) = (
-            struct.unpack_from("<Q", head, 32)[0],
-            struct.unpack_from("<HH", head, 54),
-        )
-        if len(head) < 64 or phentsize < _PHDR_SIZE or phnum > _MAX_PHDRS:
-            return 0
-        f.seek(phoff)
-        phdrs = f.read(phentsize * phnum)
-    for i in range(len(phdrs) // max(phentsize, 1)):
-        p_type, _, _, vaddr = struct.unpack_from("<IIQQ", phdrs, i * phentsize)
-        if p_type == _PT_LOAD:
-            return int(vaddr)
-    return 0
+    ``PT_LOAD``'s virtual address (0 where there is none, or the headers
+    cannot be read within kreld.kernel.elf's bounds)."""
+    try:
+        with open(path, "rb") as f:
+            src = ElfSource.of_fd(f.fileno(), str(path))
+            phdrs = program_headers(src, elf_header(src))
+    except (OSError, KernelReadError):
+        return 0
+    return next((p.vaddr for p in phdrs if p.type == PT_LOAD), 0)
 
 
 def _text_address(path: Path) -> int | None:

@@ -25,14 +25,18 @@ from kreld.core.kernel_code import (
 from kreld.core.record import record
 
 __all__ = [
+    "ADDR",
     "CODES_SHAPE",
     "CODE_SHAPE",
     "DROPPED_SHAPE",
+    "I64",
     "LOSSES_SHAPE",
     "LOSS_SHAPE",
     "MAX_CODES",
     "MAX_LOSSES",
     "NO_CODE",
+    "TIME",
+    "U64",
     "CodeDelta",
     "merge_code",
 ]
@@ -41,10 +45,13 @@ __all__ = [
 MAX_CODES = 1 << 20
 MAX_LOSSES = 1 << 16
 
-_I64 = Int(-(1 << 63), (1 << 63) - 1)
-_U64 = Int(0, (1 << 64) - 1)
-_TIME = Obj({"monotonic": _I64, "boottime": _I64, "realtime": _I64})
-_ADDR = Str(18, r"0x[0-9a-f]{1,16}")
+# 64-bit numbers, a timestamp on kreld's three clocks and an address: the
+# shapes module and kernel code objects share (kreld.fleet.objects takes them
+# from here).
+I64 = Int(-(1 << 63), (1 << 63) - 1)
+U64 = Int(0, (1 << 64) - 1)
+TIME = Obj({"monotonic": I64, "boottime": I64, "realtime": I64})
+ADDR = Str(18, r"0x[0-9a-f]{1,16}")
 
 
 def _one_of(values: Iterable[str]) -> Str:
@@ -58,24 +65,24 @@ CODE_SHAPE = Obj(
         "kind": _one_of(k.value for k in CodeKind),
         "name": Str(512),  # KSYM_NAME_LEN
         "owner": Str(64),
-        "address": _ADDR,
-        "loaded": _TIME,
+        "address": ADDR,
+        "loaded": TIME,
         "seen_by": _one_of(s.value for s in CodeSeen),
         "source": _one_of(s.value for s in CodeSource),
     },
     {
-        "length": Opt(_U64),
+        "length": Opt(U64),
         "prog_id": Opt(Int(0, (1 << 32) - 1)),
         "tag": Opt(Str(64)),
-        "loaded_after": Opt(_TIME),
-        "unloaded": Opt(_TIME),
-        "unloaded_after": Opt(_TIME),
+        "loaded_after": Opt(TIME),
+        "unloaded": Opt(TIME),
+        "unloaded_after": Opt(TIME),
         "unload_seen_by": Opt(_one_of(s.value for s in CodeSeen)),
     },
 )
 LOSS_SHAPE = Obj(
-    {"start": _TIME, "end": _TIME, "reason": _one_of(r.value for r in LossReason)},
-    {"lost": _U64},
+    {"start": TIME, "end": TIME, "reason": _one_of(r.value for r in LossReason)},
+    {"lost": U64},
 )
 CODES_SHAPE = List(CODE_SHAPE, MAX_CODES)
 DROPPED_SHAPE = List(Int(0, (1 << 63) - 1), MAX_CODES)

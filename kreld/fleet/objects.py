@@ -36,10 +36,14 @@ from kreld.core.kernel_code import KernelCode, LossWindow
 from kreld.core.model import WIRE_ANCHORS, BootSnapshot, BootSymbols, Incarnation
 from kreld.core.record import record
 from kreld.fleet.kernel_code_objects import (
+    ADDR,
     CODES_SHAPE,
     DROPPED_SHAPE,
+    I64,
     LOSSES_SHAPE,
     NO_CODE,
+    TIME,
+    U64,
     CodeDelta,
 )
 
@@ -214,27 +218,23 @@ def parse_index(name: str) -> IndexEntry:
 
 # -- the shapes a reader checks before it believes anything ---------------------------
 
-_ADDR = Str(18, r"0x[0-9a-f]{1,16}")
-_I64 = Int(-(1 << 63), (1 << 63) - 1)
-_U64 = Int(0, (1 << 64) - 1)
 _TEXT = Str(4096)
 _NAME = Str(255)
 _BOOT_ID_STR = Str(36, _BOOT_ID.pattern)
 _BUILD_ID = Str(128, r"[0-9a-f]{2,128}")
-_TIME = Obj({"monotonic": _I64, "boottime": _I64, "realtime": _I64})
 _FAULTS = List(_TEXT, 1024)
 BOOT_SHAPE = Obj(
     {
         "boot_id": _BOOT_ID_STR,
         "release": _NAME,
         "version": _TEXT,
-        "anchors": Obj({}, {k: Opt(_ADDR) for k in WIRE_ANCHORS}),
+        "anchors": Obj({}, {k: Opt(ADDR) for k in WIRE_ANCHORS}),
         "restricted": Bool(),
-        "first_seen": _TIME,
+        "first_seen": TIME,
     },
     {
         "build_id": Opt(_BUILD_ID),
-        "kaslr_offset": Opt(_ADDR),
+        "kaslr_offset": Opt(ADDR),
         "kaslr_source": Opt(Str(32)),
         "kaslr_path": Opt(_TEXT),
         "restricted_reason": Opt(_TEXT),
@@ -247,27 +247,27 @@ INCARNATION_SHAPE = Obj(
         "boot_id": _BOOT_ID_STR,
         "seq": Int(0, (1 << 63) - 1),
         "name": _NAME,
-        "sections": Map(_NAME, _ADDR, 4096),
-        "loaded": _TIME,
+        "sections": Map(_NAME, ADDR, 4096),
+        "loaded": TIME,
         "seen_by": Str(32),
         "init_live": Bool(),
     },
     {
         "build_id": Opt(_BUILD_ID),
-        "coresize": Opt(_U64),
-        "initsize": Opt(_U64),
+        "coresize": Opt(U64),
+        "initsize": Opt(U64),
         "initstate": Opt(Str(32)),
         "srcversion": Opt(Str(64)),
         "taint": Opt(Str(64)),
-        "core_base": Opt(_ADDR),
+        "core_base": Opt(ADDR),
         "restricted": Bool(),
-        "inode": Opt(_U64),
+        "inode": Opt(U64),
         "faults": _FAULTS,
-        "init_done": Opt(_TIME),
-        "unloaded": Opt(_TIME),
-        "unloaded_after": Opt(_TIME),
+        "init_done": Opt(TIME),
+        "unloaded": Opt(TIME),
+        "unloaded_after": Opt(TIME),
         "unload_seen_by": Opt(Str(32)),
-        "loaded_after": Opt(_TIME),
+        "loaded_after": Opt(TIME),
     },
 )
 MANIFEST_SHAPE = Obj(
@@ -285,7 +285,7 @@ BATCH_SHAPE = Obj(
     {
         "boot_id": _BOOT_ID_STR,
         "incarnations": List(INCARNATION_SHAPE, 1 << 20),
-        "absolutes": Map(Str(19, r"[0-9]{1,19}"), List(_I64, 1 << 16), 1 << 20),
+        "absolutes": Map(Str(19, r"[0-9]{1,19}"), List(I64, 1 << 16), 1 << 20),
     },
     # kernel code (kreld/fleet/kernel_code_objects.py): absent from batches written before it
     {"code": CODES_SHAPE, "code_dropped": DROPPED_SHAPE, "losses": LOSSES_SHAPE},

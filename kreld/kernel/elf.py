@@ -6,7 +6,9 @@ NUL would cost it an exception of any kind, or unbounded time.  So every file
 is first checked here (:func:`check_elf`: the headers and sections lie inside
 the file, the counts within ``consts``' bounds, the string tables ended), and
 whatever pyelftools still raises is one named error, :class:`ElfFileError`.
-``/proc/kcore`` is an ELF core too, read by :mod:`kreld.kernel.kcore`.
+``/proc/kcore`` is an ELF core too: :mod:`kreld.kernel.kcore` reads its
+headers and notes with the bounded readers here (:func:`elf_header`,
+:func:`program_headers`, :func:`note_segment`), the same as :func:`fd_build_id`.
 
 pyelftools is imported by the functions that use it, not with this module:
 most starts never open an ELF file.
@@ -23,10 +25,11 @@ import sys
 from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from kreld.core import consts
 from kreld.core.errors import KernelReadError, NoteError
+from kreld.core.record import record
 from kreld.kernel.files import pread_exact
 from kreld.kernel.notes import NoteType, iter_notes
 
@@ -34,16 +37,27 @@ if TYPE_CHECKING:
     from elftools.elf.elffile import ELFFile
 
 __all__ = [
+    "ET_CORE",
+    "PT_LOAD",
+    "PT_NOTE",
     "ElfFileError",
+    "ElfHeader",
+    "ElfSource",
+    "ProgramHeader",
+    "SectionHeader",
     "check_elf",
     "elf_build_id",
+    "elf_header",
     "elf_of_bytes",
     "elf_symbol_entries",
     "elf_symbols",
     "fd_build_id",
     "gnu_build_id",
     "module_symbol_letter",
+    "note_segment",
     "open_elf",
+    "program_headers",
+    "section_headers",
     "symbol_letter",
 ]
 
@@ -67,18 +81,25 @@ MAX_ELF_NAME = 4096
 MAX_STRINGS = consts.MAX_KALLSYMS
 _LONG_NAME = re.compile(rb"[^\0]{%d}" % (MAX_ELF_NAME + 1))
 _SHT_SYMTAB = 2
-_SHT_NOBITS = 8
-_EHDR64 = struct.Struct("<4sBBBBB7xHHIQQQIHHHHHH")
-_EHDR32 = struct.Struct("<4sBBBBB7xHHIIIIIHHHHHH")
-_SHDR64 = struct.Struct("<IIQQQQIIQQ")
-_SHDR32 = struct.Struct("<IIIIIIIIII")
-_PT_NOTE = 4
 _SHT_NOTE = 7
-# Bounds of fd_build_id: section headers read (e_shnum is 16 bits, but an
-# extended count in section 0 is not followed), bytes of one note section, and
-# of all note sections together.  A build-id note is 36 bytes.
-_MAX_SECTIONS = 1 << 16
-_MAX_NOTE_SECTION = 1 << 20
+_SHT_NOBITS = 8
+ET_CORE = 4  # e_type of a core file (/proc/kcore)
+PT_LOAD = 1
+PT_NOTE = 4
+# The header layouts without their byte order, which the file's ident gives.
+_EHDR64 = "4sBBBBB7xHHIQQQIHHHHHH"
+_EHDR32 = "4sBBBBB7xHHIIIIIHHHHHH"
+_SHDR64 = "IIQQQQIIQQ"
+_SHDR32 = "IIIIIIIIII"
+_PHDR64 = "IIQQQQQQ"  # type, flags, offset, vaddr, paddr, filesz, memsz, align
+_PHDR32 = "IIIIIIII"  # type, offset, vaddr, paddr, filesz, memsz, flags, align
+# Bounds of the header tables and notes read by hand (no pyelftools): program
+# headers (an ELF core such as /proc/kcore has one per memory range, hundreds on
+# a large NUMA machine, and one PT_NOTE) and the bytes of their table; one note
+# section or segment (VMCOREINFO is ~4 KiB, a build-id note 36 bytes), and all
+# of a file's note sections together.
+MAX_PROGRAM_HEADERS = 4097
+MAX_NOTE_SEGMENT = consts.MAX_KCORE_NOTES
 _MAX_NOTES = 4 << 20
 
 
@@ -87,61 +108,168 @@ class ElfFileError(KernelReadError):
     that is larger than kreld reads of its kind."""
 
 
-class _Source:
-    """Bytes of an ELF file at an offset: of an open file (``pread``) or of bytes."""
+class ElfSource:
+    """Bytes of an ELF file at an offset: of an open file (``pread``) or of bytes.
+    A read that lies past the file's end is :class:`ElfFileError`, never a
+    short answer."""
+
+    __slots__ = ("data", "fd", "path", "size")
 
     def __init__(self, path: str, size: int, fd: int = -1, data: bytes | None = None) -> None:
         self.path, self.size, self.fd, self.data = path, size, fd, data
 
+    @classmethod
+    def of_fd(cls, fd: int, path: str) -> ElfSource:
+        try:
+            size = os.fstat(fd).st_size
+        except OSError as e:
+            raise ElfFileError(path, e.strerror or str(e)) from e
+        return cls(path, size, fd=fd)
+
     def read(self, offset: int, length: int) -> bytes:
-        if offset < 0 or length < 0 or offset + length > self.size:
+        if offset < 0 or length < 0 or offset + length >= 1 << 63:
+            raise ElfFileError(self.path, f"{length} bytes at {offset:#x}: past any file")
+        if offset + length > self.size:
             raise ElfFileError(self.path, f"{length} bytes at {offset:#x}: past its end")
         if self.data is not None:
             return self.data[offset : offset + length]
         return pread_exact(self.fd, length, offset, self.path)
 
 
-def check_elf(src: _Source, max_symbols: int) -> None:
+@record
+class ElfHeader:
+    """What an ELF header (``Elf32_Ehdr``/``Elf64_Ehdr``) says of the file."""
+
+    wide: bool  # ELFCLASS64
+    endian: str  # "<" or ">", for struct
+    type: int  # e_type: ET_REL (a .ko) 1, ET_EXEC (vmlinux) 2, ET_CORE (kcore) 4
+    phoff: int
+    phentsize: int
+    phnum: int
+    shoff: int
+    shentsize: int
+    shnum: int
+    shstrndx: int
+
+    @property
+    def byteorder(self) -> str:
+        return "little" if self.endian == "<" else "big"
+
+
+class SectionHeader(NamedTuple):
+    name: int
+    type: int
+    flags: int
+    addr: int
+    offset: int
+    size: int
+    link: int
+    info: int
+    align: int
+    entsize: int
+
+
+@record
+class ProgramHeader:
+    type: int
+    offset: int
+    vaddr: int
+    filesz: int
+
+
+def elf_header(src: ElfSource) -> ElfHeader:
+    """The ELF header of *src* (:class:`ElfFileError`: not an ELF file)."""
+    ident = src.read(0, 16) if src.size >= 16 else b""
+    if ident[:4] != b"\x7fELF" or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+        raise ElfFileError(src.path, "not an ELF file")
+    wide, endian = ident[4] == 2, "<" if ident[5] == 1 else ">"
+    ehdr = struct.Struct(endian + (_EHDR64 if wide else _EHDR32))
+    f = ehdr.unpack(src.read(0, ehdr.size))
+    return ElfHeader(wide, endian, f[6], f[10], f[14], f[15], f[11], f[16], f[17], f[18])
+
+
+def section_headers(src: ElfSource, h: ElfHeader) -> list[SectionHeader]:
+    """The section header table, bounded: at most ``consts.MAX_ELF_SECTIONS``
+    entries (an extended count, in section 0's ``sh_size``, included), inside
+    the file."""
+    if h.shoff == 0:
+        return []
+    shdr = struct.Struct(h.endian + (_SHDR64 if h.wide else _SHDR32))
+    if h.shentsize < shdr.size:
+        raise ElfFileError(src.path, f"section headers of {h.shentsize} bytes, not {shdr.size}")
+    shnum = h.shnum
+    if shnum == 0:  # extended numbering: the count is section 0's sh_size
+        shnum = shdr.unpack(src.read(h.shoff, shdr.size))[5]
+    if shnum > consts.MAX_ELF_SECTIONS:
+        raise ElfFileError(
+            src.path, f"{shnum:,} section headers (limit {consts.MAX_ELF_SECTIONS:,})"
+        )
+    if h.shoff + shnum * h.shentsize > src.size:
+        raise ElfFileError(
+            src.path, f"section headers at {h.shoff:#x} lie past its end ({src.size:,} bytes)"
+        )
+    table = src.read(h.shoff, shnum * h.shentsize)
+    return [SectionHeader._make(shdr.unpack_from(table, i * h.shentsize)) for i in range(shnum)]
+
+
+def program_headers(src: ElfSource, h: ElfHeader) -> list[ProgramHeader]:
+    """The program header table, bounded: at most :data:`MAX_PROGRAM_HEADERS`
+    entries in at most ``consts.MAX_KCORE_HEADERS`` bytes, inside the file."""
+    if h.phoff == 0 or h.phnum == 0:
+        return []
+    phdr = struct.Struct(h.endian + (_PHDR64 if h.wide else _PHDR32))
+    if h.phentsize < phdr.size or h.phnum > MAX_PROGRAM_HEADERS:
+        raise ElfFileError(src.path, f"{h.phnum} program headers of {h.phentsize} bytes")
+    if h.phentsize * h.phnum > consts.MAX_KCORE_HEADERS:
+        raise ElfFileError(
+            src.path,
+            f"program headers of {h.phentsize * h.phnum:,} bytes "
+            f"(limit {consts.MAX_KCORE_HEADERS:,})",
+        )
+    table = src.read(h.phoff, h.phentsize * h.phnum)
+    out = []
+    for i in range(h.phnum):
+        f = phdr.unpack_from(table, i * h.phentsize)
+        if h.wide:
+            out.append(ProgramHeader(f[0], f[2], f[3], f[5]))
+        else:
+            out.append(ProgramHeader(f[0], f[1], f[2], f[4]))
+    return out
+
+
+def note_segment(src: ElfSource, offset: int, size: int) -> bytes:
+    """The bytes of one note section or ``PT_NOTE`` segment, at most
+    :data:`MAX_NOTE_SEGMENT` of them."""
+    if size > MAX_NOTE_SEGMENT:
+        raise ElfFileError(
+            src.path, f"a note segment of {size:,} bytes (limit {MAX_NOTE_SEGMENT:,})"
+        )
+    return src.read(offset, size)
+
+
+def check_elf(src: ElfSource, max_symbols: int) -> None:
     """That the section headers, the sections and the symbol tables of an ELF file
     lie inside it, within ``consts.MAX_ELF_SECTIONS`` sections and *max_symbols*
     symbols a table, each string table ending in a NUL: what pyelftools then reads
     is bounded by the file.  :class:`ElfFileError` says what does not hold."""
     path = src.path
-    ident = src.read(0, 16) if src.size >= 16 else b""
-    if ident[:4] != b"\x7fELF" or ident[4] not in (1, 2) or ident[5] not in (1, 2):
-        raise ElfFileError(path, "not an ELF file")
-    wide, endian = ident[4] == 2, "<" if ident[5] == 1 else ">"
-    ehdr = struct.Struct(endian + (_EHDR64 if wide else _EHDR32).format[1:])
-    shdr = struct.Struct(endian + (_SHDR64 if wide else _SHDR32).format[1:])
-    fields = ehdr.unpack(src.read(0, ehdr.size))
-    shoff, shentsize, shnum, shstrndx = fields[11], fields[16], fields[17], fields[18]
-    if shoff == 0:
+    h = elf_header(src)
+    if h.shoff == 0:
         return  # no section headers: nothing pyelftools would read
-    if shentsize < shdr.size:
-        raise ElfFileError(path, f"section headers of {shentsize} bytes, not {shdr.size}")
-    if shnum == 0:  # extended numbering: the count is section 0's sh_size
-        shnum = shdr.unpack(src.read(shoff, shdr.size))[5]
-    if shnum > consts.MAX_ELF_SECTIONS:
-        raise ElfFileError(path, f"{shnum:,} section headers (limit {consts.MAX_ELF_SECTIONS:,})")
-    if shoff + shnum * shentsize > src.size:
-        raise ElfFileError(
-            path, f"section headers at {shoff:#x} lie past its end ({src.size:,} bytes)"
-        )
-    table = src.read(shoff, shnum * shentsize)
-    headers = [shdr.unpack_from(table, i * shentsize) for i in range(shnum)]
+    headers = section_headers(src, h)
     for i, (_name, sh_type, _fl, _ad, offset, size, link, _in, _al, entsize) in enumerate(headers):
         if sh_type != _SHT_NOBITS and offset + size > src.size:
             raise ElfFileError(path, f"section {i} at {offset:#x} (+{size:,}) lies past its end")
         if sh_type == _SHT_SYMTAB:
-            if entsize < (24 if wide else 16) or entsize % 4 or size // entsize > max_symbols:
+            if entsize < (24 if h.wide else 16) or entsize % 4 or size // entsize > max_symbols:
                 raise ElfFileError(
                     path, f"a symbol table of {size:,} bytes in entries of {entsize} "
                     f"(limit {max_symbols:,} symbols)",
                 )  # fmt: skip
-            names = _name_offsets(src.read(offset, size - size % entsize), entsize, endian)
+            names = _name_offsets(src.read(offset, size - size % entsize), entsize, h.endian)
             _check_strings(src, headers, link, f"section {i}'s string table", names)
-    if shstrndx not in (0, 0xFFFF):
-        _check_strings(src, headers, shstrndx, "the section names", [h[0] for h in headers])
+    if h.shstrndx not in (0, 0xFFFF):
+        _check_strings(src, headers, h.shstrndx, "the section names", [s.name for s in headers])
 
 
 def _name_offsets(table: bytes, entsize: int, endian: str) -> Sequence[int]:
@@ -153,14 +281,14 @@ def _name_offsets(table: bytes, entsize: int, endian: str) -> Sequence[int]:
 
 
 def _check_strings(
-    src: _Source, headers: list[tuple[int, ...]], index: int, what: str, names: Sequence[int]
+    src: ElfSource, headers: list[SectionHeader], index: int, what: str, names: Sequence[int]
 ) -> None:
     """That section *index* is a string table every one of *names* (offsets)
     starts inside, whose strings end: in a NUL, within ``MAX_ELF_NAME`` bytes
     (pyelftools reads a name until its NUL)."""
     if not 0 < index < len(headers):
         raise ElfFileError(src.path, f"{what}: section {index} does not exist")
-    offset, size = headers[index][4], headers[index][5]
+    offset, size = headers[index].offset, headers[index].size
     if size > MAX_STRINGS:
         raise ElfFileError(src.path, f"{what} of {size:,} bytes (limit {MAX_STRINGS:,})")
     table = src.read(offset, size)
@@ -184,7 +312,7 @@ def open_elf(path: Path, max_symbols: int = consts.MAX_VMLINUX_SYMBOLS) -> Itera
     except OSError as e:
         raise ElfFileError(str(path), e.strerror or str(e)) from e
     try:
-        check_elf(_Source(str(path), os.fstat(f.fileno()).st_size, fd=f.fileno()), max_symbols)
+        check_elf(ElfSource(str(path), os.fstat(f.fileno()).st_size, fd=f.fileno()), max_symbols)
         yield ELFFile(f)
     except (ELFError, *_PARSE_ERRORS) as e:  # type: ignore[misc]
         raise ElfFileError(str(path), f"{type(e).__name__}: {e}") from e
@@ -199,7 +327,7 @@ def elf_of_bytes(data: bytes, path: str, max_symbols: int) -> Iterator[ELFFile]:
     from elftools.elf.elffile import ELFFile
 
     try:
-        check_elf(_Source(path, len(data), data=data), max_symbols)
+        check_elf(ElfSource(path, len(data), data=data), max_symbols)
         yield ELFFile(io.BytesIO(data))
     except (ELFError, *_PARSE_ERRORS) as e:  # type: ignore[misc]
         raise ElfFileError(path, f"{type(e).__name__}: {e}") from e
@@ -240,69 +368,23 @@ def fd_build_id(fd: int) -> str | None:
     which for a kernel's debug file is hundreds of megabytes.
     """
     try:
-        ident = os.pread(fd, 64, 0)
-    except OSError:
-        return None
-    if (
-        ident[:4] != b"\x7fELF"
-        or ident[4:5] not in (b"\1", b"\2")
-        or ident[5:6] not in (b"\1", b"\2")
-    ):
-        return None
-    wide = ident[4] == 2
-    if len(ident) < (64 if wide else 52):
-        return None
-    e = "<" if ident[5] == 1 else ">"
-    order = "little" if ident[5] == 1 else "big"
-    if wide:
-        phoff, shoff = struct.unpack_from(e + "QQ", ident, 32)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", ident, 54)
-    else:
-        phoff, shoff = struct.unpack_from(e + "II", ident, 28)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", ident, 42)
-    try:
-        if shoff and 0 < shnum <= _MAX_SECTIONS and shentsize >= (64 if wide else 40):
-            spans = _note_spans(fd, e, wide, shoff, shentsize, shnum, section=True)
-        elif phoff and 0 < phnum <= _MAX_SECTIONS and phentsize >= (56 if wide else 32):
-            spans = _note_spans(fd, e, wide, phoff, phentsize, phnum, section=False)
+        src = ElfSource.of_fd(fd, f"fd {fd}")
+        h = elf_header(src)
+        if h.shoff:
+            spans = [(s.offset, s.size) for s in section_headers(src, h) if s.type == _SHT_NOTE]
         else:
-            return None
+            spans = [(p.offset, p.filesz) for p in program_headers(src, h) if p.type == PT_NOTE]
         total = 0
         for offset, size in spans:
             total += size
-            if size > _MAX_NOTE_SECTION or total > _MAX_NOTES:
+            if total > _MAX_NOTES:
                 return None
-            blob = os.pread(fd, size, offset)
-            for note in iter_notes(blob, order):
+            for note in iter_notes(note_segment(src, offset, size), h.byteorder):
                 if note.name == b"GNU" and note.type == NoteType.NT_GNU_BUILD_ID and note.desc:
                     return note.desc.hex()
-    except (OSError, NoteError, struct.error):
+    except (KernelReadError, NoteError):
         return None
     return None
-
-
-def _note_spans(
-    fd: int, e: str, wide: bool, table: int, entsize: int, count: int, section: bool
-) -> list[tuple[int, int]]:
-    """(offset, size) of each note section (or ``PT_NOTE`` segment) in a header table."""
-    raw = os.pread(fd, entsize * count, table)
-    spans = []
-    for i in range(min(count, len(raw) // entsize)):
-        at = i * entsize
-        if section:
-            kind = struct.unpack_from(e + "I", raw, at + 4)[0]
-            offset, size = struct.unpack_from(
-                e + ("QQ" if wide else "II"), raw, at + (24 if wide else 16)
-            )
-        elif wide:
-            kind, _flags, offset = struct.unpack_from(e + "IIQ", raw, at)
-            size = struct.unpack_from(e + "Q", raw, at + 32)[0]
-        else:
-            kind, offset = struct.unpack_from(e + "II", raw, at)
-            size = struct.unpack_from(e + "I", raw, at + 16)[0]
-        if kind == (_SHT_NOTE if section else _PT_NOTE) and size:
-            spans.append((offset, size))
-    return spans
 
 
 def elf_symbols(path: Path, names: set[str]) -> dict[str, int]:

@@ -25,21 +25,28 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
-from kreld.core import consts
 from kreld.core.errors import AddressNotMapped, KernelMemoryError, KernelReadError, NoteError
 from kreld.core.record import record
-from kreld.kernel.files import hex_address, kernel_offset, pread_exact
+from kreld.kernel.elf import (
+    ET_CORE,
+    MAX_PROGRAM_HEADERS,
+    PT_LOAD,
+    PT_NOTE,
+    ElfSource,
+    elf_header,
+    note_segment,
+    program_headers,
+)
+from kreld.kernel.files import hex_address, kernel_offset
 from kreld.kernel.notes import NoteType, iter_notes, parse_vmcoreinfo
 
 __all__ = ["MAX_READ", "MAX_SEGMENTS", "Kcore", "Segment"]
 
 MAX_READ = 1 << 20  # one read of kernel memory (a struct, a table of section attributes)
-MAX_SEGMENTS = 4096  # PT_LOADs (one per memory range; hundreds on a large NUMA machine)
+# PT_LOADs (one per memory range; hundreds on a large NUMA machine): with the
+# PT_NOTE, the program headers elf.MAX_PROGRAM_HEADERS allows.
+MAX_SEGMENTS = MAX_PROGRAM_HEADERS - 1
 MAX_STRING = 512  # a C string read from kernel memory (a section name, a module name)
-_PT_LOAD = 1
-_PT_NOTE = 4
-_EHDR = struct.Struct("<4sBBBBBxxxxxxxHHIQQQIHHHHHH")
-_PHDR = struct.Struct("<IIQQQQQQ")
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 
@@ -211,49 +218,32 @@ def _why_not(e: OSError) -> str:
 def _read_headers(fd: int, path: str) -> tuple[list[Segment], dict[str, str]]:
     """The PT_LOAD segments and VMCOREINFO of an ELF64 little-endian core.
 
-    Every offset and count is checked before it is used: the header table is at
-    most ``consts.MAX_KCORE_HEADERS`` bytes, the note at most
-    ``consts.MAX_KCORE_NOTES``, and nothing is read past the 2^63 bytes a file
-    can have (a segment that lies there cannot be read, and is left out).
+    The ELF reading is :mod:`kreld.kernel.elf`'s, bounded there (the program
+    header table, the note segment); here, what a core of the running kernel
+    must be besides: nothing is read past the 2^63 bytes a file can have (a
+    segment that lies there cannot be read, and is left out), no segment wraps
+    around the address space, and there are at most :data:`MAX_SEGMENTS`.
     """
-    try:
-        ehdr = os.pread(fd, _EHDR.size, 0)
-    except OSError as e:
-        raise KernelReadError(path, e.strerror or str(e)) from e
-    if len(ehdr) < _EHDR.size:
-        raise KernelMemoryError(path, "too short for an ELF header")
-    fields = _EHDR.unpack(ehdr)
-    magic, cls, data, e_type = fields[0], fields[1], fields[2], fields[6]
-    phoff, phentsize, phnum = fields[10], fields[14], fields[15]
-    if magic != b"\x7fELF" or cls != 2 or data != 1:
+    src = ElfSource.of_fd(fd, path)
+    header = elf_header(src)
+    if not header.wide or header.endian != "<":
+        # Kcore's reads of kernel memory (u64, pointer) are little-endian.
         raise KernelMemoryError(path, "not an ELF64 little-endian file")
-    if e_type != 4:  # ET_CORE
-        raise KernelMemoryError(path, f"ELF type {e_type}, not a core file")
-    if phentsize < _PHDR.size or not 0 < phnum <= MAX_SEGMENTS + 1:
-        raise KernelMemoryError(path, f"{phnum} program headers of {phentsize} bytes")
-    if phentsize * phnum > consts.MAX_KCORE_HEADERS:
-        raise KernelMemoryError(
-            path,
-            f"program headers of {phentsize * phnum:,} bytes (limit {consts.MAX_KCORE_HEADERS:,})",
-        )
-    table = pread_exact(fd, phentsize * phnum, phoff, path)
+    if header.type != ET_CORE:
+        raise KernelMemoryError(path, f"ELF type {header.type}, not a core file")
+    phdrs = program_headers(src, header)
+    if not phdrs:
+        raise KernelMemoryError(path, "no program headers")
     segments: list[Segment] = []
     info: dict[str, str] = {}
-    for i in range(phnum):
-        p_type, _f, p_offset, p_vaddr, _pa, p_filesz, _mem, _al = _PHDR.unpack_from(
-            table, i * phentsize
-        )
-        if p_type == _PT_LOAD and p_filesz:
-            if p_vaddr + p_filesz > 1 << 64:
+    for i, ph in enumerate(phdrs):
+        if ph.type == PT_LOAD and ph.filesz:
+            if ph.vaddr + ph.filesz > 1 << 64:
                 raise KernelMemoryError(path, f"segment {i} wraps around the address space")
-            if p_offset + p_filesz < 1 << 63:
-                segments.append(Segment(p_vaddr, p_offset, p_filesz))
-        elif p_type == _PT_NOTE and not info:
-            if p_filesz > consts.MAX_KCORE_NOTES:
-                raise KernelMemoryError(
-                    path, f"a note segment of {p_filesz:,} bytes (limit {consts.MAX_KCORE_NOTES:,})"
-                )
-            info = _vmcoreinfo(pread_exact(fd, p_filesz, p_offset, path))
+            if ph.offset + ph.filesz < 1 << 63:
+                segments.append(Segment(ph.vaddr, ph.offset, ph.filesz))
+        elif ph.type == PT_NOTE and not info:
+            info = _vmcoreinfo(note_segment(src, ph.offset, ph.filesz))
     if len(segments) > MAX_SEGMENTS:
         raise KernelMemoryError(path, f"more than {MAX_SEGMENTS} PT_LOAD segments")
     return segments, info

@@ -14,7 +14,8 @@ recorded as a fault and read again later.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from kreld.core import consts
 from kreld.core.errors import KernelReadError, NoteError
@@ -23,6 +24,8 @@ from kreld.core.record import record
 from kreld.kernel.files import hex_address, module_size
 from kreld.kernel.info import Root
 from kreld.kernel.notes import find_build_id
+
+T = TypeVar("T")
 
 __all__ = ["ProcModule", "list_modules", "parse_proc_modules", "read_module", "read_proc_modules"]
 
@@ -119,16 +122,16 @@ def _text(path: str, dir_fd: int) -> str | None:
     return None if raw is None else raw.decode("utf-8", "replace").strip()
 
 
-def _size(path: str, dir_fd: int, faults: list[str]) -> int | None:
-    """A module's size attribute (``coresize``, ``initsize``): one it can have, or
-    ``None`` and a fault saying why."""
-    s = _text(path, dir_fd)
-    if s is None:
+def _parsed(path: str, dir_fd: int, parse: Callable[[bytes], T], faults: list[str]) -> T | None:
+    """An attribute read and parsed: ``None`` when it is absent, or does not
+    parse (a ``ValueError``, a :class:`NoteError`), then with a fault naming it."""
+    raw = _read_small(path, dir_fd)
+    if raw is None:
         return None
     try:
-        return module_size(s)
-    except ValueError as e:
-        faults.append(f"{os.path.basename(path)}: {e}")
+        return parse(raw)
+    except (ValueError, NoteError) as e:
+        faults.append(f"{path}: {e}")
         return None
 
 
@@ -180,17 +183,6 @@ def _read_sections(sfd: int, faults: list[str]) -> tuple[dict[str, int], bool, b
     return sections, restricted, not names
 
 
-def _read_build_id(dfd: int, faults: list[str]) -> str | None:
-    note = _read_small("notes/.note.gnu.build-id", dfd)
-    if note is None:
-        return None
-    try:
-        return find_build_id(note)
-    except NoteError as err:
-        faults.append(f"notes/.note.gnu.build-id: {err}")
-        return None
-
-
 def _read_module_at(
     dfd: int, root: Root, name: str, proc: Mapping[str, ProcModule] | None
 ) -> ModuleState | None:
@@ -218,7 +210,7 @@ def _read_module_at(
             if initstate is None:
                 return None  # torn down while we looked
             faults.append("sections/ empty (still loading, or going)")
-    build_id = _read_build_id(dfd, faults)
+    build_id = _parsed("notes/.note.gnu.build-id", dfd, find_build_id, faults)
     pm = (proc if proc is not None else read_proc_modules(root)).get(name)
     if pm is not None and pm.base is None and pm.size:
         restricted = True
@@ -226,8 +218,8 @@ def _read_module_at(
         name=name,
         build_id=build_id,
         sections=sections,
-        coresize=_size("coresize", dfd, faults),
-        initsize=_size("initsize", dfd, faults),
+        coresize=_parsed("coresize", dfd, module_size, faults),
+        initsize=_parsed("initsize", dfd, module_size, faults),
         initstate=initstate,
         srcversion=_text("srcversion", dfd),
         taint=_text("taint", dfd),

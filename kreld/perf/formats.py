@@ -17,6 +17,9 @@ __all__ = [
     "KERNEL_MAP_PREFIX",
     "MAX_BUILD_IDS",
     "MAX_MODULE_MAPS",
+    "MISC_BUILD_ID_SIZE",
+    "MISC_KERNEL",
+    "USER_TYPES",
     "BuildIdEntry",
     "ClockData",
     "ClockId",
@@ -67,6 +70,7 @@ class RecordType(IntEnum):
     COMM = 3
     SAMPLE = 9
     MMAP2 = 10
+    KSYMBOL = 17
     HEADER_ATTR = 64
     HEADER_TRACING_DATA = 66
     HEADER_BUILD_ID = 67
@@ -88,9 +92,11 @@ class ClockId(IntEnum):
 
 
 _MISC_CPUMODE_MASK = 0x7
-_MISC_KERNEL = 1
+MISC_KERNEL = 1
 _MISC_MMAP_BUILD_ID = 1 << 14  # MMAP2 carries a build-id instead of a device
-_MISC_BUILD_ID_SIZE = 1 << 15  # a build-id event says its build-id's size
+MISC_BUILD_ID_SIZE = 1 << 15  # a build-id event says its build-id's size
+# Record types from here on are perf's own (HEADER_ATTR on), and carry no time.
+USER_TYPES = 64
 
 
 @record
@@ -252,11 +258,11 @@ class _Collector:
 
     def build_id_event(self, rec: bytes, misc: int) -> None:
         raw = rec[12:36]
-        n = raw[20] if misc & _MISC_BUILD_ID_SIZE else 20
+        n = raw[20] if misc & MISC_BUILD_ID_SIZE else 20
         if n > 20:
             raise self.error(f"build-id of {n} bytes")
         entry = BuildIdEntry(
-            _cstr(rec[36:]), raw[:n].hex(), misc & _MISC_CPUMODE_MASK == _MISC_KERNEL
+            _cstr(rec[36:]), raw[:n].hex(), misc & _MISC_CPUMODE_MASK == MISC_KERNEL
         )
         if len(self.build_ids) >= MAX_BUILD_IDS:
             raise PerfDataTooLarge(self.path, "build-id entries", MAX_BUILD_IDS)
@@ -279,7 +285,7 @@ class _Collector:
         if len(rec) < fixed:
             raise self.error(f"{RecordType(rtype).name} record of {len(rec)} bytes", offset)
         pid, _tid, start, length, pgoff = struct.unpack_from(self.e + "IIQQQ", rec, 8)
-        if pid != _HOST_PID or misc & _MISC_CPUMODE_MASK != _MISC_KERNEL:
+        if pid != _HOST_PID or misc & _MISC_CPUMODE_MASK != MISC_KERNEL:
             return
         build_id = None
         if rtype == RecordType.MMAP2 and misc & _MISC_MMAP_BUILD_ID:

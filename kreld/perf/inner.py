@@ -10,13 +10,13 @@ from typing import IO, cast
 import numpy as np
 
 from kreld.core.errors import PerfDataError, PerfDataTooLarge
+from kreld.perf.formats import USER_TYPES
 from kreld.perf.reader import DECOMPRESSED_LIMIT, InflateBudget, RecordType
 from kreld.perf.synth import AttrLayout
 
 __all__ = ["InnerTimes", "chunk_times"]
 
 _SAMPLE = int(RecordType.SAMPLE)
-_USER_TYPES = 64  # types from here on are perf's own, untimed
 
 
 def chunk_times(buf: bytes, offs: np.ndarray, lay: AttrLayout, e: str) -> np.ndarray:
@@ -35,7 +35,7 @@ def chunk_times(buf: bytes, offs: np.ndarray, lay: AttrLayout, e: str) -> np.nda
         spots.append((sel, offs[sel] + lay.sample_time_offset))
     back = lay.time_from_end
     if back is not None:
-        kernel = (types < _USER_TYPES) & (types != _SAMPLE) & (sizes >= 8 + back)
+        kernel = (types < USER_TYPES) & (types != _SAMPLE) & (sizes >= 8 + back)
         sel = np.nonzero(kernel)[0]
         spots.append((sel, offs[sel] + sizes[sel] - back))
     for sel, at in spots:
@@ -112,6 +112,6 @@ def _time_of(data: bytes, pos: int, rtype: int, size: int, lay: AttrLayout, e: s
         off = lay.sample_time_offset
         if off is not None and size >= off + 8:
             return int(struct.unpack_from(e + "q", data, pos + off)[0])
-    elif rtype < _USER_TYPES and lay.time_from_end is not None and size >= 8 + lay.time_from_end:
+    elif rtype < USER_TYPES and lay.time_from_end is not None and size >= 8 + lay.time_from_end:
         return int(struct.unpack_from(e + "q", data, pos + size - lay.time_from_end)[0])
     return -1

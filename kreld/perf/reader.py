@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ATTRS_LIMIT",
     "ATTR_SIZES",
+    "COMPRESSED_TYPES",
     "DECOMPRESSED_LIMIT",
     "DECOMPRESSED_RATIO",
     "DECOMPRESSED_SLACK",
@@ -115,7 +116,7 @@ _WANTED = frozenset(
         *(RecordType.COMPRESSED, RecordType.COMPRESSED2),
     )
 )
-_COMPRESSED = frozenset((int(RecordType.COMPRESSED), int(RecordType.COMPRESSED2)))
+COMPRESSED_TYPES = frozenset((int(RecordType.COMPRESSED), int(RecordType.COMPRESSED2)))
 
 
 class InflateBudget:
@@ -208,7 +209,7 @@ class _Records:
         self.offset += at
 
     def dispatch(self, rtype: int, misc: int, rec: bytes, at: int) -> int:
-        if self.inner and rtype in _COMPRESSED:
+        if self.inner and rtype in COMPRESSED_TYPES:
             raise self.scan.c.error("a compressed record inside a compressed record", self.fixed)
         return self.scan.record(rtype, misc, rec, self.where(at))
 

@@ -38,8 +38,9 @@ import numpy as np
 from kreld.core.errors import PerfDataError, PerfDataTooLarge
 from kreld.core.record import record
 from kreld.core.safeout import Sink
+from kreld.perf.formats import USER_TYPES
 from kreld.perf.inner import InnerTimes, chunk_times
-from kreld.perf.reader import ATTR_SIZES, ATTRS_LIMIT, Feature, RecordType
+from kreld.perf.reader import ATTR_SIZES, ATTRS_LIMIT, COMPRESSED_TYPES, Feature, RecordType
 from kreld.perf.synth import AttrLayout
 
 __all__ = ["Added", "Recording", "write_with"]
@@ -49,8 +50,6 @@ _FILE_HEADER = 104
 _PIPE_HEADER = 16
 _AUXTRACE = int(RecordType.AUXTRACE)
 _TRACING_DATA = int(RecordType.HEADER_TRACING_DATA)
-_COMPRESSED = (int(RecordType.COMPRESSED), int(RecordType.COMPRESSED2))
-_USER_TYPES = 64  # types from here on are perf's own, untimed
 _KERNEL_MAP = b"[kernel.kallsyms]"
 _FINISHED_INIT = int(RecordType.FINISHED_INIT)
 _INIT_SCAN = 100_000  # records looked at for FINISHED_INIT, as for the kernel map
@@ -214,7 +213,7 @@ class Recording:
                 break
             offs.append(at)
             rtype = buf[at + 3] if big else buf[at]
-            if rtype >= _USER_TYPES:
+            if rtype >= USER_TYPES:
                 specials.append(len(offs) - 1)
                 at += self._trailing(rtype, buf, at, size)
             at += size
@@ -227,7 +226,7 @@ class Recording:
         for i in specials:
             o = int(local[i])
             rtype, _misc, size = struct.unpack_from(self.e + "IHH", buf, o)
-            if rtype in _COMPRESSED:
+            if rtype in COMPRESSED_TYPES:
                 times[i] = inner.newest(rtype, buf, o, size, pos + o, self.layout)
         return _Chunk(pos, buf, local, times), pos + at
 

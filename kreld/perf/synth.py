@@ -23,6 +23,7 @@ import struct
 from enum import IntEnum, IntFlag
 
 from kreld.core.record import record
+from kreld.perf.formats import MISC_BUILD_ID_SIZE, MISC_KERNEL, RecordType
 
 __all__ = [
     "KSYM_UNREGISTER",
@@ -34,11 +35,6 @@ __all__ = [
     "ksymbol",
 ]
 
-PERF_RECORD_MMAP = 1
-PERF_RECORD_KSYMBOL = 17
-HEADER_BUILD_ID = 67
-MISC_KERNEL = 1
-MISC_BUILD_ID_SIZE = 1 << 15
 KSYM_UNREGISTER = 1
 _NAME_ALIGN = 64
 _SAMPLE_ID_ALL = 1 << 18  # perf_event_attr's flags: bit 18
@@ -153,7 +149,7 @@ def kernel_mmap(
     """A kernel MMAP of *name* (``[brd]``) over [start, start + length); perf's
     kernel map (``[kernel.kallsyms]_text``) gives its reference symbol's address as *pgoff*."""
     body = struct.pack(endian + "iIQQQ", -1, 0, start, length, pgoff) + _name(name)
-    return _record(PERF_RECORD_MMAP, MISC_KERNEL, body + trailer, endian)
+    return _record(RecordType.MMAP, MISC_KERNEL, body + trailer, endian)
 
 
 def ksymbol(
@@ -169,7 +165,7 @@ def ksymbol(
     """A ``PERF_RECORD_KSYMBOL``: *name* registered (or unregistered) at *addr*."""
     flags = KSYM_UNREGISTER if unregister else 0
     body = struct.pack(endian + "QIHH", addr, length, int(kind), flags) + _name(name)
-    return _record(PERF_RECORD_KSYMBOL, MISC_KERNEL, body + trailer, endian)
+    return _record(RecordType.KSYMBOL, MISC_KERNEL, body + trailer, endian)
 
 
 def build_id_entry(name: str, build_id: str, endian: str = "<") -> bytes:
@@ -177,4 +173,4 @@ def build_id_entry(name: str, build_id: str, endian: str = "<") -> bytes:
     raw = bytes.fromhex(build_id)[:20]
     bid = raw.ljust(20, b"\0") + bytes([len(raw)]) + b"\0\0\0"
     body = struct.pack(endian + "i", -1) + bid + _name(name, _NAME_ALIGN)
-    return _record(HEADER_BUILD_ID, MISC_KERNEL | MISC_BUILD_ID_SIZE, body, endian)
+    return _record(RecordType.HEADER_BUILD_ID, MISC_KERNEL | MISC_BUILD_ID_SIZE, body, endian)

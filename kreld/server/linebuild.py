@@ -136,14 +136,9 @@ class LineBuilder:
     def source_for(self, wanted: dict[str, Wanted]) -> TableSource:
         """The build-id -> table (or why not) function a Resolve's lines take,
         for the builds *wanted* describes (:func:`~kreld.symbols.linetables.wanted_of`)."""
+        from kreld.symbols.linetables import table_source
 
-        def source(build_id: str) -> LineTable | str:
-            want = wanted.get(build_id)
-            if want is None:
-                return f"build {build_id} is not of this boot's kernel or modules"
-            return self.table(want)
-
-        return source
+        return table_source(self.table, wanted)
 
     def table(self, want: Wanted) -> LineTable | str:
         """*want*'s table, waiting for its build up to :attr:`wait_s`; else why not."""

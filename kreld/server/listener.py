@@ -34,6 +34,7 @@ import resource
 import socket
 from typing import TYPE_CHECKING, Any
 
+from kreld.config.settings import Limits
 from kreld.core import consts
 from kreld.core.errors import (
     KreldError,
@@ -44,7 +45,7 @@ from kreld.core.errors import (
 )
 from kreld.core.kernel_code import CodeEvent, KernelCode
 from kreld.core.model import Incarnation, ModuleEvent
-from kreld.core.record import record
+from kreld.core.record import replace
 from kreld.core.supervise import supervisor
 from kreld.server.access import Policy, peer_comm, peer_cred
 from kreld.server.conn import Conn as _Conn
@@ -91,17 +92,6 @@ ACCEPT_BATCH = 32
 ACCEPT_HEADROOM = 6 * ACCEPT_BATCH
 
 
-@record
-class Limits:
-    max_message_bytes: int = consts.DEFAULT_MAX_MESSAGE_BYTES
-    max_connections: int = consts.DEFAULT_MAX_CONNECTIONS
-    max_connections_per_uid: int = consts.DEFAULT_MAX_CONNECTIONS_PER_UID
-    idle_timeout: float = consts.DEFAULT_IDLE_TIMEOUT
-    subscribe_queue: int = consts.DEFAULT_SUBSCRIBE_QUEUE
-    write_timeout: float = consts.DEFAULT_WRITE_TIMEOUT
-    cap_root: bool = consts.DEFAULT_CAP_ROOT
-
-
 # Descriptors kept for the store, the sources, sysfs reads and the log.
 RESERVED_FDS = 64
 
@@ -126,15 +116,7 @@ def limits_of(cfg: Config, log: FilteringBoundLogger | None = None) -> Limits:
         conns = max(1, room)
         if log is not None:
             log.warning("max_connections_capped", configured=cfg.max_connections, to=conns)
-    return Limits(
-        cfg.max_message_bytes,
-        conns,
-        cfg.max_connections_per_uid,
-        cfg.idle_timeout,
-        cfg.subscribe_queue,
-        cfg.write_timeout,
-        cfg.cap_root,
-    )
+    return replace(Limits.of(cfg), max_connections=conns)
 
 
 class Server:

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from typing import Any
 
 from kreld.store import Store, Table, boot_key, inc_key
+from kreld.store.env import SEQ
 
 __all__ = ["PubState", "table_bytes"]
 
 _DB = Table.PUBLISHED.value
-_SEQ = struct.Struct(">Q")
 
 
 def table_bytes(store: Store, key: str) -> bytes | None:
@@ -71,7 +70,7 @@ class PubState:
                 for k, v in cur:
                     if not k.startswith(prefix):
                         break
-                    out[int(_SEQ.unpack(k[len(prefix) :])[0])] = bytes(v)
+                    out[int(SEQ.unpack(k[len(prefix) :])[0])] = bytes(v)
             return out
 
         return self.store.env.read(fn)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +57,7 @@ __all__ = [
     "TableInfo",
     "provider_for",
     "table_listing",
+    "table_source",
     "wanted_for",
     "wanted_of",
 ]
@@ -200,14 +201,7 @@ class LineTableProvider:
     def source_for(self, wanted: dict[str, Wanted]) -> TableSource:
         """The build-id -> table function :func:`~kreld.symbols.linequery.lines_at`
         takes, for the builds *wanted* describes (:func:`wanted_of`)."""
-
-        def source(build_id: str) -> LineTable | str:
-            want = wanted.get(build_id)
-            if want is None:
-                return f"build {build_id} is not of this boot's kernel or modules"
-            return self.table(want)
-
-        return source
+        return table_source(self.table, wanted)
 
     def listing(self) -> list[TableInfo]:
         """The tables the store keeps (empty without a store)."""
@@ -251,6 +245,21 @@ class LineTableProvider:
         while self._held > self.memory and self._tables:
             _, (_, dropped) = self._tables.popitem(last=False)
             self._held -= dropped
+
+
+def table_source(
+    table: Callable[[Wanted], LineTable | str], wanted: Mapping[str, Wanted]
+) -> TableSource:
+    """The build-id -> table (or why not) function a Resolve's lines take: *table*
+    of the build *wanted* describes, and no build that is not of the boot."""
+
+    def source(build_id: str) -> LineTable | str:
+        want = wanted.get(build_id)
+        if want is None:
+            return f"build {build_id} is not of this boot's kernel or modules"
+        return table(want)
+
+    return source
 
 
 def provider_for(

@@ -1,4 +1,4 @@
-"""Fuzzing the configuration reader (issue 19): whatever the bytes, ``load_bytes`` and
+"""Fuzzing the configuration reader: whatever the bytes, ``load_bytes`` and
 ``load_config`` give a :class:`Config` within its bounds or a :class:`ConfigError`,
 never another exception (RecursionError, a ValueError of tomllib's, ...).
 

@@ -1,4 +1,4 @@
-"""Issue 13 (startup and memory): what kreld leaves out, and what it lets go."""
+"""Startup and memory: what kreld leaves out, and what it lets go."""
 
 from __future__ import annotations
 
@@ -145,6 +145,19 @@ def test_a_process_that_loaded_ssl_keeps_it_when_it_imports_the_daemon() -> None
     code = "import ssl, kreld.daemon, sys; print(sys.modules['ssl'] is ssl, ssl.OPENSSL_VERSION)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("True OpenSSL")
+
+
+def test_the_daemon_process_holds_ssl_out_of_asyncio_alone_so_https_needs_no_undoing() -> None:
+    """The entry point imports asyncio without ssl and leaves no trace: an https
+    debuginfod server, reached through http.client later, finds TLS there."""
+    code = (
+        "import kreld.programs as p, sys; p.lean_process(); import kreld.daemon; "
+        "print('ssl' in sys.modules, sys.modules['asyncio.sslproto'].ssl is None); "
+        "import http.client; print(hasattr(http.client, 'HTTPSConnection')); "
+        "from kreld.debuginfo.fetch import _tls_context; print(type(_tls_context()).__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True", "SSLContext"]
 
 
 def test_importing_the_daemon_module_changes_no_global_state() -> None:

@@ -1,4 +1,4 @@
-"""Hostile configuration (issue 19): every case is refused as a ConfigError naming the
+"""Hostile configuration: every case is refused as a ConfigError naming the
 file and the key or line, exit 6, by ``kreld --config`` and by ``kreldctl`` alike, in
 bounded memory and time, never a traceback, a hang or all the memory there is.
 

@@ -1,4 +1,4 @@
-"""A fleet bucket someone with its credentials has tampered with (issue 19), read
+"""A fleet bucket someone with its credentials has tampered with, read
 with ``kreldctl --from`` against a real S3 server (SeaweedFS's weed, started and
 stopped here, on 127.0.0.1).
 

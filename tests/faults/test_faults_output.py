@@ -1,4 +1,4 @@
-"""Where ``kreldctl export -o`` and ``kreldctl inject -o`` write (issue 19): safely
+"""Where ``kreldctl export -o`` and ``kreldctl inject -o`` write: safely
 whoever runs them and wherever.  Root writing into a directory other users can
 write must not be turned into a write elsewhere by anything planted there; a
 device or a FIFO is written in place, never replaced by a file; a directory, a

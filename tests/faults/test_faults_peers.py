@@ -1,4 +1,4 @@
-"""One peer holding connections does not lock the others out (issue 19): past
+"""One peer holding connections does not lock the others out: past
 ``[limits] max_connections_per_uid`` a uid gets ``io.kreld.TooManyConnectionsPerUid``
 and is closed, while another uid and root go on being served, and kreld goes on.
 Root is held to the same cap unless ``cap_root`` is off.

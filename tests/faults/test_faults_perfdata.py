@@ -1,5 +1,5 @@
 """Hostile perf.data given to ``kreldctl export kallsyms --for`` / ``symbolize --for``
-(issue 19): each is refused with its named error and exit code, or read within its
+each is refused with its named error and exit code, or read within its
 bounds, and never costs unbounded memory, a hang or a traceback.
 
 Every run is kreldctl as a child of the test, under RLIMIT_AS of 512 MiB and a

@@ -1,4 +1,4 @@
-"""Hostile text on ``kreldctl symbolize``'s standard input (issue 19), with and
+"""Hostile text on ``kreldctl symbolize``'s standard input, with and
 without ``--for``: invalid UTF-8 under a real UTF-8 locale, a sample time of
 thousands of digits, a line of unclosed ``[unknown] (`` frames, a line of tens of
 megabytes with no newline.  Each is read in bounded memory and time and copied

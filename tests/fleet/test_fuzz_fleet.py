@@ -1,4 +1,4 @@
-"""Fuzzing the fleet bucket's decoders (issue 19): whatever an object holds, the
+"""Fuzzing the fleet bucket's decoders: whatever an object holds, the
 reader returns what the layout allows or raises FleetObjectInvalid, never
 another exception, within its bounds.
 

@@ -19,6 +19,7 @@ from kreld.core.errors import (
     ModuleListChanged,
 )
 from kreld.kernel.btf import Btf
+from kreld.kernel.elf import ElfFileError
 from kreld.kernel.kcore import MAX_READ, Kcore
 from kreld.kernel.module_struct import module_layout
 from kreld.kernel.modules_kcore import walk_modules
@@ -84,8 +85,11 @@ def test_a_pointer_outside_every_segment_is_a_named_error(tmp_path: Path) -> Non
 
 def test_a_file_that_is_not_a_core_is_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "text").write_bytes(b"not an ELF file at all, just words" * 4)
-    with pytest.raises(KernelMemoryError, match="not an ELF64"):
+    with pytest.raises(ElfFileError, match="not an ELF file"):
         Kcore.open(tmp_path / "text")
+    (tmp_path / "elf32").write_bytes(b"\x7fELF\x01\x01\x01" + bytes(45))
+    with pytest.raises(KernelMemoryError, match="not an ELF64"):
+        Kcore.open(tmp_path / "elf32")
     with pytest.raises(KernelReadError, match="No such file"):
         Kcore.open(tmp_path / "absent")
 
@@ -347,3 +351,28 @@ def test_a_kerneloffset_the_kernel_cannot_have_is_a_named_error(tmp_path: Path, 
             k.kernel_offset()
         with pytest.raises(KernelMemoryError, match="_stext"):
             k.symbol("_stext")
+
+
+def test_kcore_and_the_build_id_reader_share_one_elf_reader_and_its_bounds(
+    tmp_path: Path,
+) -> None:
+    """A note segment one byte past the bound: refused by Kcore by name, and no
+    build-id from fd_build_id, because both read it through kreld.kernel.elf."""
+    from kreld.kernel.elf import MAX_NOTE_SEGMENT, fd_build_id
+
+    build_id = bytes(range(20))
+    note = struct.pack("<III", 4, len(build_id), 3) + b"GNU\0" + build_id
+    size = MAX_NOTE_SEGMENT + 1
+    phdr = struct.pack("<IIQQQQQQ", 4, 0, 64 + 56, 0, 0, size, 0, 0)
+    path = tmp_path / "core"
+    path.write_bytes(_core(64, 56, 1, phdr) + note + bytes(size - len(note)))
+    with pytest.raises(KernelReadError, match="a note segment of"):
+        Kcore.open(path)
+    with open(path, "rb") as f:
+        assert fd_build_id(f.fileno()) is None
+    fitting = struct.pack("<IIQQQQQQ", 4, 0, 64 + 56, 0, 0, len(note), 0, 0)
+    path.write_bytes(_core(64, 56, 1, fitting) + note)
+    with open(path, "rb") as f:
+        assert fd_build_id(f.fileno()) == build_id.hex()
+    with Kcore.open(path) as kcore:
+        assert kcore.segments == [] and kcore.vmcoreinfo == {}

@@ -1,4 +1,4 @@
-"""kptr_restrict=2 seen through (issue 22): a fake root whose kallsyms and
+"""kptr_restrict=2 seen through: a fake root whose kallsyms and
 /sys/module/*/sections show zeros, with a kcore-shaped proc/kcore holding the
 kernel's notes and module list, BTF in sys/kernel/btf/vmlinux and a System.map
 in boot/.  kreldctl and kreld run as real subprocesses against it."""

@@ -1,4 +1,4 @@
-"""Fuzzing the perf.data reader (issue 19): whatever the bytes, ``read_perf_header``
+"""Fuzzing the perf.data reader: whatever the bytes, ``read_perf_header``
 gives a :class:`PerfHeader` within its bounds or a named :class:`KreldError`, never
 another exception.
 

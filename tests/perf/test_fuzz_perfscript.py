@@ -1,4 +1,4 @@
-"""Fuzzing the ``perf script`` reader of ``kreldctl symbolize --for`` (issue 19):
+"""Fuzzing the ``perf script`` reader of ``kreldctl symbolize --for``:
 whatever the bytes on its input, every line comes out (as many newlines out as
 in), a line without ``[unknown]`` comes out byte for byte, and nothing raises.
 

@@ -348,7 +348,7 @@ def test_prefix_limit_bounds_a_file_without_any_stop(
     assert h.bytes_read < limit + (1 << 17) < path.stat().st_size
 
 
-# -- bounds (issue 19; tests/faults/test_faults_perfdata.py runs each as kreldctl) --------
+# -- bounds (tests/faults/test_faults_perfdata.py runs each as kreldctl) -----------------
 
 
 def test_a_compressed_record_is_refused_while_it_inflates_past_the_limit(tmp_path: Path) -> None:

@@ -99,14 +99,64 @@ def test_readme_names_every_method_of_the_interface() -> None:
     assert not absent, f"README does not name these io.kreld methods: {absent}"
 
 
+# Beside the docs: the tests, the benches (and the results they write) and the
+# scripts, whose docstrings and comments are read as much.
+OTHER_FILES = sorted(
+    p
+    for folder in ("tests", "bench", "scripts", ".ci")
+    for p in (REPO / folder).rglob("*")
+    if p.is_file() and "__pycache__" not in p.parts and p.suffix in ("", ".py", ".md", ".sh")
+)
+
+
 def test_no_issue_numbers_in_code_or_docs() -> None:
     """Comments and docs say the reason, never the ticket: the reader next year
     has no tracker."""
     ticket = re.compile(r"\b(?:issue|ticket)s? *#?\d+", re.I)
     found = [
         f"{p.relative_to(REPO)}:{n}"
-        for p in DOC_FILES
+        for p in [*DOC_FILES, *OTHER_FILES]
         for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
         if ticket.search(line)
     ]
     assert not found, f"issue numbers at {found}"
+
+
+# What a newcomer reads, in the order they need it: what and why (before the
+# first heading), install, a quick start, the profiler's API, configuration,
+# the fleet, the architecture, development.  Internals go to docs/, the
+# changes to CHANGELOG.md.
+README_SECTIONS = [
+    "Install on a host",
+    "Quick start",
+    "For profilers: the socket",
+    "Configuration",
+    "A fleet: object storage",
+    "Architecture",
+    "Development",
+]
+
+
+def test_readme_is_short_and_in_a_newcomers_order() -> None:
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) < 250, "README.md: 250 lines or more; move internals to docs/"
+    assert re.findall(r"^## (.+)$", text, re.M) == README_SECTIONS
+    assert not re.search(r"^#+ .*(change ?log|changes|history)", text, re.I | re.M)
+    assert (REPO / "CHANGELOG.md").is_file()
+
+
+# `test_x.py::test_name` in the docs: the proof a claim cites.  A name cut short
+# ends in an ellipsis ("test_a_kcore_whose_headers_point_anywhere_…"): a prefix.
+_CITED = re.compile(r"(test_\w+\.py)::(test_\w+)(…|\.\.\.)?")
+
+
+def test_every_test_the_docs_cite_exists() -> None:
+    tests = {p.name: p.read_text() for p in (REPO / "tests").rglob("test_*.py")}
+    missing = []
+    for path in DOC_FILES:
+        for m in _CITED.finditer(path.read_text(errors="replace")):
+            file, name, cut = m.groups()
+            end = r"\w*" if cut else r"\b"
+            if file not in tests or not re.search(rf"def {name}{end}", tests[file]):
+                missing.append(f"{path.relative_to(REPO)}: {file}::{name}")
+    assert not missing, "cited tests that do not exist:\n" + "\n".join(missing)

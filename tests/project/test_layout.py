@@ -20,9 +20,6 @@ ALLOWED: dict[str, str] = {
     "core/errors.py": "the error family is one table (names, parameters, exit codes)"
     " that the client, the IDL test and the docs are made from: split, it would be"
     " read in pieces",
-    "symbols/capture.py::SymbolCapture": "one worker and its queue: the kernel's table, then"
-    " each module's from kallsyms, kernel memory or its .ko, every step a method of the"
-    " one object whose state (what is captured, what waits) they share",
 }
 
 

@@ -514,7 +514,7 @@ def test_symbolize_for_names_every_unknown_frame_of_a_program_another_process_lo
 def test_inject_adds_the_programs_ksymbols_and_perf_script_of_out_names_every_frame(
     filter_recording: Recording, tmp_path: Path
 ) -> None:
-    """``kreldctl inject`` (issue 23's BPF half) writes a KSYMBOL register and
+    """``kreldctl inject`` (its BPF half) writes a KSYMBOL register and
     unregister for the filter: ``perf script`` of OUT, with no warning, names
     every frame it left ``[unknown]`` in IN, and only those changed."""
     r = filter_recording

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs inside the VM that tests/vm/test_seethrough_vm.py boots (issue 22):
+# Runs inside the VM that tests/vm/test_seethrough_vm.py boots:
 # kreld at kernel.kptr_restrict=2, where kallsyms and /sys/module/*/sections
 # show zeros to root too, then the truth read at kptr_restrict=0.
 #

@@ -1,5 +1,5 @@
 """In the guest, at kptr_restrict=0: the reference for a recording perf took at
-kptr_restrict=2 (issue 22).  perf then wrote no kernel map; this writes OUT as
+kptr_restrict=2.  perf then wrote no kernel map; this writes OUT as
 IN with, before its first record, the kernel maps perf itself synthesized in
 MAPS, a recording of nothing taken at 0 on the same boot with the same options
 (``[kernel.kallsyms]_text`` and one map per module, as ``/proc/kallsyms`` and

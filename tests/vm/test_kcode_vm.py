@@ -1,4 +1,4 @@
-"""kreld following BPF programs on a real kernel (issue 21): the Debian cloud
+"""kreld following BPF programs on a real kernel: the Debian cloud
 kernel under QEMU (tests/support/harness.py), one boot running tests/vm/guest_kcode.sh:
 bpftrace loads and unloads a kprobe and a kfunc program on vfs_read during a
 per-task ``perf record -k monotonic`` of a workload, then a burst of 300
@@ -241,7 +241,7 @@ def test_a_cpu_offline_and_back_gets_a_new_ring_and_its_gap_is_a_window(guest: G
 def test_inject_of_the_per_task_recording_names_every_bpf_frame_in_perf_script(
     guest: Guest, tmp_path: Path
 ) -> None:
-    """kreldctl inject on the host (issue 23's BPF half): ``perf script`` of OUT,
+    """kreldctl inject on the host (its BPF half): ``perf script`` of OUT,
     with the guest's kernel symbols from ``export kallsyms --for`` and no other
     symbol files, leaves no frame in kernel code ``[unknown]`` and names the
     kprobe and kfunc programs."""
@@ -282,7 +282,7 @@ def test_inject_of_the_per_task_recording_names_every_bpf_sample_in_perf_report(
     guest: Guest, tmp_path: Path
 ) -> None:
     """``perf report --stdio --symfs=<empty> --kallsyms=<export --for OUT>`` of
-    inject's OUT (issue 23): every sample in kernel code that IN's report leaves
+    inject's OUT: every sample in kernel code that IN's report leaves
     ``[unknown]`` is named, with as much of the total as IN gave those addresses."""
     g = guest
     perf = shutil.which("perf")

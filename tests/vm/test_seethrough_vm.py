@@ -1,4 +1,4 @@
-"""kptr_restrict=2 seen through on a real kernel (issue 22).
+"""kptr_restrict=2 seen through on a real kernel.
 
 One boot of Debian's cloud kernel (tests/vm/guest_restricted.sh): kreld starts
 at kernel.kptr_restrict=2, where /proc/kallsyms and /sys/module/*/sections show
