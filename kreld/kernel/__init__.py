@@ -15,7 +15,8 @@ memory opened when first needed (``addresses``).  Kernel code beyond the
 image and modules: perf's side-band records (``sideband``) read live from one
 ring per CPU (``perfring``), and what bpf(2) says of each program
 (``bpfinfo``); module loads and frees from the module tracepoints, on the same
-rings (``modtrace``).
+rings (``modtrace``).  A socket peer's credentials and groups, for the
+server's access checks (``peers``).
 
 They never write, and never know of the store or the server.
 May import: ``core``, ``config``.

@@ -4,7 +4,7 @@ Module addresses defeat KASLR, so they are for root, kreld's own uid, and the
 uids and groups the configuration's ``[access]`` section lists.  A peer is
 known by its ``SO_PEERCRED`` credentials (taken by the kernel at connect
 time, so they cannot be forged) and its supplementary groups from
-``/proc/<pid>/status``.
+``/proc/<pid>/status`` (both read by :mod:`kreld.kernel.peers`).
 
 Whoever owns or may write a directory can swap a file in it under the
 daemon: the socket's directory must belong to root or kreld's user and be
@@ -18,16 +18,14 @@ from __future__ import annotations
 import grp
 import os
 import stat
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kreld.core.errors import SocketError
 from kreld.core.record import record
+from kreld.kernel.peers import peer_groups
 
 if TYPE_CHECKING:  # the socket and config types only: kreldctl show needs no socket
-    import socket
-
     from structlog.typing import FilteringBoundLogger
 
     from kreld.config.settings import Config
@@ -37,9 +35,6 @@ __all__ = [
     "Policy",
     "check_socket_dir",
     "group_id",
-    "peer_comm",
-    "peer_cred",
-    "peer_groups",
     "policy_of",
 ]
 
@@ -69,35 +64,6 @@ def policy_of(cfg: Config, log: FilteringBoundLogger) -> Policy:
         else:
             gids.add(gid)
     return Policy(frozenset(gids), frozenset(cfg.allowed_uids))
-
-
-def peer_groups(pid: int) -> set[int]:
-    """The supplementary groups of a process, from ``/proc/<pid>/status``."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Groups:"):
-                    return {int(g) for g in line.split()[1:]}
-    except (OSError, ValueError):
-        pass
-    return set()
-
-
-def peer_comm(pid: int) -> str | None:
-    """A peer's command name, for the log."""
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return None
-
-
-def peer_cred(sock: socket.socket) -> tuple[int, int, int]:
-    """``(pid, uid, gid)`` of the process at the other end of a Unix socket."""
-    import socket  # here: only the server asks, and kreldctl show imports this module
-
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    return pid, uid, gid
 
 
 def group_id(name: str) -> int | None:

@@ -47,7 +47,8 @@ from kreld.core.kernel_code import CodeEvent, KernelCode
 from kreld.core.model import Incarnation, ModuleEvent
 from kreld.core.record import replace
 from kreld.core.supervise import supervisor
-from kreld.server.access import Policy, peer_comm, peer_cred
+from kreld.kernel.peers import peer_comm, peer_cred
+from kreld.server.access import Policy
 from kreld.server.conn import Conn as _Conn
 from kreld.server.conn import ReplyUnread
 from kreld.server.methods import METHODS, answer, lookup
