@@ -376,12 +376,7 @@ def inject(
             size = write_with(rec, sink, [*added, *extra], ids)
     finally:
         rec.close()
-    print(
-        f"kreldctl: {out_path}: {_mapped(plans)}, {len(ids)} build-ids added, "
-        f"{len(extra)} ksymbol records"
-        + (f", the kernel and {len(early) - 1} modules mapped from its start" if early else ""),
-        file=err,
-    )
+    _summary(out_path, plans, len(ids), len(extra), len(early), err)
     return {
         "output": out_path,
         "bytes": size,
@@ -391,6 +386,17 @@ def inject(
         "ksymbols": len(extra),
         "start_maps": len(early),
     }
+
+
+def _summary(
+    out_path: str, plans: Sequence[ModuleMapPlan], ids: int, ksyms: int, early: int, err: TextIO
+) -> None:
+    """The one line inject says of what it added."""
+    print(
+        f"kreldctl: {out_path}: {_mapped(plans)}, {ids} build-ids added, {ksyms} ksymbol records"
+        + (f", the kernel and {early - 1} modules mapped from its start" if early else ""),
+        file=err,
+    )
 
 
 def _mapped(plans: Sequence[ModuleMapPlan]) -> str:
