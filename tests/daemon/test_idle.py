@@ -16,7 +16,7 @@ from support.run import start
 
 # The shortest interval of anything due at rest: the status line's pace check.
 SHORTEST_AT_REST_S = 10.0
-WINDOW_S = 6.0
+WINDOW_S = 10.0
 
 
 def thread_wakes(pid: int) -> dict[str, int]:
@@ -51,10 +51,12 @@ def test_an_idle_daemon_on_100_modules_wakes_no_thread_more_than_its_intervals_a
     time.sleep(WINDOW_S)  # the window measured, not a synchronization
     after = thread_wakes(d.proc.pid)
     window = time.monotonic() - t0
-    # Each thread: what is due in the window at the shortest interval, and a
-    # little for the tail of startup.  A thread on a 0.5 s or 1 s timeout
-    # (as the capture, uevent and tracker threads were) woke 6 to 12 times.
-    bound = 3 + window / min(SHORTEST_AT_REST_S, consts.HEARTBEAT_INTERVAL)
+    # Each thread: what is due in the window at the shortest interval, a
+    # little for the tail of startup, and one status line (the change, its
+    # 1 s gathering, the pace check's answer).  A thread on a 0.5 s or 1 s
+    # timeout (as the capture, uevent and tracker threads were) woke 10 to 20
+    # times.
+    bound = 5 + window / min(SHORTEST_AT_REST_S, consts.HEARTBEAT_INTERVAL)
     woke = {tid: n - before.get(tid, 0) for tid, n in after.items()}
     assert max(woke.values()) <= bound, (woke, bound)
     assert d.stop() == 0
