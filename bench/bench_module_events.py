@@ -81,12 +81,15 @@ class RingStandIn:
 
     def __init__(self) -> None:
         self._pending: list[ModuleTrace] = []
+        self._lock = threading.Lock()  # the bench pushes, the tracker may drain
 
     def push(self, name: str, at_ns: int) -> None:
-        self._pending.append(ModuleTrace(at_ns, 0, TraceEvent.LOAD, name, 0))
+        with self._lock:
+            self._pending.append(ModuleTrace(at_ns, 0, TraceEvent.LOAD, name, 0))
 
     def drain(self) -> Drained:
-        out, self._pending = self._pending, []
+        with self._lock:
+            out, self._pending = self._pending, []
         return Drained(out, 0, 0)
 
     def cpus(self) -> int:
@@ -124,6 +127,7 @@ class Tracked:
             addresses = self.tracker.addresses
             tp.read = lambda name: addresses.read([name], read_proc_modules(root)).get(name)
             tp.bind(self.tracker.notify_all)
+            self.tracker.catch_up = tp.step  # as the daemon wires a source that follows
 
             def drained(name: str, t: int) -> None:
                 rings.push(name, t)
