@@ -26,11 +26,12 @@ Elsewhere than glibc both do nothing.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MMAP_THRESHOLD", "trim", "tune"]
+__all__ = ["MMAP_THRESHOLD", "resident", "trim", "tune"]
 
 # Blocks this large or larger get a mapping of their own: above the buffers
 # of an everyday Resolve, below a kallsyms read.
@@ -84,3 +85,16 @@ def trim() -> bool:
         return False
     _trim(0)
     return True
+
+
+def resident() -> int | None:
+    """This process's resident set in bytes (``/proc/self/statm``), or None."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * _PAGE
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

@@ -4,8 +4,10 @@ table (``methods``), the asyncio varlink server with its limits
 (``listener``), one connection with its bounded, deadlined writes (``conn``),
 the socket file bound safely (``socketfile``), who may connect
 (``access``: the policy and SO_PEERCRED), the sd_notify messages to
-systemd, sent without ever waiting (``sdnotify``), and the background
-builder of the line tables Resolve's lines come from (``linebuild``).
+systemd, sent without ever waiting (``sdnotify``), the background
+builder of the line tables Resolve's lines come from (``linebuild``), and
+the worker thread's freed heap given back once its calls stop
+(``heapback``).
 
 May import: ``core``, ``config``, ``kernel``, ``store``, ``varlink``,
 ``symbols``, ``tracker``.

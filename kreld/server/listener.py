@@ -2,7 +2,9 @@
 (who may ask is :mod:`kreld.server.access`).
 
 One asyncio loop serves every connection; store reads are short LMDB read
-transactions done inline, slow work (a fresh snapshot) runs in a thread.
+transactions done inline, slow work (a fresh snapshot) runs in a thread,
+whose freed buffers go back to the kernel once its calls stop
+(:mod:`kreld.server.heapback`).
 Module events arrive from the tracker thread and fan out to subscribers
 through bounded queues: a subscriber that does not keep up is dropped with
 ``io.kreld.SubscriberTooSlow`` and never holds anyone else back.
@@ -51,6 +53,7 @@ from kreld.kernel.peers import peer_comm, peer_cred
 from kreld.server.access import Policy
 from kreld.server.conn import Conn as _Conn
 from kreld.server.conn import ReplyUnread
+from kreld.server.heapback import QuietTrim
 from kreld.server.methods import METHODS, answer, lookup
 from kreld.server.service import Service
 from kreld.server.socketfile import LISTEN_BACKLOG, bind_socket, socket_answers
@@ -147,7 +150,7 @@ class Server:
         self.started.set()
         self._tasks: set[asyncio.Task[None]] = set()
         # One thread for the calls that may take a while (see kreld.server.methods, Method.quick).
-        self._worker = supervisor().executor("calls", 1)
+        self._worker = QuietTrim(supervisor().executor("calls", 1), log)
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 

@@ -166,3 +166,22 @@ def test_importing_the_daemon_module_changes_no_global_state() -> None:
     code = "import kreld.daemon, sys; import ssl; print(ssl.OPENSSL_VERSION)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("OpenSSL")
+
+
+def test_the_daemon_gives_freed_heap_back_once_large_calls_stop(
+    tree: FakeTree, tmp_path: Path, daemon_factory: Any
+) -> None:
+    """A burst of Resolve calls of thousands of addresses (answered on the
+    worker thread) leaves freed buffers in glibc's arenas; once no such call
+    has come for a while they are given back, and again after the next burst."""
+    sock = tmp_path / "kreld.sock"
+    d = start(daemon_factory, tree, tmp_path / "state", sock, "--log-level", "debug")
+    for burst in (1, 2):
+        with Client(str(sock), timeout=60) as c:
+            for k in range(5):
+                addresses = [hex(tree.text + 0x10 * (i + k)) for i in range(5000)]
+                reply = c.call("Resolve", addresses=addresses)
+                assert sum(1 for s in reply["symbol"] if s >= 0) == 5000
+        trimmed = d.wait_for("heap_trimmed", timeout=30, count=burst)
+        assert trimmed["rss_before"] > 0 and trimmed["rss_after"] > 0
+    assert d.stop() == 0
