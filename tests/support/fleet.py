@@ -14,7 +14,7 @@ from kreld.fleet.s3 import open_bucket
 from support.faketree import FakeTree
 from support.run import Daemon, kreldctl
 from support.s3server import S3Server
-from support.wait import wait_until
+from support.wait import wait_for_symbols_done, wait_for_turns, wait_until
 
 BUCKET = "fleet"
 
@@ -60,7 +60,11 @@ class Host:
         return out
 
     def published(self, timeout: float = 60) -> dict[str, Any]:
-        """Wait until a round has published everything, and return the health."""
+        """Wait until a round has published everything, and return the health:
+        a round that began after the symbol worker was done (the backlog counts
+        records, not symbol tables)."""
+        wait_for_symbols_done(str(self.sock), timeout)
+        wait_for_turns(str(self.sock), "publish_rounds", 2, timeout)
 
         def done() -> dict[str, Any] | None:
             p = self.status()["publish"]
