@@ -42,11 +42,9 @@ if TYPE_CHECKING:
     from kreld.ctl.lines import LineSession
     from kreld.perf.commands import LinesHook, ScriptNamer
     from kreld.perf.match import BootMatch
-    from kreld.perf.reader import PerfHeader
-    from kreld.store.bootsource import BootSource
     from kreld.symbols.queries import Region
 
-__all__ = ["BATCH", "FrameLines", "kernel_frames", "lines_hook", "symbolize_for"]
+__all__ = ["BATCH", "FrameLines", "kernel_frames", "lines_hook"]
 
 # Frames answered together (one numpy look-up per build per batch), and the
 # most text held meanwhile (lines are up to 64 KiB: kreld/core/textin.py).
@@ -118,24 +116,6 @@ class FrameLines:
         if f is not None:
             return LineAnswer((), f"{f.dso} code has no debuginfo")
         return LineAnswer((), "not in the kernel image nor in a module loaded then")
-
-
-def symbolize_for(
-    store: BootSource,
-    h: PerfHeader,
-    lines: Iterable[Line],
-    out: TextIO,
-    err: TextIO,
-    session: LineSession | None,
-    as_json: bool,
-) -> int:
-    """``symbolize --for``, with *session* (``--lines``) each kernel frame's
-    lines added; *store* where the boot's records are read (with ``--lines``
-    the session's own: a process opens the store once)."""
-    from kreld.perf.commands import symbolize_for as named
-
-    hook = None if session is None else lines_hook(session, as_json)
-    return named(store, h, lines, out, err, hook)
 
 
 def lines_hook(session: LineSession, as_json: bool) -> LinesHook:

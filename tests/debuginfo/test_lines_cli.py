@@ -12,7 +12,6 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,7 +19,7 @@ from kreld.store import Store
 
 from support.debuginfo_elves import build
 from support.fleet import BUCKET, create_bucket
-from support.linebuilt import BASES, RUNTIME_TEXT, Built, R
+from support.linebuilt import BASES, RUNTIME_TEXT, Built, R, json_frames
 from support.linerefs import comparable, eu, llvm
 from support.run import bin_path, ctl_json, kreldctl
 from support.s3server import running_s3, weed_binary
@@ -41,12 +40,6 @@ def no_debuginfod(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DEBUGINFOD_URLS", raising=False)
 
 
-def _frames(r: dict[str, Any]) -> list[tuple[str, str | None, int, bool]]:
-    for f in r["frames"]:
-        assert set(f) == {"function", "file", "line", "column", "inlined"}
-    return [(f["function"], f["file"], f["line"], f["inlined"]) for f in r["frames"]]
-
-
 def test_resolve_lines_names_image_and_module_addresses_as_llvm_symbolizer_and_eu_addr2line(
     built: Built, tmp_path: Path
 ) -> None:
@@ -64,7 +57,7 @@ def test_resolve_lines_names_image_and_module_addresses_as_llvm_symbolizer_and_e
     for a, r, ref in zip(addrs, got, refs, strict=True):
         assert int(r["address"], 16) == a and "image" in r  # Resolve's answer is kept
         if comparable(ref):
-            assert _frames(r) == ref, hex(a)
+            assert json_frames(r) == ref, hex(a)
             compared += 1
             inlined += len(ref) > 1
         elif not r["frames"]:

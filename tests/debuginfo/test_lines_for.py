@@ -24,7 +24,7 @@ from kreld.ctl.perflines import BATCH, FrameLines
 from kreld.symbols.linequery import LineAnswer
 
 from support.fleet import BUCKET, create_bucket
-from support.linebuilt import BASES, RUNTIME_TEXT, Built, R
+from support.linebuilt import BASES, RUNTIME_TEXT, Built, R, json_frames
 from support.linerefs import comparable, eu, llvm
 from support.perffile import PerfFile
 from support.run import bin_path
@@ -79,12 +79,6 @@ def symbolize(
                           check=True)  # fmt: skip
 
 
-def _frames(f: dict[str, Any]) -> list[tuple[str, str | None, int, bool]]:
-    for x in f["frames"]:
-        assert set(x) == {"function", "file", "line", "column", "inlined"}
-    return [(x["function"], x["file"], x["line"], x["inlined"]) for x in f["frames"]]
-
-
 def test_each_kernel_frame_of_a_recording_is_named_to_its_lines_as_the_references_name_it(
     built: Built, tmp_path: Path
 ) -> None:
@@ -106,7 +100,7 @@ def test_each_kernel_frame_of_a_recording_is_named_to_its_lines_as_the_reference
         assert int(first["address"], 16) == ip
         assert named["symbol"] == "start_kernel+0x10" and named["dso"] == "[kernel.kallsyms]"
         if comparable(ref):
-            assert _frames(first) == ref, hex(ip)
+            assert json_frames(first) == ref, hex(ip)
             compared += 1
             inlined += len(ref) > 1
         elif not first["frames"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.store import Store
@@ -78,3 +79,11 @@ class Built:
                  for a in instructions(self.exe)[".text"] if a >= self.link_text]  # fmt: skip
         module = [(s, o) for s, offs in instructions(self.ko).items() if s in BASES for o in offs]
         return image, module
+
+
+def json_frames(answer: dict[str, Any]) -> list[tuple[str, str | None, int, bool]]:
+    """(function, file, line, inlined) of each frame of a ``--lines --json``
+    answer, each frame checked to carry exactly the documented members."""
+    for f in answer["frames"]:
+        assert set(f) == {"function", "file", "line", "column", "inlined"}
+    return [(f["function"], f["file"], f["line"], f["inlined"]) for f in answer["frames"]]
