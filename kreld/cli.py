@@ -322,15 +322,12 @@ class Ctl:
         lines = stdin_lines()
         if self.args.for_perf:
             header = self.perf_header(stdin_taken=True)  # a bad file is told first
+            from kreld.ctl.perflines import lines_hook
             from kreld.perf.commands import symbolize_for
 
             session = self.lines() if self.args.lines else None  # its store serves the records
             store = self.perf_store() if session is None else session.records()
-            hook = None
-            if session is not None:
-                from kreld.ctl.perflines import lines_hook
-
-                hook = lines_hook(session, self.args.json)
+            hook = lines_hook(session, self.args.json)
             return symbolize_for(store, header, lines, transparent(self.out), self.err, hook)
         from kreld.client import resolutions
         from kreld.ctl.stream import symbolize_stream

@@ -118,13 +118,17 @@ class FrameLines:
         return LineAnswer((), "not in the kernel image nor in a module loaded then")
 
 
-def lines_hook(session: LineSession, as_json: bool) -> LinesHook:
+def lines_hook(session: LineSession | None, as_json: bool) -> LinesHook | None:
     """What :func:`~kreld.perf.commands.symbolize_for` calls to write its output
-    with lines: text, or with *as_json* the samples' JSON array."""
+    with lines: text, or with *as_json* the samples' JSON array (None without
+    a *session*: ``--lines`` not asked)."""
+    if session is None:
+        return None
+    kept = session
 
     def run(m: BootMatch, namer: ScriptNamer, lines: Iterable[Line], out: TextIO) -> None:
         writer = _JsonWriter(out) if as_json else _TextWriter(out)
-        answering = FrameLines(session, m, namer)
+        answering = FrameLines(kept, m, namer)
         pending: Pending = []
         asked = held = 0
         for line, whole in lines:
@@ -138,7 +142,7 @@ def lines_hook(session: LineSession, as_json: bool) -> LinesHook:
                 pending, asked, held = [], 0, 0
         writer.write(pending, answering)
         writer.close()
-        session.report_unkept()
+        kept.report_unkept()
 
     return run
 
