@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs inside the VM that tests/vm/test_realkernel.py boots (through
+# Runs inside the VM that tests/vm/conftest.py boots for tests/vm/test_realkernel_*.py (through
 # tests/support/harness.py): kreld on the real /proc and /sys, and, read
 # independently with cat/grep/od/cp, what the kernel itself says.  Everything is
 # written as files under $OUT for the host to compare.
