@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from kreld.core.errors import LineTableError
+from kreld.kernel.elf import ElfFileError, ElfHeader, ElfSource, SectionHeader, elf_header
+from kreld.kernel.elf import section_headers as elf_section_headers
 
 __all__ = [
     "PlacedObject",
@@ -52,8 +54,10 @@ __all__ = [
     "symbol_value",
 ]
 
-_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
+# An ELF64 little-endian section header, as written back (kreld.kernel.elf
+# reads them), the ELF header's size and where it holds e_shoff.
 _SHDR = struct.Struct("<IIQQQQIIQQ")
+_EHDR_SIZE, _E_SHOFF = 64, 0x28
 _CHDR = struct.Struct("<IIQQ")
 _ET_REL = 1
 _EM_X86_64 = 62
@@ -99,62 +103,49 @@ class PlacedObject:
     bases: dict[int, int]
 
 
-@dataclass
-class _Section:
-    name: str
-    type: int
-    flags: int
-    addr: int
-    offset: int
-    size: int
-    link: int
-    info: int
-    align: int
-    entsize: int
-    name_off: int
-
-
 def _bad(path: str, why: str) -> LineTableError:
     return LineTableError(path, why)
 
 
-def _headers(buf: bytes, path: str) -> tuple[tuple[object, ...], list[_Section]]:
-    eh, secs = read_sections(buf, path)
-    if eh[1] != _ET_REL:
+Sections = tuple[ElfHeader, list[SectionHeader], list[str]]
+
+
+def _headers(buf: bytes, path: str) -> Sections:
+    eh, secs, names = read_sections(buf, path)
+    if eh.type != _ET_REL:
         raise _bad(path, "not a relocatable object")
-    if eh[2] != _EM_X86_64:
-        raise _bad(path, f"relocations of ELF machine {eh[2]} are not handled")
-    return eh, secs
+    if eh.machine != _EM_X86_64:
+        raise _bad(path, f"relocations of ELF machine {eh.machine} are not handled")
+    return eh, secs, names
 
 
-def read_sections(buf: bytes | mmap.mmap, path: str) -> tuple[tuple[object, ...], list[_Section]]:
-    """The ELF header's fields and the section headers of *buf*, checked to lie inside it."""
-    if len(buf) < _EHDR.size or buf[:4] != b"\x7fELF":
-        raise _bad(path, "not an ELF file")
-    if buf[4] != 2 or buf[5] != 1:
-        raise _bad(path, "not a 64-bit little-endian ELF file")
-    eh = _EHDR.unpack_from(buf)
-    shoff, shentsize, shnum, shstrndx = eh[6], eh[11], eh[12], eh[13]
-    if shentsize != _SHDR.size or shnum == 0 or shstrndx >= shnum:
+def read_sections(buf: bytes | mmap.mmap, path: str) -> Sections:
+    """The ELF header, the section headers (:mod:`kreld.kernel.elf` reads both)
+    and the section names of *buf*, each section checked to lie inside it."""
+    try:
+        src = ElfSource(path, len(buf), data=buf)  # type: ignore[arg-type]
+        eh = elf_header(src)
+        if not eh.wide or eh.endian != "<":
+            raise _bad(path, "not a 64-bit little-endian ELF file")
+        secs = elf_section_headers(src, eh)
+    except ElfFileError as e:
+        raise _bad(path, e.reason) from None
+    if eh.shentsize != _SHDR.size or not secs or eh.shstrndx >= len(secs):
         raise _bad(path, "section headers malformed or extended (more than 65279 sections)")
-    if shoff + shnum * _SHDR.size > len(buf):
-        raise _bad(path, "section headers run past the end of the file")
-    raw = [_SHDR.unpack_from(buf, shoff + i * _SHDR.size) for i in range(shnum)]
-    strtab = raw[shstrndx]
-    names = buf[strtab[4] : strtab[4] + strtab[5]]
-    secs = []
-    for r in raw:
-        if r[1] != _SHT_NOBITS and r[4] + r[5] > len(buf):
+    strtab = secs[eh.shstrndx]
+    table = buf[strtab.offset : strtab.offset + strtab.size]
+    names = []
+    for s in secs:
+        if s.type != _SHT_NOBITS and s.offset + s.size > len(buf):
             raise _bad(path, "a section runs past the end of the file")
-        end = names.find(b"\0", r[0])
-        name = names[r[0] : end if end >= 0 else len(names)].decode("utf-8", "replace")
-        secs.append(_Section(name, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[0]))
-    return eh, secs
+        end = table.find(b"\0", s.name)
+        names.append(table[s.name : end if end >= 0 else len(table)].decode("utf-8", "replace"))
+    return eh, secs, names
 
 
 def symbol_value(buf: bytes | mmap.mmap, path: str, name: str) -> int | None:
     """The value of the first ``.symtab`` symbol called *name* (None if none)."""
-    _, secs = read_sections(buf, path)
+    _, secs, _ = read_sections(buf, path)
     st = next((s for s in secs if s.type == _SHT_SYMTAB), None)
     if st is None or not 0 < st.link < len(secs) or st.entsize != _SYM.itemsize:
         return None
@@ -196,7 +187,7 @@ def read_symbols(buf: bytes | mmap.mmap, path: str) -> SymbolRows:
     with: functions, objects, indirect functions and untyped symbols (what
     assembly defines), each in a section of the file (not undefined,
     absolute or common), with a name.  None where the file has no table."""
-    _, secs = read_sections(buf, path)
+    _, secs, _ = read_sections(buf, path)
     st = next((s for s in secs if s.type == _SHT_SYMTAB), None)
     empty = np.zeros(0, dtype=np.uint64)
     if st is None or not 0 < st.link < len(secs) or st.entsize != _SYM.itemsize:
@@ -224,28 +215,28 @@ def read_symbols(buf: bytes | mmap.mmap, path: str) -> SymbolRows:
     )  # fmt: skip
 
 
-def _contents(buf: bytes, s: _Section, path: str) -> bytes:
+def _contents(buf: bytes, s: SectionHeader, name: str, path: str) -> bytes:
     data = buf[s.offset : s.offset + s.size]
     if not s.flags & _SHF_COMPRESSED:
         return data
     if len(data) < _CHDR.size:
-        raise _bad(path, f"{s.name}: compressed section shorter than its header")
+        raise _bad(path, f"{name}: compressed section shorter than its header")
     ctype, _, size, _ = _CHDR.unpack_from(data)
     if ctype != _ELFCOMPRESS_ZLIB:
-        raise _bad(path, f"{s.name}: compression type {ctype} is not handled (zlib only)")
+        raise _bad(path, f"{name}: compression type {ctype} is not handled (zlib only)")
     if size > MAX_SECTION_BYTES:
-        raise _bad(path, f"{s.name}: decompresses to {size} bytes, over the bound")
+        raise _bad(path, f"{name}: decompresses to {size} bytes, over the bound")
     d = zlib.decompressobj()
     try:
         out = d.decompress(data[_CHDR.size :], size)
     except zlib.error as e:
-        raise _bad(path, f"{s.name}: {e}") from None
+        raise _bad(path, f"{name}: {e}") from None
     if len(out) != size:
-        raise _bad(path, f"{s.name}: decompressed to {len(out)} bytes, header says {size}")
+        raise _bad(path, f"{name}: decompressed to {len(out)} bytes, header says {size}")
     return out
 
 
-def _place(secs: list[_Section], path: str) -> dict[int, int]:
+def _place(secs: list[SectionHeader], path: str) -> dict[int, int]:
     bases: dict[int, int] = {}
     cursor = _FIRST_BASE
     for i, s in enumerate(secs):
@@ -261,7 +252,7 @@ def _place(secs: list[_Section], path: str) -> dict[int, int]:
 
 
 def _symbol_values(
-    buf: bytes, secs: list[_Section], bases: dict[int, int], path: str
+    buf: bytes, secs: list[SectionHeader], bases: dict[int, int], path: str
 ) -> tuple[int, np.ndarray]:
     idx = next((i for i, s in enumerate(secs) if s.type == _SHT_SYMTAB), -1)
     if idx < 0:
@@ -310,60 +301,47 @@ def _relocate(data: bytearray, rela: np.ndarray, values: np.ndarray, name: str, 
 def place_sections(buf: bytes, path: str) -> PlacedObject:
     """The relocatable object *buf* (read from *path*, named in errors) linked
     in place: see the module's docstring."""
-    eh, secs = _headers(buf, path)
+    _, secs, names = _headers(buf, path)
     bases = _place(secs, path)
     sym_idx, syms = _symbol_values(buf, secs, bases, path)
     values = syms["value"]
     new: dict[int, bytes] = {sym_idx: syms.tobytes()}
-    for s in secs:
+    for s, name in zip(secs, names, strict=True):
         if s.type != _SHT_RELA or not 0 < s.info < len(secs) or s.link != sym_idx:
             continue
         target = secs[s.info]
         if target.flags & _SHF_ALLOC or target.type == _SHT_NOBITS:
             continue  # code relocations: what a loader does, not what lines need
         if s.entsize != _RELA.itemsize or s.size % _RELA.itemsize:
-            raise _bad(path, f"{s.name}: entries malformed")
-        data = bytearray(new.get(s.info) or _contents(buf, target, path))
+            raise _bad(path, f"{name}: entries malformed")
+        data = bytearray(new.get(s.info) or _contents(buf, target, names[s.info], path))
         rela = np.frombuffer(buf, dtype=_RELA, count=s.size // _RELA.itemsize, offset=s.offset)
-        _relocate(data, rela, values, s.name, path)
+        _relocate(data, rela, values, name, path)
         new[s.info] = bytes(data)
     for i, s in enumerate(secs):
         if s.flags & _SHF_COMPRESSED and i not in new and not s.flags & _SHF_ALLOC:
-            new[i] = _contents(buf, s, path)
-    return PlacedObject(_rewrite(buf, eh, secs, bases, new), _bases(secs, bases), dict(bases))
-
-
-def _bases(secs: list[_Section], bases: dict[int, int]) -> tuple[SectionBase, ...]:
-    return tuple(SectionBase(secs[i].name, b, secs[i].size) for i, b in sorted(bases.items()))
+            new[i] = _contents(buf, s, names[i], path)
+    placed = tuple(SectionBase(names[i], b, secs[i].size) for i, b in sorted(bases.items()))
+    return PlacedObject(_rewrite(buf, secs, bases, new), placed, dict(bases))
 
 
 def _rewrite(
-    buf: bytes,
-    eh: tuple[object, ...],
-    secs: list[_Section],
-    bases: dict[int, int],
-    new: dict[int, bytes],
+    buf: bytes, secs: list[SectionHeader], bases: dict[int, int], new: dict[int, bytes]
 ) -> bytes:
     out = bytearray(buf)
+    secs = list(secs)
     for i, data in new.items():
         out += b"\0" * (-len(out) % 8)
         s = secs[i]
-        s.offset, s.size = len(out), len(data)
-        s.flags &= ~_SHF_COMPRESSED
+        secs[i] = s._replace(offset=len(out), size=len(data), flags=s.flags & ~_SHF_COMPRESSED)
         out += data
     for i, base in bases.items():
-        secs[i].addr = base
-    for s in secs:
-        if s.type == _SHT_SYMTAB:
-            s.type = _SHT_NULL
+        secs[i] = secs[i]._replace(addr=base)
     out += b"\0" * (-len(out) % 8)
     shoff = len(out)
     for s in secs:
-        out += _SHDR.pack(s.name_off, s.type, s.flags, s.addr, s.offset, s.size, s.link, s.info,
-                          s.align, s.entsize)  # fmt: skip
-    fields = list(eh)
-    fields[6] = shoff
-    _EHDR.pack_into(out, 0, *fields)
+        out += _SHDR.pack(*s._replace(type=_SHT_NULL) if s.type == _SHT_SYMTAB else s)
+    struct.pack_into("<Q", out, _E_SHOFF, shoff)
     return bytes(out)
 
 
@@ -372,30 +350,27 @@ def debug_only_copy(src: Path, fd: int) -> None:
     module's docstring describes; section bytes are copied by the kernel
     (``copy_file_range``) where it can, else a bounded chunk at a time."""
     with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        eh, secs = read_sections(m, str(src))
-        phoff, phentsize, phnum = int(eh[5]), int(eh[9]), int(eh[10])  # type: ignore[call-overload]
-        head = bytearray(m[: max(_EHDR.size, phoff + phentsize * phnum)])
+        eh, secs, _ = read_sections(m, str(src))
+        head = bytearray(m[: max(_EHDR_SIZE, eh.phoff + eh.phentsize * eh.phnum)])
     with open(src, "rb") as fin, os.fdopen(fd, "wb", closefd=False) as out:
         out.write(head)
-        for s in secs:
+        for i, s in enumerate(secs):
             if s.flags & _SHF_ALLOC or s.type in (_SHT_SYMTAB, _SHT_NOBITS, _SHT_NULL):
-                s.type = _SHT_NULL if s.type == _SHT_SYMTAB else _SHT_NOBITS if s.type else 0
+                kept = _SHT_NULL if s.type == _SHT_SYMTAB else _SHT_NOBITS if s.type else 0
+                secs[i] = s._replace(type=kept)
                 continue
             out.write(b"\0" * (-out.tell() % 8))
             out.flush()
             at = out.tell()
             _copy_range(fin.fileno(), s.offset, fd, at, s.size, str(src))
             out.seek(at + s.size)
-            s.offset = at
+            secs[i] = s._replace(offset=at)
         out.write(b"\0" * (-out.tell() % 8))
         shoff = out.tell()
         for s in secs:
-            out.write(_SHDR.pack(s.name_off, s.type, s.flags, s.addr, s.offset, s.size, s.link,
-                                 s.info, s.align, s.entsize))  # fmt: skip
-        fields = list(eh)
-        fields[6] = shoff
-        out.seek(0)
-        out.write(_EHDR.pack(*fields))
+            out.write(_SHDR.pack(*s))
+        out.seek(_E_SHOFF)
+        out.write(struct.pack("<Q", shoff))
 
 
 def _copy_range(src: int, src_off: int, dst: int, dst_off: int, size: int, path: str) -> None:

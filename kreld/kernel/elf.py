@@ -143,6 +143,7 @@ class ElfHeader:
     wide: bool  # ELFCLASS64
     endian: str  # "<" or ">", for struct
     type: int  # e_type: ET_REL (a .ko) 1, ET_EXEC (vmlinux) 2, ET_CORE (kcore) 4
+    machine: int  # e_machine: EM_X86_64 62
     phoff: int
     phentsize: int
     phnum: int
@@ -185,7 +186,7 @@ def elf_header(src: ElfSource) -> ElfHeader:
     wide, endian = ident[4] == 2, "<" if ident[5] == 1 else ">"
     ehdr = struct.Struct(endian + (_EHDR64 if wide else _EHDR32))
     f = ehdr.unpack(src.read(0, ehdr.size))
-    return ElfHeader(wide, endian, f[6], f[10], f[14], f[15], f[11], f[16], f[17], f[18])
+    return ElfHeader(wide, endian, f[6], f[7], f[10], f[14], f[15], f[11], f[16], f[17], f[18])
 
 
 def section_headers(src: ElfSource, h: ElfHeader) -> list[SectionHeader]:
