@@ -34,6 +34,8 @@ from kreld.core.kernel_code import (
 )
 from kreld.core.log import get as get_log
 from kreld.core.model import Timestamp
+from kreld.core.record import replace
+from kreld.core.symtab import module_symbol_key
 from kreld.fleet import objects as fleet
 from kreld.fleet.bucket import BucketStore
 from kreld.fleet.kernel_code_objects import CodeDelta
@@ -42,7 +44,7 @@ from kreld.fleet.s3 import Bucket, open_bucket
 from kreld.kernel.info import Root
 from kreld.kernel.perfring import SidebandRings
 from kreld.store import Store
-from kreld.store.pubstate import PubState
+from kreld.store.pubstate import PubState, table_bytes
 
 from support.bpfprog import load_socket_filter
 from support.faketree import FakeTree
@@ -434,6 +436,45 @@ def test_a_boot_of_many_rounds_is_compacted_into_one_batch_and_reads_the_same(
     assert len(m.batches) < fleet.COMPACT_AFTER and m.batches[0] >= fleet.batch_name(32)
     consistent(url, h)
     assert len(bucket_json(url, "modules", "--boot", h.tree.boot_id, "--all")) == 3 + 35
+
+
+def test_a_table_stored_after_its_incarnation_was_published_is_backlog_until_it_is_up(
+    new_host: NewHost,
+) -> None:
+    """The symbol worker stores a module's table after the incarnation's record: a
+    round that published the record has left the table behind, and Status counts it
+    in the backlog until a round puts it in the bucket."""
+    h = recorded(new_host, "t")
+    boot = h.tree.boot_id
+    url = url_for("tables")
+    target = Target(url, "", 0.1)
+    store = Store(h.state)
+    try:
+        publisher = Publisher(store, Root(h.tree.root), target, lambda: boot, get_log())
+        publisher.publish_round(target)
+        health = publisher.health()
+        assert health is not None and health["backlog"] == 0
+        symbols = store.boot_symbols(boot)
+        assert symbols is not None
+        packed = table_bytes(store, symbols.kernel)  # a packed table, as a module's would be
+        assert packed is not None
+        first = store.incarnations(boot)[0]
+        # The module loaded again as another build: its record, then (later) its table.
+        build = "ab" * 20
+        (again,) = store.modules.apply_module_changes(
+            boot, [replace(first, state=replace(first.state, build_id=build))], [], [], None
+        )
+        publisher.publish_round(target)
+        assert (publisher.health() or {})["backlog"] == 0  # the record is up, no table yet
+        key = module_symbol_key(build, again.name, again.state.srcversion)
+        assert key is not None and store.symbols.put_table(key, packed)
+        assert (publisher.health() or {})["backlog"] == 1
+        assert not open_bucket(url).exists(fleet.table_object(key))
+        publisher.publish_round(target)
+        assert (publisher.health() or {})["backlog"] == 0
+        assert open_bucket(url).exists(fleet.table_object(key))
+    finally:
+        store.close()
 
 
 def test_a_round_cut_short_at_any_put_is_finished_after_a_restart_with_no_object_put_twice(

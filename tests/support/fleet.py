@@ -61,8 +61,9 @@ class Host:
 
     def published(self, timeout: float = 60) -> dict[str, Any]:
         """Wait until a round has published everything, and return the health:
-        a round that began after the symbol worker was done (the backlog counts
-        records, not symbol tables)."""
+        a round that began after the symbol worker was done, for the boot's symbols
+        record (the backlog counts the tables the store holds from the moment they
+        are stored, but a record only once a round plans it)."""
         wait_for_symbols_done(str(self.sock), timeout)
         wait_for_turns(str(self.sock), "publish_rounds", 2, timeout)
 
