@@ -98,7 +98,12 @@ def add_queries(cmd: Callable[..., argparse.ArgumentParser]) -> None:
         "symbolize", "symbolize addresses read from stdin (one per line, or perf script output)"
     )
     at_options(sp)
-    for_option(sp, "name the [unknown] kernel frames of its perf script output on stdin")
+    for_option(
+        sp,
+        "name the [unknown] kernel frames of its perf script output on stdin (with --json:"
+        " an array, one object per sample with kernel frames: sample, time, kernel_frames,"
+        " each address, symbol, dso, possible; with --lines, frames or no_lines too)",
+    )
     lines_options(sp)
     sp = cmd("export", "export a recorded boot's symbols for other tools")
     sp.add_argument("what", choices=["kallsyms"], help="kallsyms: a file as /proc/kallsyms")

@@ -13,7 +13,9 @@ or ``(no lines: WHY)``.  With ``--json``, one object per sample that has
 kernel frames: ``sample`` (its first line), ``time`` (ns on the recording's
 clock, or null) and ``kernel_frames``, each ``address``, ``symbol``, ``dso``
 (``possible`` where named from a load seen late) and ``frames`` as ``resolve
---lines --json`` gives them (``no_lines`` where there are none).
+--lines --json`` gives them (``no_lines`` where there are none).  Without
+``--lines``, ``--json`` gives the same objects without ``frames`` and
+``no_lines``.
 
 A frame is placed where :class:`~kreld.perf.commands.Symbolizer` places it
 (the load live at the sample's time), and its lines come from the build's
@@ -120,15 +122,16 @@ class FrameLines:
 
 def lines_hook(session: LineSession | None, as_json: bool) -> LinesHook | None:
     """What :func:`~kreld.perf.commands.symbolize_for` calls to write its output
-    with lines: text, or with *as_json* the samples' JSON array (None without
-    a *session*: ``--lines`` not asked)."""
-    if session is None:
+    with lines (a *session*: ``--lines``) or as JSON: text with each frame's
+    lines, or with *as_json* the samples' JSON array, each frame's lines in it
+    when there is a *session*.  None for plain text without lines."""
+    if session is None and not as_json:
         return None
     kept = session
 
     def run(m: BootMatch, namer: ScriptNamer, lines: Iterable[Line], out: TextIO) -> None:
         writer = _JsonWriter(out) if as_json else _TextWriter(out)
-        answering = FrameLines(kept, m, namer)
+        answering = None if kept is None else FrameLines(kept, m, namer)
         pending: Pending = []
         asked = held = 0
         for line, whole in lines:
@@ -142,14 +145,18 @@ def lines_hook(session: LineSession | None, as_json: bool) -> LinesHook | None:
                 pending, asked, held = [], 0, 0
         writer.write(pending, answering)
         writer.close()
-        kept.report_unkept()
+        if kept is not None:
+            kept.report_unkept()
 
     return run
 
 
-def _answered(pending: Pending, answering: FrameLines) -> list[list[LineAnswer]]:
-    """Each pending line's frames' answers, asked in one batch."""
-    got = answering.answers([(f[0], t) for _, t, frames in pending for f in frames])
+def _answered(pending: Pending, answering: FrameLines | None) -> list[list[LineAnswer | None]]:
+    """Each pending line's frames' answers, asked in one batch (None: no lines asked)."""
+    asked = [(f[0], t) for _, t, frames in pending for f in frames]
+    got: list[LineAnswer | None] = [None] * len(asked)
+    if answering is not None:
+        got = list(answering.answers(asked))
     out, k = [], 0
     for _, _, frames in pending:
         out.append(got[k : k + len(frames)])
@@ -164,12 +171,14 @@ class _TextWriter:
     def __init__(self, out: TextIO) -> None:
         self.out = out
 
-    def write(self, pending: Pending, answering: FrameLines) -> None:
+    def write(self, pending: Pending, answering: FrameLines | None) -> None:
         for (text, _, _), answers in zip(pending, _answered(pending, answering), strict=True):
             self.out.write(text)
             if answers and not text.endswith("\n"):
                 self.out.write("\n")
             for a in answers:
+                if a is None:
+                    continue
                 for f in a.frames:
                     self.out.write(f"{_INDENT}{frame_text(f)}\n")
                 if not a.frames:
@@ -188,7 +197,7 @@ class _JsonWriter:
         self.sample: dict[str, Any] | None = None
         out.write("[")
 
-    def write(self, pending: Pending, answering: FrameLines) -> None:
+    def write(self, pending: Pending, answering: FrameLines | None) -> None:
         for (text, t, frames), answers in zip(pending, _answered(pending, answering), strict=True):
             if not text.startswith("\t") and text.strip():  # a sample's first line
                 self._emit()
@@ -203,9 +212,10 @@ class _JsonWriter:
                 item: dict[str, Any] = {"address": hex(address), "symbol": symbol, "dso": dso}
                 if possible:
                     item["possible"] = True
-                item["frames"] = [f.to_json() for f in a.frames]
-                if not a.frames:
-                    item["no_lines"] = a.why_not or "no line known"
+                if a is not None:
+                    item["frames"] = [f.to_json() for f in a.frames]
+                    if not a.frames:
+                        item["no_lines"] = a.why_not or "no line known"
                 self.sample["kernel_frames"].append(item)
 
     def _emit(self) -> None:

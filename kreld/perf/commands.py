@@ -297,8 +297,9 @@ def symbolize_lines(lines: Iterable[Line], namer: ScriptNamer, out: TextIO) -> N
         out.write(namer.line(line) if whole else line)
 
 
-# symbolize --for --lines: given the recording's boot, its symbolizer, the
-# lines and the output, writes them with each kernel frame's source lines.
+# symbolize --for --lines or --json: given the recording's boot, its symbolizer,
+# the lines and the output, writes them with each kernel frame's source lines, or
+# as JSON.
 LinesHook = Callable[[BootMatch, ScriptNamer, Iterable[Line], TextIO], None]
 
 
@@ -311,7 +312,7 @@ def symbolize_for(
     with_lines: LinesHook | None = None,
 ) -> int:
     """``perf script`` output of *h* from *lines* to *out*, unknown kernel frames
-    named; with *with_lines*, written by it (source lines added)."""
+    named; with *with_lines*, written by it (source lines added, or JSON)."""
     m = find_boot(store, h, err)
     if not m.clock.exact:
         print(

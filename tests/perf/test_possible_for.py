@@ -127,6 +127,26 @@ def test_with_lines_the_json_marks_a_possible_frame(tmp_path: Path) -> None:
     assert f"debuginfo for build {BUILD}" in inside["no_lines"]
 
 
+def test_without_lines_the_json_is_the_lines_json_without_the_frames(tmp_path: Path) -> None:
+    """``symbolize --for --json`` alone: the objects of ``--lines --json``, each
+    sample with its time and kernel frames (possible marked), without
+    ``frames`` and ``no_lines``; not perf script's text."""
+    opts, tree = late_store(tmp_path)
+    data = recording(tree, tmp_path / "perf.data", [5 * S, 50 * S])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    text = script((20 * S, BASE + 0x10), (50 * S, BASE + 0x10))
+    plain = json.loads(symbolize(opts, data, text, "--json").stdout)
+    with_lines = symbolize(opts, data, text, "--lines", "--json", "--debuginfo-dir", str(empty))
+    expected = json.loads(with_lines.stdout)
+    for one in expected:
+        for frame in one["kernel_frames"]:
+            assert frame.pop("no_lines") and frame.pop("frames") == []
+    assert plain == expected and len(plain) == 2
+    assert [s["time"] for s in plain] == [20 * S, 50 * S]
+    assert plain[0]["kernel_frames"][0]["possible"] is True
+
+
 def test_inject_maps_a_late_seen_load_from_its_intervals_start_and_says_possible(
     tmp_path: Path,
 ) -> None:
