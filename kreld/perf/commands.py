@@ -53,7 +53,8 @@ def find_boot(store: BootSource, h: PerfHeader, err: TextIO) -> BootMatch:
     m = match_boot(h, store.list_boots(), store.incarnations, store.hostname)
     print(
         f"kreldctl: {h.path}: boot {m.boot.boot_id} (release {m.boot.release}); "
-        f"{len(m.chosen)} of {len(m.modules)} module maps matched a recorded load",
+        f"{len(m.modules) - len(m.missing)} of {len(m.modules)} module maps matched a "
+        "recorded load",
         file=err,
     )
     missing = m.missing

@@ -91,7 +91,13 @@ class BootMatch:
 
     @property
     def chosen(self) -> list[Incarnation]:
-        return [c.inc for c in self.modules if c.inc is not None]
+        """The loads the recording's maps matched, each once: two maps of one load
+        (inject's map and its map of no size among perf's start records) are one."""
+        seen: dict[int, Incarnation] = {}
+        for c in self.modules:
+            if c.inc is not None:
+                seen.setdefault(c.inc.seq, c.inc)
+        return list(seen.values())
 
     @property
     def missing(self) -> list[ModuleMap]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from kreld.core.model import Incarnation, ModuleState, SeenBy, Timestamp
 from kreld.core.record import replace
 from kreld.core.symtab import module_symbol_key, module_table
+from kreld.perf.reader import read_perf_header
 from kreld.store import Store
 
 from support.faketree import FakeTree
@@ -164,6 +165,23 @@ def test_inject_maps_a_late_seen_load_from_its_intervals_start_and_says_possible
     assert "1 module loads mapped (1 from before kreld saw them: possible there)" in cp.stderr
     kallsyms = kreldctl("export", "kallsyms", "--for", str(out), *opts).stdout
     assert any(ln.endswith(" late_fn\t[late]") for ln in kallsyms.splitlines())
+
+
+def test_export_for_out_lists_a_load_its_two_maps_name_once(tmp_path: Path) -> None:
+    """OUT of a recording that began after ``late`` was loaded maps it twice
+    before the first sample (inject's map from the load, and the map of no size
+    among perf's start records): ``export kallsyms --for OUT`` lists the load's
+    lines once, as the kernel does."""
+    opts, tree = late_store(tmp_path)
+    src = recording(tree, tmp_path / "in.data", [20 * S, 45 * S])
+    out = tmp_path / "out.data"
+    kreldctl("inject", "-i", str(src), "-o", str(out), *opts)
+    maps = [m for m in read_perf_header(out).modules if m.name == "late"]
+    assert len(maps) == 2 and {m.start for m in maps} == {BASE}
+    kallsyms = kreldctl("export", "kallsyms", "--for", str(out), *opts).stdout
+    assert [ln for ln in kallsyms.splitlines() if ln.endswith("\t[late]")] == [
+        f"{BASE:016x} t late_fn\t[late]"
+    ]
 
 
 def test_inject_leaves_out_a_load_absent_until_after_the_recording_ended(tmp_path: Path) -> None:
