@@ -51,7 +51,7 @@ KINDS = {
     "zstd": ["-e", "cpu-clock", "-k", "monotonic", "-z"],
     "wide": ["-a", "-e", "cpu-clock", "-e", "task-clock", "-k", "monotonic"],
 }
-# Offsets in brd's .text (tests/symbols/test_symbols.py MOD): open, read, ioctl, exit.
+# Offsets in brd's .text (tests/support/symbols.py MOD): open, read, ioctl, exit.
 IN_BRD = {0x10: "brd_open", 0x90: "brd_read", 0x1C4: "brd_ioctl", 0x1810: "brd_exit"}
 REPORT_LINE = re.compile(r"^\s*([0-9.]+)%\s+(\S+)\s+\[(.)\]\s+(\S+)\s*$")
 
