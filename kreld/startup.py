@@ -36,6 +36,7 @@ from kreld.server.listener import Server, bind_socket
 from kreld.server.sdnotify import Notifier
 from kreld.store.lock import WriterLock, open_writable
 from kreld.symbols.capture import SymbolCapture
+from kreld.symbols.table_sources import TableSources
 from kreld.tracker.kernel_code import KernelCodeFollower
 from kreld.tracker.modevents import start_tracepoints
 from kreld.tracker.modules import ModuleTracker
@@ -249,15 +250,10 @@ class Startup:
         for src in sources:
             src.start(self.stop_threads)
         tracker.startup()
-        symbols = SymbolCapture(
-            self.store,
-            self.root,
-            stored,
-            self.log,
-            self.cfg.debuginfo_dirs,
-            tracker.busy,
-            self.addresses,
+        tables = TableSources(
+            self.store, self.root, stored, self.log, self.cfg.debuginfo_dirs, self.addresses
         )
+        symbols = SymbolCapture(tables, tracker.busy)
         tracker.listeners.append(symbols.on_event)
         symbols.start(self.stop_threads, tracker.loaded(), ks)
         del ks

@@ -22,22 +22,19 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kreld.core import consts, heap
 from kreld.core.errors import KernelReadError, KreldError
-from kreld.core.model import BootSnapshot, Incarnation
+from kreld.core.model import Incarnation
 from kreld.core.stopping import wake_on_stop
 from kreld.core.supervise import supervisor
-from kreld.kernel.addresses import ModuleAddresses
-from kreld.kernel.info import Root
 from kreld.kernel.kallsyms import KallsymsText
-from kreld.store import Store
 from kreld.symbols.table_sources import TableSources
 
 if TYPE_CHECKING:
-    from structlog.typing import FilteringBoundLogger
+    pass
 
 __all__ = ["SymbolCapture"]
 
@@ -52,19 +49,12 @@ DEFER_MAX = 1.0
 class SymbolCapture:
     """Keeps the symbol cache filled for one boot (a worker thread)."""
 
-    def __init__(
-        self,
-        store: Store,
-        root: Root,
-        boot: BootSnapshot,
-        log: FilteringBoundLogger | None,
-        extra_dirs: Iterable[str] = (),
-        defer: Callable[[], bool] | None = None,
-        addresses: ModuleAddresses | None = None,
-    ) -> None:
-        self.root = root
-        self.tables = TableSources(store, root, boot, log, extra_dirs, addresses)
-        self.log = self.tables.log
+    def __init__(self, tables: TableSources, defer: Callable[[], bool] | None = None) -> None:
+        """A worker storing through *tables* (the boot's, its store, root and log);
+        *defer* says when capture should wait (the tracker has modules to read)."""
+        self.tables = tables
+        self.root = tables.root
+        self.log = tables.log
         self._pending: queue.SimpleQueue[Incarnation | _Wake | None] = queue.SimpleQueue()
         # Loads given to this worker, and those it has dealt with (their table
         # captured, found stored already, or found gone): equal when it has
@@ -75,7 +65,6 @@ class SymbolCapture:
         self.last_error: str | None = None
         self.name = "symbols"
         self.idle = threading.Event()
-        # True while capture should wait (the tracker has modules to read).
         self.defer = defer
         self._initial: KallsymsText | None = None
         self._kernel_done = False  # the kernel's table captured

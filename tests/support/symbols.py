@@ -22,6 +22,7 @@ from kreld.kernel.kallsyms import KallsymsText
 from kreld.kernel.snapshot import take_snapshot
 from kreld.store import Store
 from kreld.symbols.capture import SymbolCapture
+from kreld.symbols.table_sources import TableSources
 
 from support.faketree import FakeTree
 from support.run import Daemon, kreldctl
@@ -42,7 +43,7 @@ def symbol_worker(
     stop = threading.Event()
     with Store(str(state)) as store:
         stored, _, _ = store.boots.record_boot(snap)
-        capture = SymbolCapture(store, root, stored, log)
+        capture = SymbolCapture(TableSources(store, root, stored, log))
         capture.start(stop, [], KallsymsText.read(root))
         try:
             assert capture.idle.wait(30)
