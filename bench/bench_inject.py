@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -43,37 +42,15 @@ from common import (
     load_faketree,
     log,
     median,
+    record_perf_data,
     run_quiet,
+    snapshot_store,
     venv_tool,
 )
 
 MIB = 1 << 20
 MEMORY_SIZES = (80 * 1000 * 1000, 800 * 1000 * 1000)  # the issue's 80 MB and 800 MB
 READ_IN_CHUNKS = "import sys\nwith open(sys.argv[1], 'rb') as f:\n    while f.read(1 << 20): pass\n"
-
-
-def record_big(perf: str, d: Path) -> Path | None:
-    """``perf record -g -a`` while dd runs, the workload doubled until the file
-    passes MIN_SIZE (or None where perf cannot record)."""
-    out = d / "big.data"
-    count = 6_000_000
-    for _ in range(5):
-        rec = [perf, "record", "-q", "-N", "-e", "cpu-clock", "-c", "20000", "-g", "-a"]
-        work = ["dd", "if=/dev/zero", "of=/dev/null", "bs=512", f"count={count}"]
-        cp = subprocess.run(
-            [*rec, "-o", str(out), "--", *work],
-            capture_output=True,
-            env={**os.environ, "HOME": str(d)},
-            timeout=900,
-            check=False,
-        )
-        if cp.returncode != 0:
-            log(f"perf record failed: {cp.stderr.decode(errors='replace')[-300:]}")
-            return None
-        if out.stat().st_size >= MIN_SIZE:
-            return out
-        count *= 2
-    return None
 
 
 def peak_rss(argv: list[str]) -> int:
@@ -188,11 +165,10 @@ def timing(quick: bool) -> list[Result]:
     perf = shutil.which("perf")
     d = Path(tempfile.mkdtemp(prefix="kreld-bench-inject-"))
     try:
-        state = d / "state"
+        state = snapshot_store(d)
         ctl = venv_tool("kreldctl")
-        run_quiet([ctl, "--state-dir", str(state), "snapshot"])
         log("recording a perf.data of 100 MB or more")
-        big = record_big(perf, d) if perf is not None and os.geteuid() == 0 else None
+        big = record_perf_data(d, MIN_SIZE)
         if big is None or perf is None:
             raise RuntimeError("perf cannot record here (needs root and linux-perf)")
         size = big.stat().st_size

@@ -22,45 +22,28 @@ Run alone: ``.venv/bin/python bench/bench_perfdata.py [--quick]``.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO, Result, bench_main, interleaved, log, median, run_quiet, venv_tool
+from common import (
+    REPO,
+    Result,
+    bench_main,
+    interleaved,
+    log,
+    median,
+    record_perf_data,
+    run_quiet,
+    snapshot_store,
+    venv_tool,
+)
 
 from kreld.kernel.info import Root, read_boot_id
 from kreld.perf.reader import read_perf_header
 
 MIN_SIZE = 100 << 20
-
-
-def record_real(d: Path) -> Path | None:
-    """A real recording of at least MIN_SIZE bytes, or None if perf cannot record."""
-    perf = shutil.which("perf")
-    if perf is None or os.geteuid() != 0:
-        return None
-    out = d / "big.data"
-    count = 3_000_000
-    for _ in range(3):
-        rec = [perf, "record", "-q", "-N", "-e", "cpu-clock", "-c", "20000", "-g", "-a"]
-        work = ["dd", "if=/dev/zero", "of=/dev/null", "bs=512", f"count={count}"]
-        cp = subprocess.run(
-            [*rec, "-o", str(out), "--", *work],
-            capture_output=True,
-            env={**os.environ, "HOME": str(d)},
-            timeout=600,
-            check=False,
-        )
-        if cp.returncode != 0:
-            log(f"perf record failed: {cp.stderr.decode(errors='replace')[-300:]}")
-            return None
-        if out.stat().st_size >= MIN_SIZE:
-            return out
-        count *= 2
-    return None
 
 
 def written(d: Path, text: int, build_id: str | None, release: str) -> Path:
@@ -78,12 +61,11 @@ def run(quick: bool) -> list[Result]:
     n = 5 if quick else 15
     d = Path(tempfile.mkdtemp(prefix="kreld-bench-perf-"))
     try:
-        state = d / "state"
+        state = snapshot_store(d)
         ctl = venv_tool("kreldctl")
-        run_quiet([ctl, "--state-dir", str(state), "snapshot"])
         boot = read_boot_id(Root(Path("/")))
         log("recording a perf.data of 100 MB or more")
-        big = record_real(d)
+        big = record_perf_data(d, MIN_SIZE)
         kind = "perf record -g -a"
         if big is None:
             from kreld.store import Store

@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,6 +102,42 @@ def interleaved(
         for k, fn in variants.items():
             out[k].append(time_ns(fn))
     return out
+
+
+def snapshot_store(d: Path) -> Path:
+    """A store under *d* holding this machine's boot (``kreldctl snapshot``): what
+    the perf.data benches read a recording of this boot against."""
+    state = d / "state"
+    run_quiet([venv_tool("kreldctl"), "--state-dir", str(state), "snapshot"])
+    return state
+
+
+def record_perf_data(d: Path, min_size: int) -> Path | None:
+    """A real recording of this machine (``perf record -g -a`` while dd runs) of
+    at least *min_size* bytes, the workload doubled until it is; None where perf
+    cannot record (no perf, not root, or perf fails)."""
+    perf = shutil.which("perf")
+    if perf is None or os.geteuid() != 0:
+        return None
+    out = d / "big.data"
+    count = 3_000_000
+    for _ in range(5):
+        rec = [perf, "record", "-q", "-N", "-e", "cpu-clock", "-c", "20000", "-g", "-a"]
+        work = ["dd", "if=/dev/zero", "of=/dev/null", "bs=512", f"count={count}"]
+        cp = subprocess.run(
+            [*rec, "-o", str(out), "--", *work],
+            capture_output=True,
+            env={**os.environ, "HOME": str(d)},
+            timeout=900,
+            check=False,
+        )
+        if cp.returncode != 0:
+            log(f"perf record failed: {cp.stderr.decode(errors='replace')[-300:]}")
+            return None
+        if out.stat().st_size >= min_size:
+            return out
+        count *= 2
+    return None
 
 
 def run_quiet(argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[bytes]:
