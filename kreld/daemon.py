@@ -287,8 +287,7 @@ def _reload(self: Daemon) -> None:
         self.server.policy = policy_of(applied, self.log)
         self.server.limits = limits_of(applied, self.log)
     if self.tracking is not None:
-        self.tracking.tracker.recheck_interval = applied.poll_interval
-        self.tracking.adjust_poll(applied)
+        self.tracking.reconfigure(applied)
         if self.tracking.publisher is not None or applied.publish_url:
             self.configure_publishing(applied)
     self.log.info("config_reloaded", changed=changed, files=list(applied.sources))

@@ -78,6 +78,15 @@ class Tracking:
         self.watch = watch
         self.publisher: Publisher | None = None
 
+    def reconfigure(self, cfg: Config) -> None:
+        """A reloaded configuration's [modules] intervals, at once."""
+        self.tracker.recheck_interval = cfg.poll_interval
+        if self.tracker.heartbeat_interval != cfg.heartbeat_interval:
+            self.tracker.heartbeat_interval = cfg.heartbeat_interval
+            # A full look now: the reconciler's wait is timed anew after it.
+            self.tracker.notify(self.watch.seen_by, HintAction.RESCAN)
+        self.adjust_poll(cfg)
+
     def adjust_poll(self, cfg: Config) -> None:
         """Poll sys/module slowly while kernel events flow, fast once none does
         (a full look then, for what a failed source may have missed)."""
@@ -235,7 +244,12 @@ class Startup:
         stored, _, _ = self.record_boot(ks.data if ks else None)
         self.kernel_code.begin(self.store, stored.boot_id, ks)
         tracker = ModuleTracker(
-            self.store, self.root, stored.boot_id, self.log, recheck_interval=self.cfg.poll_interval
+            self.store,
+            self.root,
+            stored.boot_id,
+            self.log,
+            recheck_interval=self.cfg.poll_interval,
+            heartbeat_interval=self.cfg.heartbeat_interval,
         )
         tracker.addresses = self.addresses  # the same kernel memory for the snapshot and symbols
         tracker.listeners.extend(self.tracker_listeners)  # before its first look

@@ -80,6 +80,7 @@ class Config(Limits):
     follow_code: bool = field(default=True, metadata=_RESTART)
     poll_interval: float = consts.DEFAULT_POLL_INTERVAL
     poll_interval_events: float = consts.DEFAULT_POLL_INTERVAL_EVENTS
+    heartbeat_interval: float = consts.HEARTBEAT_INTERVAL
     tracepoints: bool = field(default=True, metadata=_RESTART)
     watch: str = field(default="auto", metadata=_RESTART)
     uevents: bool = field(default=True, metadata=_RESTART)
@@ -295,6 +296,7 @@ SCHEMA: Mapping[str, Mapping[str, tuple[str, Callable[[Any], Any]]]] = {
     "modules": {
         "poll_interval": ("poll_interval", _interval),
         "poll_interval_events": ("poll_interval_events", _interval),
+        "heartbeat_interval": ("heartbeat_interval", _seconds(0.1, 3600)),
         "tracepoints": ("tracepoints", _bool),
         "watch": ("watch", _choice(*_WATCH_METHODS)),
         "uevents": ("uevents", _bool),

@@ -176,6 +176,8 @@ def test_the_daemon_gives_freed_heap_back_once_large_calls_stop(
     has come for a while they are given back, and again after the next burst."""
     sock = tmp_path / "kreld.sock"
     d = start(daemon_factory, tree, tmp_path / "state", sock, "--log-level", "debug")
+    # Resolve names kernel addresses from the captured table: wait for it.
+    d.wait_for("kernel_symbols")
     for burst in (1, 2):
         with Client(str(sock), timeout=60) as c:
             for k in range(5):

@@ -14,7 +14,7 @@ from typing import Any
 from support.faketree import FakeTree
 from support.run import kreldctl, start
 from support.startup import HEAVY, imported_by, run_cli
-from support.wait import wait_for_symbols_done
+from support.wait import quick_heartbeat, wait_for_symbols_done
 
 MOD_A = 0xFFFFFFFFC0400000
 MOD_B = 0xFFFFFFFFC0900000
@@ -70,7 +70,8 @@ def test_a_daemon_start_reads_kallsyms_once(
         f.write(f"{MOD_B + 0x20:016x} T beta_fn\t[beta]\n".encode())
     opens = OpenCounter(kallsyms)
     try:
-        d = start(daemon_factory, tree, tmp_path / "state", tmp_path / "kreld.sock")
+        beat = quick_heartbeat(tmp_path / "kreld.toml")
+        d = start(daemon_factory, tree, tmp_path / "state", tmp_path / "kreld.sock", *beat)
         d.wait_for("kernel_symbols")
         d.wait_for("module_symbols", module="alpha", source="kallsyms")
         d.wait_for("module_symbols", module="beta", source="kallsyms")
@@ -90,7 +91,8 @@ def test_a_load_after_the_start_reads_kallsyms_again(
     kallsyms = tree.root / "proc/kallsyms"
     opens = OpenCounter(kallsyms)
     try:
-        d = start(daemon_factory, tree, tmp_path / "state", tmp_path / "kreld.sock")
+        beat = quick_heartbeat(tmp_path / "kreld.toml")
+        d = start(daemon_factory, tree, tmp_path / "state", tmp_path / "kreld.sock", *beat)
         d.wait_for("kernel_symbols")
         wait_for_symbols_done(str(tmp_path / "kreld.sock"))
         assert opens.count() == 1

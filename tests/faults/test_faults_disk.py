@@ -175,9 +175,8 @@ def test_unloads_and_updates_seen_while_the_disk_is_full_are_written_when_space_
             tree.add_module(f"early{i}", BASE + (1 + i) * 0x100000)
         state = mnt / "state"
         sock = sockdir / "kreld.sock"
-        cfg = write_config(
-            tmp_path / "kreld.toml", modules={"watch": "inotify", "poll_interval": 0.2}
-        )
+        modules = {"watch": "inotify", "poll_interval": 0.2, "heartbeat_interval": 1.0}
+        cfg = write_config(tmp_path / "kreld.toml", modules=modules)
         d = start(daemon_factory, tree, state, sock, "--config", str(cfg))
         filler = fill(mnt)
         tree.remove_module("early1")  # an unload while the disk is full

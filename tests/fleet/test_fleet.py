@@ -308,12 +308,13 @@ def test_sighup_points_publishing_at_another_bucket_prefix_at_the_configured_end
     first, second = url_for("one"), url_for("two")
     h = new_host("h", first)
     endpoint = f'endpoint_url = "{aws.endpoint}"\n'
-    h.cfg.write_text(f'[publish]\nurl = "{first}"\n{endpoint}interval = 0.1\n')
+    beat = "[modules]\nheartbeat_interval = 1.0\n"  # as config() writes it
+    h.cfg.write_text(f'[publish]\nurl = "{first}"\n{endpoint}interval = 0.1\n{beat}')
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     d = h.start()
     monkeypatch.setenv("AWS_ENDPOINT_URL", aws.endpoint)  # for the readers
     h.published()
-    h.cfg.write_text(f'[publish]\nurl = "{second}"\n{endpoint}interval = 0.1\n')
+    h.cfg.write_text(f'[publish]\nurl = "{second}"\n{endpoint}interval = 0.1\n{beat}')
     assert d.proc is not None
     os.kill(d.proc.pid, signal.SIGHUP)
     d.wait_for("publish_target", url=second)

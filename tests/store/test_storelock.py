@@ -21,7 +21,7 @@ from kreld.store import Store
 from support.faketree import FakeTree
 from support.records import snap
 from support.run import bin_path, kreldctl, start
-from support.wait import wait_for_turns, wait_until
+from support.wait import quick_heartbeat, wait_for_turns, wait_until
 
 
 def sha256(p: Path) -> str:
@@ -109,7 +109,8 @@ def test_a_second_daemon_on_the_same_store_exits_7_while_the_first_runs_and_reco
     with StoreLocked, exit 7, naming the first one's pid; the first goes on
     serving, and a module load is recorded once, not once per daemon."""
     state = tmp_path / "state"
-    first = start(daemon_factory, tree, state, sockdir / "one.sock")
+    beat = quick_heartbeat(tmp_path / "kreld.toml")
+    first = start(daemon_factory, tree, state, sockdir / "one.sock", *beat)
     second = daemon_factory(
         "--root", str(tree.root), "--state-dir", str(state), "--socket", str(sockdir / "two.sock"),
         log_name="second.log",

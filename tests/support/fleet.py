@@ -29,7 +29,10 @@ def create_bucket(server: S3Server) -> None:
 
 def config(tmp: Path, url: str, interval: float = 0.1) -> Path:
     p = tmp / f"kreld-{uuid.uuid4().hex[:6]}.toml"
-    p.write_text(f'[publish]\nurl = "{url}"\ninterval = {interval}\n')
+    # A heartbeat each second: wait_for_symbols_done waits on the idle checks it brings.
+    p.write_text(
+        f'[publish]\nurl = "{url}"\ninterval = {interval}\n[modules]\nheartbeat_interval = 1.0\n'
+    )
     return p
 
 

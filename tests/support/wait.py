@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -26,6 +27,14 @@ def counters(socket: str) -> dict[str, int]:
     with Client(socket) as c:
         got: dict[str, int] = c.call("Status")["counters"]
     return got
+
+
+def quick_heartbeat(config: Path, seconds: float = 1.0) -> list[str]:
+    """``--config`` of a file written at *config* that sets the tracker's
+    heartbeat to *seconds*.  At rest the tracker's idle checks come once per
+    heartbeat (30 s by default): a test that waits on them waits this long."""
+    config.write_text(f"[modules]\nheartbeat_interval = {seconds}\n")
+    return ["--config", str(config)]
 
 
 def wait_for_turns(socket: str, counter: str, turns: int = 2, timeout: float = 60) -> None:

@@ -55,7 +55,10 @@ class Env:
         self.state_dir = data / "state"
         self.socket = str(tmp_path / "kreld.sock")
         self.config = tmp_path / f"kreld-{method}.toml"
-        self.config.write_text(f'[modules]\nwatch = "{method}"\npoll_interval = 0.2\n')
+        # A heartbeat each second: the idle checks tests wait on come that often.
+        self.config.write_text(
+            f'[modules]\nwatch = "{method}"\npoll_interval = 0.2\nheartbeat_interval = 1.0\n'
+        )
         self.factory = factory
         self.runs = 0
         self.holds: list[int] = []
