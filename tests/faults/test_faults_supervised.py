@@ -33,7 +33,7 @@ from kreld.client import Client, ConnectError
 from support.faketree import FakeTree
 from support.kreldproc import KreldProcess
 from support.run import ctl_json, notify_socket
-from support.wait import wait_until
+from support.wait import quick_heartbeat, wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -127,7 +127,7 @@ def recorded(tmp: Path, boot: str) -> set[tuple[str, int]]:
 # made to fail in tests/vm/test_vm_supervised.py); a subscriber's watcher is one
 # connection's (transient: logged, never a restart).
 TRIGGERS = {
-    "tracker": "nothing: it wakes to look at sys/module",
+    "tracker": "nothing: it wakes for its heartbeat (each second here)",
     "symbols": "a load: it captures the module's symbols",
     "kernel-code": "nothing: without rings it looks at kallsyms every minute",
     "calls": "a call that is not quick (ListBoots): the pool's worker starts",
@@ -162,7 +162,11 @@ def test_a_failed_part_is_named_in_status_stops_the_watchdog_and_a_restart_loses
     tree.add_module("before", BASE)
     sock = sockdir / "k.sock"
     with notifications(sockdir / "notify") as note:
-        extra = publishing(tmp_path) if name == "publisher" else []
+        extra: list[str] = []
+        if name == "publisher":
+            extra = publishing(tmp_path)
+        elif name == "tracker":
+            extra = quick_heartbeat(tmp_path / "kreld.toml")
         k = start(tree, tmp_path, sock, sockdir / "notify", name, *extra)
         try:
             wait_until("the first ping (the fault is armed)", lambda: note.pings_since(0), 60)

@@ -22,6 +22,7 @@ import pytest
 
 from support.faketree import FakeTree
 from support.run import bin_path, ctl_json
+from support.wait import quick_heartbeat
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
@@ -43,6 +44,7 @@ systemd-run --user --unit=kreld-fault -p Type=notify -p NotifyAccess=main -p Wat
     -p Restart=on-failure -p RestartSec=1 -p EnvironmentFile="$D/faults.env" \
     -p StandardOutput=append:"$D/kreld.log" -p StandardError=append:"$D/kreld.log" \
     "$KRELD" --root "$D/root" --state-dir "$D/state" --socket "$D/k.sock" --log-format json \
+    --config "$D/kreld.toml" \
     >"$D/systemd-run.out" 2>&1 || exit 92
 i=0
 until [ "$(show ActiveState)" = active ]; do
@@ -90,6 +92,7 @@ def test_systemd_restarts_kreld_when_a_supervised_part_fails_and_no_record_is_lo
     tree = FakeTree(tmp_path / "root")
     tree.add_module("before", BASE)
     (tmp_path / "faults.env").write_text(f"KRELD_TEST=1\nKRELD_TEST_FAULTS={name}\n")
+    quick_heartbeat(tmp_path / "kreld.toml")  # the tracker's own code runs each second
     env = dict(
         os.environ,
         D=str(tmp_path),
