@@ -65,7 +65,7 @@ from kreld.kernel.snapshot import take_snapshot
 from kreld.server import methods
 from kreld.server.service import Service
 from kreld.store import Store
-from kreld.symbols.capture import SymbolCapture
+from kreld.symbols.table_sources import TableSources
 from kreld.varlink.requests import Resolve, parse
 
 ELF_GOAL = 500
@@ -227,7 +227,7 @@ def figures_live(quick: bool, tmp: Path) -> list[Result]:
     store = Store(state)
     snap, _notes = take_snapshot(root)
     stored, _, _ = store.boots.record_boot(snap)
-    SymbolCapture(store, root, stored, None).capture_kernel(KallsymsText.of(data))
+    TableSources(store, root, stored, None).capture_kernel(KallsymsText.of(data))
     rec = store.boot_symbols(stored.boot_id)
     if rec is None:
         raise RuntimeError("kreld did not cache the kernel table for this boot")
