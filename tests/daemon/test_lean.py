@@ -178,6 +178,12 @@ def test_the_daemon_gives_freed_heap_back_once_large_calls_stop(
     has come for a while they are given back, and again after the next burst."""
     sock = tmp_path / "kreld.sock"
     d = start(daemon_factory, tree, tmp_path / "state", sock, "--log-level", "debug")
+    with Client(str(sock)) as c:  # the kernel's symbols are captured after the start
+        first = [hex(tree.text)]
+        wait_until(
+            "the kernel's symbol table",
+            lambda: c.call("Resolve", addresses=first)["symbol"][0] >= 0,
+        )
     for burst in (1, 2):
         with Client(str(sock), timeout=60) as c:
             for k in range(5):
