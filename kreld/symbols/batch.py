@@ -31,7 +31,7 @@ from itertools import repeat
 from operator import sub
 from typing import TYPE_CHECKING
 
-from kreld.core.record import record
+from kreld.core.record import record, replace
 from kreld.core.symtab import KEY_SPAN, SymbolTable, SymbolTables
 from kreld.symbols.quoting import gather, json_array, quote_entries
 
@@ -47,7 +47,7 @@ __all__ = ["Named", "SectionKeys", "name_batch", "section_keys"]
 _INDEXED_KEYS = 1024
 _INDEXED_WANTS = 64
 # Keys a page of a PageIndex holds on average.
-_KEYS_PER_PAGE = 4
+_KEYS_PER_PAGE = 2
 # Page indexes kept (a kernel's, and the modules' with many symbols).
 _KEPT_INDEXES = 16
 _NO_ADDRESS = 1 << 64  # above every address
@@ -137,30 +137,26 @@ class Named:
         self.symbol += repeat(symbol, count)
         self.offset += repeat(0, count)
 
-    def region(
-        self, i: int, r: Region, run: list[int], tables: SymbolTables | None, ordered: bool
-    ) -> bool:
-        """Name *run* (addresses less origin, all in region *i*, *r*;
-        ascending if *ordered*).  False, with nothing named, when *run* is not
-        ordered and some of it lies outside its section's keys: it must be
-        sorted first."""
+    def region(self, i: int, r: Region, run: _Run, tables: SymbolTables | None) -> bool:
+        """Name *run* (addresses less origin, all in region *i*, *r*).  False,
+        with nothing named, when *run* is not in order and some of it lies
+        outside its section's keys: it must be sorted first."""
         first = self.count  # names before this region's
         unnamed = -2 - len(self.used)
         count: int | None = 0
         if r.name is not None:  # kernel code: one symbol, the region's own
-            self.symbol += repeat(first, len(run))
+            self.symbol += repeat(first, len(run.values))
             moved = self.origin - r.base
-            self.offset += [a + moved for a in run]
+            self.offset += [a + moved for a in run.values]
             self.names.append(json_array([r.name])[1:-1] + b",")
             count = 1
         else:
             table = tables.get(r.table) if tables is not None and r.table is not None else None
             sec = None if table is None else 0 if r.inc is None else table.section_index(r.section)
             if table is None or sec is None or r.table is None:
-                self.nothing(len(run), unnamed)
+                self.nothing(len(run.values), unnamed)
             else:
-                wants = _Wants(run, r.rel_base, ordered)
-                count = self._in_table(table, r.table, sec, wants, (first, unnamed))
+                count = self._in_table(table, r.table, sec, run, (r.rel_base, first, unnamed))
         if count is None:
             return False
         self.used.append((i, count))
@@ -168,25 +164,26 @@ class Named:
         return True
 
     def _in_table(
-        self, table: SymbolTable, key: str, sec: int, run: _Wants, numbers: tuple[int, int]
+        self, table: SymbolTable, key: str, sec: int, run: _Run, numbers: tuple[int, int, int]
     ) -> int | None:
         """Name *run* in section *sec* of *table* (stored under *key*);
-        *numbers*: the first name's number, and the symbol of an address
-        without one.  The count of distinct names (None: see :meth:`region`)."""
-        first, unnamed = numbers
+        *numbers*: what the table's values are relative to, the first name's
+        number, and the symbol of an address without one.  The count of
+        distinct names (None: see :meth:`region`)."""
+        rel, first, unnamed = numbers
         keys = table.keys
         lo, hi = bisect_left(keys, sec << 40), bisect_left(keys, (sec + 1) << 40)
         if lo == hi:  # a section without symbols
             self.nothing(len(run.values), unnamed)
             return 0
         sk = section_keys(key, sec, keys[lo:hi], len(run.values) >= _INDEXED_WANTS)
-        shift = self.origin - run.rel + KEY_SPAN + (sec << 40) - sk.first
+        shift = self.origin - rel + KEY_SPAN + (sec << 40) - sk.first
         wants = [a + shift for a in run.values]
         # Below the section's first key: no symbol; from its last on: the last.
         if run.ordered:
             a = bisect_left(wants, sk.keys[0])
             b = bisect_left(wants, sk.keys[-1], a)
-        elif wants and (min(wants) < sk.keys[0] or max(wants) >= sk.keys[-1]):
+        elif wants and (run.low + shift < sk.keys[0] or run.high + shift >= sk.keys[-1]):
             return None
         else:
             a, b = 0, len(wants)
@@ -205,14 +202,14 @@ class Named:
 
 
 @record
-class _Wants:
-    """A run of addresses of a region: their values (less the batch's
-    origin), what the region's table's values are relative to, and whether
-    they are in ascending order."""
+class _Run:
+    """Addresses of one region (less the batch's origin): whether they are
+    in ascending order, and the lowest and the highest."""
 
-    values: list[int]
-    rel: int
+    values: Sequence[int]
     ordered: bool
+    low: int
+    high: int
 
 
 def name_batch(
@@ -234,7 +231,7 @@ def name_batch(
             low, high = min(addresses), max(addresses)
             i = bisect_right(bases, low) - 1
             if i >= 0 and high < limits[i] and bisect_right(bases, high) - 1 == i:
-                named = _in_one_region(i, regions[i], addresses, tables)
+                named = _in_one_region(i, regions[i], _Run(addresses, False, low, high), tables)
                 if named is not None:
                     return named
         # Less the lowest, addresses sort and add as small ints (one digit of
@@ -253,7 +250,8 @@ def name_batch(
                 out.nothing(q - p, -1)
             else:
                 q = bisect_left(ordered, min(limits[i], nxt) - origin, p)
-                out.region(i, regions[i], ordered[p:q], tables, ordered=True)
+                run = ordered[p:q]
+                out.region(i, regions[i], _Run(run, True, run[0], run[-1]), tables)
             p = q
         where = gather(dict(zip(ordered, range(n), strict=True)), moved)
         return out, gather(out.symbol, where), gather(out.offset, where)
@@ -274,19 +272,22 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _in_one_region(
-    i: int, r: Region, addresses: Sequence[int], tables: SymbolTables | None
+    i: int, r: Region, run: _Run, tables: SymbolTables | None
 ) -> tuple[Named, Sequence[int], Sequence[int]] | None:
-    """:func:`name_batch` of addresses all in region *i*, in the order asked
-    (the distinct ones, when they repeat much); None where they must be
-    sorted (see :meth:`Named.region`)."""
+    """:func:`name_batch` of addresses *run* all in region *i*, in the order
+    asked (the distinct ones, when they repeat much); None where they must
+    be sorted (see :meth:`Named.region`)."""
     # Repeats, judged on the first addresses (a profile's hot spots repeat
     # throughout): the distinct ones are named once.
+    addresses = run.values
     some = addresses[:_SAMPLE]
-    work = list(dict.fromkeys(addresses)) if 4 * len(set(some)) < 3 * len(some) else list(addresses)
+    if 4 * len(set(some)) < 3 * len(some):
+        run = replace(run, values=list(dict.fromkeys(addresses)))
     out = Named(0)
-    if not out.region(i, r, work, tables, ordered=False):
+    if not out.region(i, r, run, tables):
         return None
-    if len(work) == len(addresses):
+    if run.values is addresses:
         return out, out.symbol, out.offset
+    work = run.values
     where = gather(dict(zip(work, range(len(work)), strict=True)), addresses)
     return out, gather(out.symbol, where), gather(out.offset, where)
