@@ -331,7 +331,7 @@ def vm_results(facts: dict[str, Any], elapsed: float) -> list[Result]:
                 Result(
                     f"real kernel: modprobe -> visible over the socket, {path}, p{p}",
                     percentile(lat(path, "start"), p), "ns",
-                    percentile(lat("poll", "start"), p), "poll",
+                    percentile(lat("poll", "start"), p), "real-poll",
                     desc if path == VM_PATHS[0] and p == 50 else "",
                 )
             )  # fmt: skip
@@ -339,7 +339,7 @@ def vm_results(facts: dict[str, Any], elapsed: float) -> list[Result]:
             Result(
                 f"  modprobe returned -> visible, {path}, p50",
                 percentile(lat(path, "returned"), 50), "ns",
-                percentile(lat("poll", "returned"), 50), "poll",
+                percentile(lat("poll", "returned"), 50), "real-poll",
             )
         )  # fmt: skip
     res[0].notes.append(
@@ -358,11 +358,10 @@ def _vm_note(path: str, mode: dict[str, Any]) -> str:
     early = sum(1 for r in loads if r["visible"] <= r["returned"])
     inside = sum(1 for r in loads if r["start"] <= (r["recorded"] or 0) <= r["returned"])
     seen = sorted({str(r["seen_by"]) for r in loads})
-    sources = ", ".join(s.get("name", "?") for s in mode.get("sources") or [])
     return (
         f"{path}: {len(loads)} loads of dummy, {early} visible before modprobe returned, "
         f"{inside} recorded at a time between modprobe's start and return, seen by "
-        f"{'/'.join(seen)}, kreld's sources {sources}"
+        f"{'/'.join(seen)}"
     )
 
 
