@@ -1,28 +1,30 @@
 """Resolve of a batch of addresses with the standard library alone.
 
 numpy would make a batch a few vectorized calls, but its import costs the
-daemon some 20 MiB for its whole life (its libraries, OpenBLAS among them,
+daemon some 17 MiB for its whole life (its libraries, OpenBLAS among them,
 and its modules' objects; bench/bench_memory.py), for one search.  Here the
-work is done by C loops all the same: ``map`` over ``bisect``, ``dict``,
-``memoryview`` and ``operator`` functions, one pass each, with no Python
-bytecode per address in the search.
+work is done by C loops all the same: ``map`` over ``bisect``, gathers by
+``operator.itemgetter``, ``dict`` and ``memoryview``, one pass each, with
+little Python bytecode per address (a comprehension's add or shift).
 
-* The addresses are sorted once.  Regions do not overlap, so each region's
-  addresses are then one run of the sorted list, found by two bisections; a
-  region's names come out in ascending order with no sort of their own (a
-  region's keys grow with its addresses), each distinct one where the hits
-  change; the searches walk the table's keys in order (random ones would miss
-  the cache over a kernel's 120,000 keys).
-* A large section is searched through its :class:`PageIndex`: the keys that
-  fall in each page of the section's span are found by arithmetic, and only
-  those few (some 8) are bisected.  A plain bisection of a kernel's keys
-  costs 17 probes, each a Python int made from the map: three times as long.
+* A batch that lies in one region (a profile of the kernel's text) is named
+  as it comes: its distinct addresses (when a sample of them repeats much),
+  each region's names in the order the addresses meet them.
+* Any other batch has its distinct addresses sorted once.  Regions do not
+  overlap, so each region's addresses are then one run of the sorted list,
+  found by two bisections, and its names come out in ascending order.
+* A large section's keys are searched through a page index
+  (:class:`SectionKeys`): the keys that fall in each page of the section's
+  span are found by arithmetic, and only those few (some 2) are bisected.  A
+  plain bisection of a kernel's keys costs 17 probes, each a Python int made
+  from the map: several times as long.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import zlib
 from array import array
 from bisect import bisect_left, bisect_right
@@ -43,10 +45,11 @@ if TYPE_CHECKING:
 __all__ = ["Named", "SectionKeys", "name_batch", "section_keys"]
 
 # Sections with fewer keys are bisected whole (at most 10 probes), and so are
-# fewer addresses (the index's check reads all the section's keys).
+# fewer addresses: the check that a kept index still fits reads all the
+# section's keys (0.2 ms for a kernel's), what some 400 bisections save.
 _INDEXED_KEYS = 1024
-_INDEXED_WANTS = 64
-# Keys a page of a PageIndex holds on average.
+_INDEXED_WANTS = 512
+# Keys a page of a paged SectionKeys holds on average.
 _KEYS_PER_PAGE = 2
 # Page indexes kept (a kernel's, and the modules' with many symbols).
 _KEPT_INDEXES = 16
@@ -100,6 +103,7 @@ class SectionKeys:
 
 
 _paged: OrderedDict[tuple[str, int], tuple[int, SectionKeys]] = OrderedDict()
+_paged_lock = threading.Lock()  # Resolve runs on the event loop and on the worker
 
 
 def section_keys(key: str, sec: int, keys: memoryview, many: bool) -> SectionKeys:
@@ -108,14 +112,16 @@ def section_keys(key: str, sec: int, keys: memoryview, many: bool) -> SectionKey
     if not many or len(keys) < _INDEXED_KEYS:
         return SectionKeys(keys)
     crc = zlib.crc32(keys)
-    kept = _paged.get((key, sec))
-    if kept is not None and kept[0] == crc:
-        _paged.move_to_end((key, sec))
-        return kept[1]
-    paged = SectionKeys.paged(keys)
-    _paged[(key, sec)] = (crc, paged)
-    while len(_paged) > _KEPT_INDEXES:
-        _paged.popitem(last=False)
+    with _paged_lock:
+        kept = _paged.get((key, sec))
+        if kept is not None and kept[0] == crc:
+            _paged.move_to_end((key, sec))
+            return kept[1]
+    paged = SectionKeys.paged(keys)  # built outside the lock: tens of ms, once
+    with _paged_lock:
+        _paged[(key, sec)] = (crc, paged)
+        while len(_paged) > _KEPT_INDEXES:
+            _paged.popitem(last=False)
     return paged
 
 
