@@ -195,16 +195,16 @@ class Named:
             a, b = 0, len(wants)
         at = sk.search(wants[a:b] if a or b < len(wants) else wants)
         at += repeat(len(sk.keys) - 1, len(wants) - b)  # each address's key
-        # The distinct keys in the order met (ascending when ordered).
-        uniq = list(dict.fromkeys(at))
-        place = dict(zip(uniq, range(first, first + len(uniq)), strict=True))
+        # The distinct keys in the order met (ascending when ordered), numbered.
+        place = dict.fromkeys(at, 0)
+        place.update(zip(place, range(first, first + len(place)), strict=True))
         self.nothing(a, unnamed)
         self.symbol += gather(place, at)
         self.offset += map(sub, wants[a:] if a else wants, gather(sk.keys, at))
-        if uniq:
-            entries = gather(table.sorted[lo:hi], uniq)
-            self.names.append(quote_entries(table.names, table.name_end, entries))
-        return len(uniq)
+        if place:
+            entries = gather(table.sorted[lo:hi], list(place))
+            self.names.append(quote_entries(table, entries))
+        return len(place)
 
 
 @record

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
+    from kreld.core.symtab import SymbolTable
+
 __all__ = ["gather", "join_quoted", "json_array", "quote_entries", "quote_names", "quoted"]
 
 
@@ -52,14 +54,14 @@ def quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> l
     ]
 
 
-def quote_entries(blob: memoryview, ends: memoryview, entries: Sequence[int]) -> bytes:
-    """'"name",' for each of entries *entries* (at least one) of a table (its
-    names *blob*, their *ends* in it), in order."""
-    stops = gather(ends, entries)
-    # Each name starts where the one before it in the table ends; entry 0 at 0.
-    starts = list(gather(ends, [e - 1 for e in entries]))
+def quote_entries(table: SymbolTable, entries: Sequence[int]) -> bytes:
+    """'"name",' for each of entries *entries* (at least one) of *table*, in order."""
+    stops = gather(table.name_end, entries)
+    starts = gather(table.name_start, entries)  # entry 0's is no name's end: 0
     if 0 in entries:
+        starts = list(starts)
         starts[entries.index(0)] = 0
+    blob = table.names
     names = [blob[a:b] for a, b in zip(starts, stops, strict=True)]
     text = b'","'.join(names)
     # Only the joints' quotes are left once the bytes JSON takes as they are
