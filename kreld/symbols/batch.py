@@ -90,8 +90,8 @@ class SectionKeys:
         return self
 
     def search(self, wants: list[int]) -> list[int]:
-        """For each of *wants* (each in ``[keys[0], keys[-1])``, ascending),
-        the index of the last key at or below it."""
+        """For each of *wants* (each in ``[keys[0], keys[-1])``, in any
+        order), the index of the last key at or below it."""
         # In after[lo:hi], the keys after keys[lo] (at or below the want): the
         # count of those at or below it, added to lo, is the index sought.
         if not self.shift:
