@@ -4,18 +4,20 @@
 kernel's symbol table, some 122,000 symbols here), stopped, and started
 again: the table is then cached.  After it is ready and idle, its memory is
 read from ``/proc/PID/status``; then after Resolve calls of 10,000 random
-kernel-text addresses (the first loads numpy and orjson, and touches the
-table's pages in the LMDB map): at once after the last call, and again once
-the daemon has been quiet past ``TRIM_QUIET`` (it then gives freed heap back:
-kreld.server.listener.QuietTrim).  Baselines, measured in the same run: a
+kernel-text addresses (the first loads orjson and Resolve's modules, and
+reads the table's pages in the LMDB map): at once after the last call, and
+again once the daemon has been quiet past ``TRIM_QUIET`` (it then gives freed
+heap back, and drops the map's pages from its resident set:
+kreld.server.heapback.QuietTrim).  Baselines, measured in the same run: a
 bare Python (the same interpreter) importing what the daemon has loaded at
-each point (``kreld.daemon``; then also numpy and orjson) and nothing else.
+each point (``kreld.daemon``; then also orjson and Resolve's modules) and
+nothing else.
 
 Goals: steady state after the restart, table cached, <= 40 MiB;
-the same bound after 20 Resolve calls.  numpy alone costs some 15
-MiB here (the two baselines differ by that much), so the second is out of
-reach while numpy answers Resolve in the daemon's process.  Two more figures
-say what that would cost or save:
+the same bound after 20 Resolve calls.  Resolve names a batch with the
+standard library (kreld.symbols.batch): numpy, whose import alone costs
+some 17 MiB here, is never loaded for it.  Two more figures say what the
+trim and that choice cost:
 
 * Resolve's time after a pause past ``TRIM_QUIET`` (the heap given back
   before the call, its pages faulted in again) against after a pause a second
@@ -23,9 +25,10 @@ say what that would cost or save:
   time and in kreld's minor page faults during the call (steadier than the
   time on a shared machine).
 * naming the same 10,000 addresses in the daemon's cached kernel table with
-  the standard library (``bisect`` over the map's keys, as Resolve of a few
-  addresses does) against numpy (``searchsorted``, as Resolve of many does):
-  what leaving numpy out of the daemon would cost each call.
+  the standard library (the page index of a batch:
+  kreld.symbols.batch.SectionKeys) against numpy (``searchsorted``, what
+  Resolve of many addresses did before): what leaving numpy out of the daemon
+  costs the search.
 
 The peak of the first capture is measured by bench_startup.
 
@@ -50,8 +53,11 @@ from kreld.client import Client
 from kreld.core.symtab import KEY_SPAN
 from kreld.server.heapback import TRIM_QUIET
 from kreld.store import Store
+from kreld.symbols.batch import section_keys
 
 GOAL_MIB = 40
+# What the daemon imports to answer a Resolve, beyond what it starts with.
+RESOLVE_MODULES = ("orjson", "kreld.symbols.queries")
 MIB = 2**20
 BATCH = 10_000
 # A bare interpreter that imports *modules*, says so, and waits to be measured.
@@ -138,8 +144,8 @@ def minor_faults(pid: int) -> int:
 
 def search_rates(state: Path, boot_id: str, text: int, etext: int, rounds: int) -> dict[str, Any]:
     """Naming 10,000 random kernel-text addresses in the cached kernel table:
-    the standard library's bisect against numpy's searchsorted, interleaved,
-    both sorting the keys first and giving the same entries."""
+    kreld's page index (the standard library) against numpy's searchsorted,
+    interleaved, both on sorted keys and giving the same entries."""
     import numpy as np
 
     store = Store(state, readonly=True)
@@ -152,17 +158,19 @@ def search_rates(state: Path, boot_id: str, text: int, etext: int, rounds: int) 
 
         def run(tables: Any) -> dict[str, Any]:
             keys = tables[key].keys
+            section = keys[: bisect.bisect_left(keys, 1 << 40)]  # section 0: relocated
+            paged = section_keys(key, 0, section, many=True)
             times: dict[str, list[int]] = {"stdlib": [], "numpy": []}
             for _ in range(rounds):
                 want = [rng.randrange(etext - text) + KEY_SPAN for _ in range(BATCH)]
                 t0 = now_ns()
-                got = [bisect.bisect_right(keys, k) - 1 for k in sorted(want)]
+                got = paged.search(sorted(w - paged.first for w in want))
                 t1 = now_ns()
                 a = np.sort(np.asarray(want, dtype=np.int64))
                 j = np.searchsorted(np.asarray(keys), a, side="right") - 1
                 t2 = now_ns()
                 if got != j.tolist():
-                    raise RuntimeError("bisect and searchsorted disagree")
+                    raise RuntimeError("the page index and searchsorted disagree")
                 times["stdlib"].append(t1 - t0)
                 times["numpy"].append(t2 - t1)
             return {"times": times, "keys": len(keys)}
@@ -191,7 +199,7 @@ def run(quick: bool) -> list[Result]:
             tmp / "state", got["boot_id"], got["text"], got["etext"], 10 if quick else 30
         )
         base_idle = bare_python("kreld.daemon")
-        base_steady = bare_python("kreld.daemon", "numpy", "orjson")
+        base_steady = bare_python("kreld.daemon", *RESOLVE_MODULES)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     res = results(calls, idle, got, search, base_idle, base_steady)
@@ -200,7 +208,7 @@ def run(quick: bool) -> list[Result]:
         f"kernel symbols was captured {_fmt(captured)}; after the restart, idle {_fmt(idle)}; "
         f"after {calls} Resolve calls, at once {_fmt(got['burst'])}, quiet "
         f"{_fmt(got['steady'])} ({got['named']} of {calls * BATCH} addresses named); bare "
-        f"python importing kreld.daemon {_fmt(base_idle)}, and numpy, orjson "
+        f"python importing kreld.daemon {_fmt(base_idle)}, and {', '.join(RESOLVE_MODULES)} "
         f"{_fmt(base_steady)}; daemon exits {rc1}, {rc2}; Resolve after a pause: "
         f"{len(got['kept'])} calls each way, minor faults of back-to-back calls p50 "
         f"{median(got['faults']['back']):.0f}; kernel table of {search['keys']} keys searched "
@@ -222,9 +230,9 @@ def results(
     steady, burst = got["steady"], got["burst"]
     tag_i, desc_i = "imports", "a bare python importing kreld.daemon (what kreld imports at start)"
     tag_s, desc_s = (
-        "imports+numpy",
-        "a bare python importing kreld.daemon, numpy and orjson (what kreld has loaded "
-        "once it has answered a Resolve)",
+        "imports+resolve",
+        f"a bare python importing kreld.daemon and {', '.join(RESOLVE_MODULES)} (what "
+        "kreld has loaded once it has answered a Resolve)",
     )
     kept, trimmed = median(got["kept"]), median(got["trimmed"])
     std, npy = median(search["times"]["stdlib"]), median(search["times"]["numpy"])
@@ -254,10 +262,10 @@ def results(
                "quiet, p50", median(got["faults"]["trimmed"]), "",
                median(got["faults"]["kept"]), "no-trim",
                ),
-        Result("naming 10,000 addresses in the kernel table with bisect (stdlib), p50", std,
-               "ns", npy, "searchsorted",
+        Result("naming 10,000 addresses in the kernel table, kreld's page index (stdlib), p50",
+               std, "ns", npy, "searchsorted",
                "the same addresses, sorted, in the same keys of the daemon's cached kernel "
-               "table with numpy.searchsorted (what Resolve of many addresses does)"),
+               "table with numpy.searchsorted (what Resolve of many addresses did before)"),
     ]  # fmt: skip
 
 

@@ -60,6 +60,14 @@ def load_faketree() -> ModuleType:
     return faketree
 
 
+def load_harness() -> ModuleType:
+    """``tests/support/harness.py``: QEMU boots of the cloud kernel (the VM tests')."""
+    _tests_on_path()
+    from support import harness
+
+    return harness
+
+
 def real_kallsyms(tree: Any) -> int:
     """Give *tree* this machine's kallsyms (or one as long, if it is restricted)."""
     real = Path("/proc/kallsyms").read_bytes()

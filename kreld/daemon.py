@@ -181,6 +181,7 @@ class Daemon(Startup):
             snapshot=self.serving_snapshot,
             status=self.status,
             line_tables=self.lines.source_for,
+            drop_pages=self.store.drop_pages,
         )
         server = Server(
             service, policy_of(self.cfg, self.log), limits_of(self.cfg, self.log), self.log

@@ -240,6 +240,6 @@ MAX_ELF_SECTIONS: Final = 1 << 16
 # unless the start is long (a large vmlinux to read).
 STARTING_WAIT: Final = 5.0
 
-# Addresses that Resolve looks up one by one rather than with numpy (whose
-# fixed cost, some 200 us a call, is that of about 50 lookups in Python).
+# Addresses that Resolve looks up one by one rather than as a batch
+# (kreld.symbols.batch, whose sort and runs cost more than so few lookups).
 FEW_ADDRESSES = 32

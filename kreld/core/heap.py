@@ -22,6 +22,10 @@ below the mmap threshold, and all of them at once below the trim threshold,
 or each call faults its pages in again; kreld.symbols.queries sizes its
 slices from :data:`MMAP_THRESHOLD` for that.
 Elsewhere than glibc both do nothing.
+
+The store's LMDB map is not heap, but a Resolve reads its pages (a kernel's
+symbol table, megabytes) into the resident set all the same, and they stay
+there after it: :func:`drop_file_pages` lets them go once calls stop.
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MMAP_THRESHOLD", "resident", "trim", "tune"]
+__all__ = ["MMAP_THRESHOLD", "drop_file_pages", "resident", "trim", "tune"]
 
 # Blocks this large or larger get a mapping of their own: above the buffers
 # of an everyday Resolve, below a kallsyms read.
 MMAP_THRESHOLD = 1 << 20
 _M_MMAP_THRESHOLD = -3  # malloc.h
 _M_TRIM_THRESHOLD = -1
+_MADV_DONTNEED = 4  # asm-generic/mman-common.h
 
 _trim: Callable[[int], int] | None = None
 _looked = False
@@ -84,6 +89,22 @@ def trim() -> bool:
     if _trim is None:
         return False
     _trim(0)
+    return True
+
+
+def drop_file_pages(ranges: list[tuple[int, int]]) -> bool:
+    """Drop the pages of shared file mappings *ranges* (page-aligned ``(start,
+    end)``) from this process's resident set: ``madvise(MADV_DONTNEED)``.
+
+    Only for shared mappings of files (the store's LMDB map): their pages stay
+    in the kernel's page cache, dirty or not, and the next read of them faults
+    them in from there, with the same bytes; nothing is lost.  (On a private
+    mapping the same call would throw changes away.)  Whether it could ask."""
+    madvise = _libc("madvise", "c_void_p", "c_size_t", "c_int")
+    if madvise is None:
+        return False
+    for start, end in ranges:
+        madvise(start, end - start, _MADV_DONTNEED)
     return True
 
 

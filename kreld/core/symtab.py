@@ -214,6 +214,9 @@ class SymbolTable:
         self.values = take("q", n, 8)
         self.keys = take("q", ns, 8)
         self.sorted = take("I", ns, 4)
+        # Where each name starts: the u32 before each end (entry 0's is not a
+        # name's end but the last of ``sorted``, or of ``keys``: read it as 0).
+        self.name_start = mv[off - 4 : off - 4 + 4 * n].cast("I")
         self.name_end = take("I", n, 4)
         off += _pad8(off)
         self.secs = take("H", n, 2)

@@ -16,7 +16,8 @@ image and modules: perf's side-band records (``sideband``) read live from one
 ring per CPU (``perfring``), and what bpf(2) says of each program
 (``bpfinfo``); module loads and frees from the module tracepoints, on the same
 rings (``modtrace``).  A socket peer's credentials and groups, for the
-server's access checks (``peers``).
+server's access checks (``peers``).  Where a file (the store's map) is mapped
+in kreld's own memory (``selfmaps``).
 
 They never write, and never know of the store or the server.
 May import: ``core``, ``config``.

@@ -7,6 +7,10 @@ a burst finds their pages still there instead of faulting them in again.
 Once no call has ended for :data:`TRIM_QUIET` seconds the burst is over, and
 :func:`kreld.core.heap.trim` hands those pages back, on the worker thread
 (the trim walks every arena).  One timer a burst, none at rest.
+
+The calls also read the store's map (a kernel's symbol table is megabytes of
+it): those pages leave the resident set at the same time (the store's
+``drop_pages``, handed in), to be read from the page cache by the next call.
 """
 
 from __future__ import annotations
@@ -38,9 +42,15 @@ class QuietTrim(Executor):
     """The worker's executor, noting each call's end on the event loop that
     submitted it, and trimming the heap once they have stopped."""
 
-    def __init__(self, inner: Executor, log: FilteringBoundLogger) -> None:
+    def __init__(
+        self,
+        inner: Executor,
+        log: FilteringBoundLogger,
+        drop_pages: Callable[[], object] | None = None,
+    ) -> None:
         self._inner = inner
         self._log = log
+        self._drop_pages = drop_pages
         self._last = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self.trims = 0
@@ -72,6 +82,8 @@ class QuietTrim(Executor):
     def _trim(self) -> None:
         before = heap.resident()
         heap.trim()
+        if self._drop_pages is not None:
+            self._drop_pages()
         self.trims += 1
         self._log.debug("heap_trimmed", rss_before=before, rss_after=heap.resident())
 

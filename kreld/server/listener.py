@@ -150,7 +150,7 @@ class Server:
         self.started.set()
         self._tasks: set[asyncio.Task[None]] = set()
         # One thread for the calls that may take a while (see kreld.server.methods, Method.quick).
-        self._worker = QuietTrim(supervisor().executor("calls", 1), log)
+        self._worker = QuietTrim(supervisor().executor("calls", 1), log, service.drop_pages)
         self._server: asyncio.base_events.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 

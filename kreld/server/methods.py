@@ -63,9 +63,7 @@ def _quick_resolve(p: Params, s: Service) -> bool:
         and p.get("at") is None
         and not p.get("lines")  # may wait for a line table's build
         and isinstance(addrs, list)
-        # More than a few addresses take the bulk path, which imports numpy the
-        # first time (Service.bulk_ready): not on the loop until it has.
-        and len(addrs) <= (QUICK_RESOLVE if s.bulk_ready else consts.FEW_ADDRESSES)
+        and len(addrs) <= QUICK_RESOLVE
     )
 
 

@@ -13,7 +13,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kreld.core import consts
 from kreld.core.errors import (
     AddressesRestricted,
     KreldError,
@@ -57,15 +56,16 @@ class Service:
         snapshot: Callable[[], tuple[BootSnapshot, bool, bool]] | None = None,
         status: Callable[[], dict[str, Any]] | None = None,
         line_tables: Callable[[dict[str, Wanted]], TableSource] | None = None,
+        drop_pages: Callable[[], object] | None = None,
     ) -> None:
         self.store = store
+        # What lets the store's pages that calls read leave the resident set
+        # once they stop (kreld.server.heapback): the daemon's Store.drop_pages.
+        self.drop_pages = drop_pages
         # Resolve's lines: the build-id -> line table (or why not) function for
         # the builds of a boot (the daemon's LineBuilder.source_for, or a
         # LineTableProvider's); None: lines are not served, and say so.
         self._line_tables = line_tables
-        # Whether a Resolve has taken the bulk path (numpy imported): until then
-        # a Resolve of more than a few addresses leaves the event loop.
-        self.bulk_ready = False
         self._current = current_boot
         self._current_id = current_id
         self._loaded = loaded
@@ -215,7 +215,6 @@ class Service:
         resolved = self.store.with_tables(
             amap.table_keys(), lambda tables: amap.resolve(req.addresses, tables)
         )
-        self.bulk_ready = self.bulk_ready or len(req.addresses) > consts.FEW_ADDRESSES
         if not req.lines:
             return resolved.to_json()
         # Joined once: the lines of 100,000 addresses are megabytes, and each
@@ -234,7 +233,6 @@ class Service:
         else:
             source = self._line_tables(wanted_of(amap, boot.release))
         columns = line_columns(amap, req.addresses, source)
-        self.bulk_ready = True  # numpy is imported now
         return columns.to_json()
 
     def _map_at(

@@ -147,6 +147,10 @@ class Store:
     def with_tables(self, keys: Iterable[str], fn: Callable[[TableViews], T]) -> T:
         return self.symbols.with_tables(keys, fn)
 
+    def drop_pages(self) -> bool:
+        """The map's pages out of the resident set (see StoreEnv.drop_pages)."""
+        return self.env.drop_pages()
+
     def hostname(self, boot_id: str) -> str | None:
         """A host's own store holds only its boots: no host name to tell them by."""
         return None

@@ -20,8 +20,16 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from kreld.core import consts, uuids
-from kreld.core.errors import StoreCorrupt, StoreDamaged, StoreError, StoreFull, StoreTooNew
+from kreld.core import consts, heap, uuids
+from kreld.core.errors import (
+    KernelReadError,
+    StoreCorrupt,
+    StoreDamaged,
+    StoreError,
+    StoreFull,
+    StoreTooNew,
+)
+from kreld.kernel.selfmaps import mapped_ranges
 from kreld.store.lmdbcheck import check_datafile
 from kreld.store.ownership import check_owner
 
@@ -373,6 +381,17 @@ class StoreEnv:
         except OSError:
             return False
         return st.f_bavail * st.f_frsize < _NEARLY_FULL
+
+    def drop_pages(self) -> bool:
+        """Drop the map's pages from this process's resident set (they stay
+        in the page cache; the next read faults them in again): what a burst
+        of reads left resident goes once it is over.  Whether it could."""
+        with self._gate.shared():  # no resize moves the map meanwhile
+            try:
+                ranges = mapped_ranges(self.path / "data.mdb")
+            except (OSError, KernelReadError):
+                return False
+            return heap.drop_file_pages(ranges)
 
     def last_txnid(self) -> int:
         """The id of the last committed write, by any process: a cache key."""

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, Any
 from kreld.core.consts import FEW_ADDRESSES as FEW
 from kreld.core.model import BootSnapshot, Clock, Incarnation, hexaddr
 from kreld.core.record import record
-from kreld.core.symtab import KEY_SPAN, SymbolTable, SymbolTables, module_symbol_key
+from kreld.core.symtab import SymbolTables, module_symbol_key
+from kreld.symbols.batch import name_batch
 from kreld.symbols.kernel_code import CodeHistory, code_spans
 from kreld.symbols.late_loads import possible_regions
-from kreld.symbols.quoting import join_quoted, json_array, quote_names
+from kreld.symbols.quoting import join_quoted, json_array
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-    from kreld.varlink.requests import Addresses
 
 __all__ = [
     "AddressMap",
@@ -175,16 +175,15 @@ class AddressMap:
             self._members[i] = m
         return m
 
-    def resolve(self, addresses: Addresses, tables: SymbolTables | None = None) -> Resolved:
+    def resolve(self, addresses: Sequence[int], tables: SymbolTables | None = None) -> Resolved:
         """Place every address in its region and name its symbol.
 
-        A few addresses are bisected one by one (numpy's fixed cost per call
-        is larger than theirs, and its import is left to the first large
-        batch); a batch goes to :meth:`resolve_bulk`.  Both name what
-        :meth:`~kreld.core.symtab.SymbolTable.lookup` names.
+        A few addresses are bisected one by one (a batch's sort and runs cost
+        more than theirs); a batch goes to :meth:`resolve_bulk`.  Both name
+        what :meth:`~kreld.core.symtab.SymbolTable.lookup` names.
         """
         if len(addresses) <= FEW:
-            return self.resolve_few([int(a) for a in addresses], tables)
+            return self.resolve_few(addresses, tables)
         return self.resolve_bulk(addresses, tables)
 
     def resolve_few(self, addresses: Sequence[int], tables: SymbolTables | None = None) -> Resolved:
@@ -251,133 +250,18 @@ class AddressMap:
             inside[:] = False
         return ric, inside
 
-    def resolve_bulk(self, addresses: Addresses, tables: SymbolTables | None = None) -> Resolved:
-        """:meth:`resolve` in bulk, with numpy: one ``searchsorted`` over the
-        region bases, then one per symbol table over its sorted keys, straight
-        from the store's map (the views must not outlive *tables*; what is
-        returned copies what it keeps).  Raises ``OverflowError`` for a value
-        outside 64 bits."""
-        import numpy as np
-
-        addrs = np.asarray(addresses, dtype=np.uint64)
-        n = len(addrs)
-        ric, inside = self.region_indices(addrs)
-        bases = self._bases
-        # The regions that held an address, in order (few: counted, not sorted).
-        used = np.flatnonzero(np.bincount(ric[inside], minlength=len(bases)))
-        renumber = np.full(len(bases) or 1, -1, dtype=np.int32)
-        renumber[used] = np.arange(len(used), dtype=np.int32)
-
-        # Per address: its symbol's place among its region's names, -1 for none.
-        local = np.full(n, -1, dtype=np.int32)
-        offset = np.zeros(n, dtype=np.int64)
-        counts = np.zeros(len(bases) or 1, dtype=np.int64)  # names per region
-        parts: dict[int, list[bytes]] = {}  # each region's names, JSON
-        # The regions of each table (a kernel's .text and .init.text, a
-        # module's sections) are looked up together.
-        by_table: dict[str, list[int]] = {}
-        for i in used.tolist():
-            key = self.regions[i].table
-            if key is not None:
-                by_table.setdefault(key, []).append(i)
-        for key, regs in by_table.items():
-            table = tables.get(key) if tables is not None else None
-            if table is not None:
-                self._name_bulk(table, regs, addrs, ric, inside, (local, offset, counts, parts))
-        for i in used.tolist():
-            name = self.regions[i].name
-            if name is not None:  # kernel code: one symbol, the region's own
-                at = np.flatnonzero(inside & (ric == i))
-                local[at], offset[at] = 0, (addrs[at] - np.uint64(self.regions[i].base))
-                counts[i], parts[i] = 1, [json_array([name])[1:-1] + b","]
-        # Names travel region by region: an address's symbol index is its
-        # place among its region's names after those of the regions before.
-        first = np.cumsum(counts) - counts
-        symbol = np.where(
-            local >= 0, first[ric] + local, np.where(inside, -2 - renumber[ric], -1)
-        ).astype(np.int32)
-        names = [p for i in used.tolist() for p in parts.get(i, ())]
-        regions = [{**self.members(i), "names": int(counts[i])} for i in used.tolist()]
-        return Resolved(regions, join_quoted(names), symbol, offset)
-
-    def _name_bulk(
-        self,
-        table: SymbolTable,
-        regs: list[int],
-        addrs: NDArray[np.uint64],
-        ric: NDArray[np.int64],
-        inside: NDArray[np.bool_],
-        out: tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.int64], dict[int, list[bytes]]],
-    ) -> None:
-        """Name the addresses of regions *regs*, all in *table*, into *out*:
-        each address's place among its region's names and its offset, each
-        region's count of names and those names as JSON."""
-        import numpy as np
-
-        local, offset, counts, parts = out
-        zero = np.zeros(len(self._bases), dtype=np.int64)  # key of value 0 in the section
-        rel = np.zeros(len(self._bases), dtype=np.uint64)  # what values are relative to
-        mine = np.zeros(len(self._bases), dtype=bool)
-        for i in regs:
-            r = self.regions[i]
-            sec = 0 if r.inc is None else table.section_index(r.section)
-            if sec is not None:
-                zero[i], rel[i], mine[i] = (sec << 40) + KEY_SPAN, r.rel_base, True
-        at = np.flatnonzero(inside & mine[ric])
-        if not len(at):
-            return
-        rr = ric[at]
-        want = (addrs[at] - rel[rr]).view(np.int64) + zero[rr]
-        # In ascending order: the search of each key starts where the last one
-        # ended, in memory it has just read (random keys miss the cache over
-        # a kernel's 120,000 keys: three times slower, sorting included), and
-        # the hits come out sorted and region by region (a region's keys all
-        # lie above those of the table's regions below it), so each distinct
-        # one is where they change.
-        order = np.argsort(want)
-        at, rr, want = at[order], rr[order], want[order]
-        keys = np.asarray(table.keys)
-        j = np.searchsorted(keys, want, side="right") - 1
-        ok = j >= 0
-        jc = np.where(ok, j, 0)
-        found = keys[jc] if len(keys) else np.zeros(len(jc), dtype=np.int64)
-        ok &= found >= zero[rr] - KEY_SPAN  # not a symbol of an earlier section
-        at, hit, rr = at[ok], jc[ok], rr[ok]
-        offset[at] = (want - found)[ok]
-        if len(hit):
-            _name_regions(table, at, rr, hit, (local, counts, parts))
-
-
-def _name_regions(
-    table: SymbolTable,
-    at: NDArray[np.intp],
-    rr: NDArray[np.int64],
-    hit: NDArray[np.int64],
-    out: tuple[NDArray[np.int32], NDArray[np.int64], dict[int, list[bytes]]],
-) -> None:
-    """The names of *table* that addresses *at* (of regions *rr*) hit (key
-    indices *hit*, in ascending order): into *out*, each address's place
-    among its region's names, each region's count and its names as JSON."""
-    import numpy as np
-
-    local, counts, parts = out
-    new = np.empty(len(hit), dtype=bool)
-    new[0], new[1:] = True, (hit[1:] != hit[:-1]) | (rr[1:] != rr[:-1])
-    seen = np.cumsum(new) - 1  # distinct hits before each, in this table
-    starts = np.flatnonzero(np.r_[True, rr[1:] != rr[:-1]])  # each region's run
-    local[at] = seen - np.repeat(seen[starts], np.diff(np.r_[starts, len(rr)]))
-    entries = np.asarray(table.sorted)[hit[new]]
-    ends = np.asarray(table.name_end)
-    bounds = [*seen[starts].tolist(), len(entries)]
-    for k, lo in enumerate(starts.tolist()):
-        reg = int(rr[lo])
-        counts[reg] = bounds[k + 1] - bounds[k]
-        parts[reg] = quote_names(table.names, ends, entries[bounds[k] : bounds[k + 1]])
-
-
-# The names of the symbols a reply names are gathered from the tables' blobs
-# straight into the JSON array the reply carries (vectorized: no Python object
-# per name): quoted some at a time, then joined.
+    def resolve_bulk(
+        self, addresses: Sequence[int], tables: SymbolTables | None = None
+    ) -> Resolved:
+        """:meth:`resolve` of a batch: the addresses sorted once and named
+        region by region with the standard library (kreld.symbols.batch), from
+        the store's map (the views must not outlive *tables*; what is
+        returned copies what it keeps)."""
+        named, symbol, offset = name_batch(
+            self.regions, self._bases, self._limits, addresses, tables
+        )
+        regions = [{**self.members(i), "names": count} for i, count in named.used]
+        return Resolved(regions, join_quoted(named.names), symbol, offset)
 
 
 def code_regions(
@@ -411,15 +295,14 @@ class Resolved:
     regions: list[dict[str, object]]
     symbols_json: bytes  # the distinct symbol names, region by region, a JSON array
     # Per address: the index of its symbol's name; without a symbol, -2 - the
-    # index of its region, or -1 for none (a list or a numpy array).
-    symbol: Sequence[int] | NDArray[np.int32]
-    symbol_offset: Sequence[int] | NDArray[np.int64]  # bytes past the symbol's start
+    # index of its region, or -1 for none.
+    symbol: Sequence[int]
+    symbol_offset: Sequence[int]  # bytes past the symbol's start
 
     def to_json(self) -> bytes:
         """The reply's parameters as compact JSON."""
         import orjson
 
-        opt = orjson.OPT_SERIALIZE_NUMPY
         return b"".join(
             (
                 b'{"regions":',
@@ -427,9 +310,9 @@ class Resolved:
                 b',"symbols":',
                 self.symbols_json,
                 b',"symbol":',
-                orjson.dumps(self.symbol, option=opt),
+                orjson.dumps(self.symbol),
                 b',"symbol_offset":',
-                orjson.dumps(self.symbol_offset, option=opt),
+                orjson.dumps(self.symbol_offset),
                 b"}",
             )
         )

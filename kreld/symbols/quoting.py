@@ -1,9 +1,13 @@
 """Names quoted into JSON in bulk: a table's names, picked by index, become
-'"name",' runs with numpy gathers, not a Python call per name (Resolve's
-symbols and its lines' functions and files travel so)."""
+'"name",' runs joined at once, not a Python call per name: with the standard
+library for Resolve's symbols (:func:`quote_entries`), with numpy gathers for
+its lines' functions and files (:func:`quote_names`, whose callers hold
+numpy arrays already)."""
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kreld.core import heap
@@ -13,7 +17,9 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-__all__ = ["join_quoted", "json_array", "quote_names", "quoted"]
+    from kreld.core.symtab import SymbolTable
+
+__all__ = ["gather", "join_quoted", "json_array", "quote_entries", "quote_names", "quoted"]
 
 
 # Bytes of names gathered at a time (see quote_names): each of a slice's index
@@ -46,6 +52,31 @@ def quote_names(blob: Any, ends: NDArray[np.uint32], entries: NDArray[Any]) -> l
         for lo, hi in zip([0, *cuts], [*cuts, len(entries)], strict=True)
         if lo < hi
     ]
+
+
+def quote_entries(table: SymbolTable, entries: Sequence[int]) -> bytes:
+    """'"name",' for each of entries *entries* (at least one) of *table*, in order."""
+    stops = gather(table.name_end, entries)
+    starts = gather(table.name_start, entries)  # entry 0's is no name's end: 0
+    if 0 in entries:
+        starts = list(starts)
+        starts[entries.index(0)] = 0
+    blob = table.names
+    names = [blob[a:b] for a, b in zip(starts, stops, strict=True)]
+    text = b'","'.join(names)
+    # Only the joints' quotes are left once the bytes JSON takes as they are
+    # go: no name needs an escape, and each is ASCII.
+    if len(text.translate(None, JSON_PLAIN)) != 2 * (len(names) - 1):
+        return json_array([bytes(n).decode("utf-8", "replace") for n in names])[1:-1] + b","
+    return b'"' + text + b'",'
+
+
+def gather(seq: Sequence[int] | Mapping[int, int], at: Sequence[int]) -> Sequence[int]:
+    """``seq[i]`` for each *i* of *at*, in one C loop (a tuple)."""
+    if len(at) > 1:
+        got: tuple[int, ...] = operator.itemgetter(*at)(seq)
+        return got
+    return tuple(seq[i] for i in at)
 
 
 def join_quoted(parts: list[bytes]) -> bytes:

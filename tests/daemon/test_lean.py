@@ -20,8 +20,10 @@ from kreld.kernel.kallsyms import KallsymsText
 
 from support.faketree import FakeTree
 from support.run import kreldctl, start
+from support.smaps import file_rss
 from support.startup import HEAVY, imported_by, run_cli
 from support.symbols import symbol_worker
+from support.wait import wait_until
 
 COMMENTS = "# kreld's configuration: every key at its default.\n\n  #[log]\n\t# level = 'info'\n"
 
@@ -186,4 +188,37 @@ def test_the_daemon_gives_freed_heap_back_once_large_calls_stop(
                 assert sum(1 for s in reply["symbol"] if s >= 0) == 5000
         trimmed = d.wait_for("heap_trimmed", timeout=30, count=burst)
         assert trimmed["rss_before"] > 0 and trimmed["rss_after"] > 0
+    assert d.stop() == 0
+
+
+def test_resolve_without_lines_loads_no_numpy_and_its_store_pages_go_once_calls_stop(
+    tree: FakeTree, tmp_path: Path, daemon_factory: Any
+) -> None:
+    """Resolve names a batch with the standard library: the daemon maps no
+    numpy library for it, the kernel's addresses alone or with a module's
+    (numpy's import would cost the daemon some 20 MiB for the rest of its
+    life); and the store's pages the calls read leave its resident set once
+    they stop, with the heap they freed."""
+    tree.add_module("dummy", 0xFFFFFFFFC0000000)
+    sock, state = tmp_path / "kreld.sock", tmp_path / "state"
+    d = start(daemon_factory, tree, state, sock, "--log-level", "debug")
+    kernel = [hex(tree.text + 0x10 * i + 3) for i in range(5000)]
+    mixed = kernel[:2000] + [hex(0xFFFFFFFFC0000000 + 0x10 * i) for i in range(2000)]
+    with Client(str(sock), timeout=60) as c:
+        wait_until(
+            "the kernel's symbol table",
+            lambda: c.call("Resolve", addresses=kernel[:1])["symbol"][0] >= 0,
+        )
+        for batch in (kernel, mixed):
+            reply = c.call("Resolve", addresses=batch)
+            assert sum(1 for s in reply["symbol"] if s >= 0) >= 2000
+            assert reply["regions"][0]["image"] == "kernel"
+    held = file_rss(state / "data.mdb", d.proc.pid)
+    assert held > 0  # the calls read the tables in the map
+    d.wait_for("heap_trimmed", timeout=30)
+    maps = Path(f"/proc/{d.proc.pid}/maps").read_text()
+    mapped = {line.split()[-1] for line in maps.splitlines() if "/" in line}
+    assert not [p for p in mapped if "numpy" in p or "openblas" in p.lower()], sorted(mapped)
+    assert any("/orjson" in p for p in mapped)  # the probe sees what Resolve did load
+    assert file_rss(state / "data.mdb", d.proc.pid) < held / 2, held
     assert d.stop() == 0

@@ -683,7 +683,6 @@ def test_calls_that_grow_with_the_store_leave_the_loop(tmp_path: Path) -> None:
     from kreld.server.methods import METHODS
 
     service = _bare_service(tmp_path / "state")
-    service.bulk_ready = True  # a bulk Resolve has run: a small one may be answered on the loop
 
     def is_quick(method: str, params: dict[str, Any] | None = None) -> bool:
         return METHODS[method].quick(params or {}, service)
@@ -701,24 +700,19 @@ def test_calls_that_grow_with_the_store_leave_the_loop(tmp_path: Path) -> None:
     assert not is_quick("io.kreld.Resolve", {"addresses": ["0x1"], "at": 5})
 
 
-def test_the_first_resolve_leaves_the_loop_while_it_imports_numpy(tmp_path: Path) -> None:
-    """Until the service has taken the bulk path once (importing numpy, some
-    170 ms), a Resolve of more than a few addresses runs on the worker thread, so
-    that the loop keeps answering everyone else; a few addresses (looked up
-    without numpy) stay on the loop.  The service's own state decides, not
-    whatever else the process has imported."""
-    import numpy  # noqa: F401 (loaded by someone else: it changes nothing)
-
-    from kreld.server.methods import METHODS
+def test_a_resolve_of_a_few_dozen_addresses_is_answered_on_the_loop(tmp_path: Path) -> None:
+    """A Resolve of the current boot of up to QUICK_RESOLVE addresses is answered
+    on the loop from the first call (the batch path imports nothing); more,
+    or with lines (which may wait for a table's build), go to the worker."""
+    from kreld.server.methods import METHODS, QUICK_RESOLVE
 
     service = _bare_service(tmp_path / "state")
 
-    def q(n: int) -> bool:
-        return METHODS["io.kreld.Resolve"].quick({"addresses": ["0x1"] * n}, service)
+    def q(n: int, **more: Any) -> bool:
+        return METHODS["io.kreld.Resolve"].quick({"addresses": ["0x1"] * n, **more}, service)
 
-    assert [q(1), q(32), q(33)] == [True, True, False]
-    service.bulk_ready = True
-    assert [q(33), q(64), q(65)] == [True, True, False]
+    assert [q(1), q(QUICK_RESOLVE), q(QUICK_RESOLVE + 1)] == [True, True, False]
+    assert not q(1, lines=True)
 
 
 def test_list_boots_sees_a_boot_another_process_recorded(served: Any) -> None:

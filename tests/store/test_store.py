@@ -11,6 +11,7 @@ import sys
 import textwrap
 import uuid
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import pytest
@@ -18,12 +19,14 @@ import pytest
 from kreld.core import consts
 from kreld.core.errors import StoreCorrupt, StoreError, StoreTooNew
 from kreld.core.model import Anchors, BootSnapshot, KaslrOffset, OffsetSource, Timestamp
+from kreld.core.symtab import kernel_table
 from kreld.store import Store
 from kreld.store.lock import LOCK_NAME
 
 from support.faketree import FakeTree
 from support.records import BUILD_ID, TEXT, snap
 from support.run import kreldctl
+from support.smaps import file_rss
 
 LINK = 0xFFFFFFFF81000000
 
@@ -477,3 +480,31 @@ def test_readonly_store_refuses_writes_and_missing_store(tmp_path: Path) -> None
     make_kreld_store(tmp_path / "st", boots=1)
     with Store(tmp_path / "st", readonly=True) as ro, pytest.raises(StoreError, match="read-only"):
         ro.boots.record_boot(snap())
+
+
+def test_dropping_the_maps_pages_leaves_the_resident_set_and_loses_no_byte(
+    tmp_path: Path,
+) -> None:
+    """What reads of the store bring into the resident set leaves it on
+    drop_pages (the pages stay in the page cache), and a read after it gets the
+    same bytes."""
+    store = Store(tmp_path / "state")
+    core = [(TEXT + 0x10 * k, b"T", b"function_%06d" % k) for k in range(60_000)]
+    assert store.symbols.put_table("k:big", kernel_table(core, TEXT))
+    data = tmp_path / "state" / "data.mdb"
+
+    def digest() -> str:
+        def read(tables: Any) -> str:
+            t = tables["k:big"]
+            return hashlib.sha256(bytes(t.names) + bytes(t.keys) + bytes(t.values)).hexdigest()
+
+        return store.with_tables(["k:big"], read)
+
+    first = digest()
+    held = file_rss(data)
+    assert held > 1 << 20  # the table's pages, read
+    assert store.drop_pages()
+    assert file_rss(data) < held / 8
+    assert digest() == first
+    assert file_rss(data) > 1 << 20  # read again, from the page cache
+    store.close()

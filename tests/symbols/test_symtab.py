@@ -16,6 +16,7 @@ from kreld.core.model import (
     Timestamp,
 )
 from kreld.core.symtab import (
+    KEY_SPAN,
     MODULE_ABSOLUTE,
     SymbolTable,
     kernel_table,
@@ -129,6 +130,31 @@ def test_a_few_addresses_one_by_one_get_the_answers_of_the_bulk_path() -> None:
         few += spelt(amap.resolve_few(addrs[k : k + 7], tables), addrs[k : k + 7])
     assert few == bulk
     assert spelt(amap.resolve(addrs[:FEW], tables), addrs[:FEW]) == bulk[:FEW]
+
+
+def test_a_batch_in_one_region_gets_the_answers_of_one_by_one_whatever_its_order() -> None:
+    """A batch that lies in one region is named as it comes, its repeats once,
+    and sorted only when some of it lies before its section's first symbol
+    (or from its last on): the answers are those of the addresses looked up
+    one by one, in each case."""
+    amap, tables, mod_base = kernel_and_module()
+    below = tables["k:x"].keys[0] - KEY_SPAN  # TEXT + below: the first symbol
+    assert below > 0
+    rng = random.Random(7)
+    spread = [TEXT + rng.randrange(0x40 * 6000) for _ in range(3000)]
+    cases = {
+        "kernel text, no order": spread,
+        "a few hot spots, repeated": [TEXT + 0x40 * rng.randrange(20) + 3 for _ in range(3000)],
+        "some before the first symbol": [*spread, TEXT, TEXT + below - 1, *spread[:5]],
+        "module .data, from before its first symbol": [
+            mod_base + 0x1080 + rng.randrange(0xF80) for _ in range(500)
+        ],
+    }
+    for case, addrs in cases.items():
+        bulk = resolutions(addrs, json.loads(amap.resolve_bulk(addrs, tables).to_json()))
+        few = resolutions(addrs, json.loads(amap.resolve_few(addrs, tables).to_json()))
+        assert bulk == few, case
+        assert sum("symbol" in r for r in bulk) >= len(addrs) - 600, case
 
 
 def test_reply_states_each_region_and_name_once_with_no_nulls() -> None:
