@@ -66,23 +66,20 @@ File names are spelled by :func:`kreld.debuginfo.lines.normalize_path`.
 
 from __future__ import annotations
 
-import errno
-import io
 import mmap
 import os
 import struct
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kreld.core.errors import KernelReadError, LineTableError
+from kreld.debuginfo import lines_spawn
 from kreld.debuginfo.lines import NONE, LineTable, normalize_path
 from kreld.debuginfo.lines_reloc import (
     SymbolRows,
-    debug_only_copy,
     place_sections,
     read_symbols,
     symbol_value,
@@ -227,67 +224,89 @@ def _text_address(path: Path) -> int | None:
         return symbol_value(m, str(path), "_text")
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    with os.fdopen(fd, "wb", closefd=False) as out:
-        out.write(data)
-
-
-def _symcache_written(write: Callable[[int], None], what: str, scratch: Path | None) -> bytes:
-    """The SymCache of the file *write* writes to the empty file open at the
-    descriptor it is given: an anonymous file in memory (``memfd_create``,
-    read by the reader through ``/proc/self/fd``), which costs no write to
-    disk nor unlink of a few hundred MiB (for a kernel, a second or two of
-    the first answer's time), else (no memfd, or memory refused) a private
-    file under *scratch* (default ``$TMPDIR``), removed after."""
+def _image_fd(image: bytes, scratch: Path | None) -> int:
+    """An anonymous file holding *image* (``memfd_create``, else an unlinked
+    private file under *scratch*), for the reader's process to read."""
     try:
-        fd: int | None = os.memfd_create("kreld-lines", os.MFD_CLOEXEC)
+        fd = os.memfd_create("kreld-lines", os.MFD_CLOEXEC)
     except (AttributeError, OSError):
-        fd = None
-    if fd is not None:
-        try:
-            write(fd)
-            via = Path(f"/proc/self/fd/{fd}")
-            if via.exists():
-                return _symcache_of(via, what)
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                raise
-        finally:
-            os.close(fd)
-    with tempfile.TemporaryDirectory(prefix="kreld-lines-", dir=scratch) as tmp:
-        copy = Path(tmp) / "debug"
-        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            write(fd)
-        finally:
-            os.close(fd)
-        return _symcache_of(copy, what)
-
-
-def _symcache_of(path: Path, what: str) -> bytes:
-    from symbolic import Archive, SymbolicError  # type: ignore[attr-defined]
-    from symbolic.symcache import SymCache
-
+        with tempfile.TemporaryFile(prefix="kreld-lines-", dir=scratch) as unlinked:
+            fd = os.dup(unlinked.fileno())
     try:
-        objects = list(Archive.open(str(path)).iter_objects())
-        if not objects:
-            raise LineTableError(what, "no object in the file")
-        out = io.BytesIO()
-        SymCache.from_object(objects[0]).dump_into(out)  # type: ignore[no-untyped-call]
-    except SymbolicError as e:
-        raise LineTableError(what, str(e).splitlines()[0]) from None
-    return out.getvalue()
+        with os.fdopen(fd, "wb", closefd=False) as out:
+            out.write(image)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+Symbols = tuple[SymbolRows, "NDArray[np.uint64]"]
+
+
+def _module(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) -> tuple[
+    bytes, int, Symbols
+]:  # fmt: skip
+    """A relocatable object's SymCache (its sections placed first, the copy
+    handed to the reader as an anonymous file), the reader's peak and the
+    symbols at their placed addresses."""
+    what = str(path)
+    buf = path.read_bytes()
+    placed = place_sections(buf, what)
+    rows = read_symbols(buf, what)
+    del buf
+    bases = [placed.bases.get(int(i), -1) for i in rows.shndx.tolist()]
+    where = np.array(bases, dtype=np.int64)
+    placed_at = np.where(where >= 0, rows.value.astype(np.int64) + where, -1)
+    meta["sections"] = [[s.name, s.base, s.size] for s in placed.sections]
+    meta["base"] = 0
+    meta["symbol_names"] = "fill"
+    fd = _image_fd(placed.image, scratch)
+    del placed
+    try:
+        raw, peak = lines_spawn.start(fd, what, bound, scratch).finish()
+    finally:
+        os.close(fd)
+    return raw, peak, (rows, placed_at.astype(np.uint64))
+
+
+def _executable(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) -> tuple[
+    bytes, int, Symbols
+]:  # fmt: skip
+    """An executable's SymCache, read by the reader from the file itself (its
+    symbol table too, which names nothing the table answers differently: the
+    outermost frame is the ELF symbol's anyway), its peak, and its symbols,
+    read here meanwhile, on the other core."""
+    what = str(path)
+    reading = lines_spawn.start(what, what, bound, scratch)
+    try:
+        meta["base"] = _load_address(path)
+        meta["text"] = _text_address(path)
+        meta["symbol_names"] = "outer"
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            rows = read_symbols(m, what)
+    except BaseException:
+        reading.kill()
+        reading.close()
+        raise
+    raw, peak = reading.finish()
+    return raw, peak, (rows, rows.value)
 
 
 def build_line_table(
-    path: Path, build_id: str | None = None, scratch: Path | None = None
+    path: Path,
+    build_id: str | None = None,
+    scratch: Path | None = None,
+    bound: int = lines_spawn.DEFAULT_BOUND,
 ) -> LineTable:
     """The line table of the debug file at *path* (an executable such as
     vmlinux, or a relocatable module).  Run it off the record path: it reads
-    all of the file's DWARF (seconds and a few hundred MiB for a kernel).
-    A private copy of the DWARF (about its size) is made for the time of the
-    build, in memory where it can be, else in a temporary directory under
-    *scratch* (default: ``$TMPDIR``; see :func:`_symcache_written`)."""
+    all of the file's DWARF (seconds and a few hundred MiB for a kernel), in
+    a process of its own whose address space is bounded by *bound*
+    (:mod:`kreld.debuginfo.lines_spawn`); its peak RSS is the table's
+    ``meta["reader_peak_rss"]``.  A module's placed copy is handed to it in
+    memory where it can be, else in a file under *scratch* (default:
+    ``$TMPDIR``)."""
     try:
         with open(path, "rb") as f:
             head = f.read(64)
@@ -296,30 +315,7 @@ def build_line_table(
     if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
         raise LineTableError(str(path), "not a 64-bit little-endian ELF file")
     meta: dict[str, Any] = {"build_id": build_id, "sections": None}
-    if struct.unpack_from("<H", head, 16)[0] == 1:  # ET_REL
-        buf = path.read_bytes()
-        placed = place_sections(buf, str(path))
-        rows = read_symbols(buf, str(path))
-        del buf
-        bases = [placed.bases.get(int(i), -1) for i in rows.shndx.tolist()]
-        where = np.array(bases, dtype=np.int64)
-        placed_at = np.where(where >= 0, rows.value.astype(np.int64) + where, -1)
-        symbols = (rows, placed_at.astype(np.uint64))
-        meta["sections"] = [[s.name, s.base, s.size] for s in placed.sections]
-        meta["base"] = 0
-        meta["symbol_names"] = "fill"
-        image = placed.image
-        del placed
-        raw = _symcache_written(lambda fd: _write_all(fd, image), str(path), scratch)
-        del image
-    else:
-        meta["base"] = _load_address(path)
-        meta["text"] = _text_address(path)
-        meta["symbol_names"] = "outer"
-        raw = _symcache_written(lambda fd: debug_only_copy(path, fd), str(path), scratch)
-        # Read after the SymCache is built, so that the symbols are not held
-        # through the build's peak.
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            rows = read_symbols(m, str(path))
-        symbols = (rows, rows.value)
+    relocatable = struct.unpack_from("<H", head, 16)[0] == 1  # ET_REL
+    raw, peak, symbols = (_module if relocatable else _executable)(path, meta, bound, scratch)
+    meta["reader_peak_rss"] = peak
     return _from_symcache(raw, meta, str(path), symbols)

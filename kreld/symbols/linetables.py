@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kreld.core import consts
 from kreld.core.errors import DebuginfoError, InvalidArgument, KreldError, LineTableError
 from kreld.debuginfo.places import Kind, Wanted
 from kreld.symbols.absences import DEFAULT_RETRY_AFTER, Absences
@@ -139,6 +140,7 @@ class LineTableProvider:
         memory: int = DEFAULT_MEMORY,
         retry_after: float = DEFAULT_RETRY_AFTER,
         scratch: Path | None = None,
+        build_memory: int = consts.DEFAULT_LINE_BUILD_MEMORY,
         clock: Callable[[], float] = time.monotonic,
         absences: Absences | None = None,
     ) -> None:
@@ -147,6 +149,8 @@ class LineTableProvider:
         self.keep = keep
         self.memory = memory
         self.scratch = scratch
+        #: The address space of a build's DWARF reader (its own process).
+        self.build_memory = build_memory
         #: Builds found without debuginfo (*retry_after*, *clock*: unless given).
         self.absences = absences if absences is not None else Absences(retry_after, clock)
         self._building = threading.Lock()  # one build read or built at a time
@@ -223,7 +227,7 @@ class LineTableProvider:
         from kreld.debuginfo.lines_build import build_line_table
 
         found = self.finder.find(want)
-        table = build_line_table(found.path, want.build_id, self.scratch)
+        table = build_line_table(found.path, want.build_id, self.scratch, self.build_memory)
         data = table.to_bytes()
         source = found.describe()
         self.built[want.build_id] = source
@@ -271,11 +275,13 @@ def provider_for(
     """The provider a configuration describes: *given_dirs*
     (``--debuginfo-dir``) searched first, then ``/usr/lib/debug`` under the
     configured root, ``[kernel] debuginfo_dirs``, the cache and the debuginfod
-    servers (:func:`~kreld.debuginfo.finder.finder_for`); a build's scratch
-    copy of the DWARF goes under ``$TMPDIR``."""
+    servers (:func:`~kreld.debuginfo.finder.finder_for`); a build's DWARF
+    reader bounded by ``[kernel] line_build_memory``, a module's scratch copy
+    under ``$TMPDIR`` where it is not in memory."""
     from kreld.debuginfo.finder import finder_for
 
-    return LineTableProvider(finder_for(cfg, cfg.root, tuple(given_dirs)), kept, keep)
+    finder = finder_for(cfg, cfg.root, tuple(given_dirs))
+    return LineTableProvider(finder, kept, keep, build_memory=cfg.line_build_memory)
 
 
 def _reason(build_id: str, e: KreldError | OSError) -> str:
