@@ -1,7 +1,7 @@
 """The DWARF reader's own process: one SymCache built under a memory bound.
 
-``python -m kreld.debuginfo.lines_child PATH BOUND`` reads the debug file at
-*PATH* with ``symbolic`` and writes its SymCache to its standard output (a
+``python -I lines_child.py PATH BOUND`` (run by its file, isolated) reads the
+debug file at *PATH* with ``symbolic`` and writes its SymCache to its standard output (a
 file the parent made, never a terminal or a pipe it must drain).  The reader
 is native code that takes a few hundred MiB for a kernel; run here, in a
 process of its own, its memory is bounded (``RLIMIT_AS`` of *BOUND* bytes, set
@@ -9,11 +9,12 @@ before anything is read), its peak is freed with the process, and a crash of
 it is a failed build, not a dead daemon.  It dies with the thread that started
 it (``PR_SET_PDEATHSIG``).
 
-Nothing but the standard library and ``symbolic`` is imported, so that the
-bound and the peak are the reader's own.  The exit status says how it ended:
+Nothing but the standard library and ``symbolic`` is imported (not even
+kreld), so that the bound and the peak are the reader's own.  The exit status says how it ended:
 0 the SymCache written; :data:`EXIT_REFUSED` the reader refused the file (the
 reason on standard error, one line); :data:`EXIT_MEMORY` an allocation was
-refused within the bound.  A native allocation refused aborts the process
+refused within the bound (the file's mapping, or an allocation Python
+asked for).  A native allocation refused aborts the process
 (``SIGABRT``, "memory allocation of N bytes failed" on standard error);
 :mod:`kreld.debuginfo.lines_spawn` tells those apart.
 """
@@ -21,6 +22,7 @@ refused within the bound.  A native allocation refused aborts the process
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import resource
 import signal
@@ -49,7 +51,7 @@ def _refuse(reason: str) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
-        return _refuse("usage: python -m kreld.debuginfo.lines_child PATH BOUND")
+        return _refuse("usage: lines_child.py PATH BOUND")
     path, bound = argv[1], int(argv[2])
     _die_with_parent()
     resource.setrlimit(resource.RLIMIT_AS, (bound, bound))
@@ -66,6 +68,8 @@ def main(argv: list[str]) -> int:
             with os.fdopen(1, "wb", closefd=False) as out:
                 cache.dump_into(out)
         except SymbolicError as e:
+            if f"(os error {errno.ENOMEM})" in str(e):  # the file's mapping past the bound
+                return EXIT_MEMORY
             return _refuse(str(e))
     except MemoryError:
         return EXIT_MEMORY

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kreld.core.errors import LineTableError
 from kreld.debuginfo.lines import LineTable
 from kreld.debuginfo.lines_build import build_line_table
 from kreld.debuginfo.lines_reloc import read_sections
@@ -106,3 +107,17 @@ def test_a_module_agrees_with_eu_addr2line_in_every_code_section(name: str) -> N
                 no_line += 1
     assert compared > (500 if name == "brd" else 1000)
     assert no_line * 100 < compared, (no_line, compared)
+
+
+def test_a_kernel_build_over_its_memory_bound_is_named_and_the_reader_peak_said() -> None:
+    """vmlinux mapped within 700 MiB of address space, but its reading not:
+    the reader (native code) aborts on an allocation refused, which is named
+    as the bound.  Within the default bound its peak is said, and is under
+    512 MiB."""
+    with pytest.raises(LineTableError) as e:
+        build_line_table(VMLINUX, bound=700 << 20)
+    assert e.value.reason == (
+        "the DWARF reader went over its memory bound of 700 MiB ([kernel] line_build_memory)"
+    )
+    table = build_line_table(VMLINUX)
+    assert 0 < table.meta["reader_peak_rss"] < 512 << 20

@@ -137,3 +137,34 @@ def test_an_address_of_a_build_without_debuginfo_keeps_its_symbol_and_says_where
         assert c.resolve([hex(TEXT + 0x1000)], lines=True)[0]["no_lines"] == a["no_lines"]
         # Without lines, nothing of them.
         assert "lines" not in c.call("Resolve", addresses=[hex(TEXT + 0x1000)])
+
+
+def test_a_build_over_the_readers_memory_bound_is_named_and_the_daemon_goes_on(
+    tmp_path: Path, daemon_factory: Any, sockdir: Path
+) -> None:
+    """``[kernel] line_build_memory`` bounds the DWARF reader's process: the
+    kernel's debug file, padded past the bound, fails with the bound named
+    (the reader dies, the daemon does not); the module's builds as before,
+    and nothing is degraded."""
+    tree, exe, _, link_text = _tree(tmp_path, with_debuginfo=True)
+    debug_exe = tree.root / "usr/lib/debug/boot" / f"vmlinux-{R}"
+    pad = tmp_path / "pad"
+    with open(pad, "wb") as f:
+        f.truncate(128 << 20)
+    subprocess.run(["objcopy", f"--add-section=.kreld_pad={pad}", str(debug_exe)], check=True)
+    cfg = tmp_path / "kreld.toml"
+    cfg.write_text(f"[kernel]\nline_build_memory = {64 << 20}\n")
+    sock = sockdir / "k.sock"
+    start(daemon_factory, tree, tmp_path / "state", sock, "--config", str(cfg))
+    image = [a for a in instructions(exe)[".text"] if a >= link_text][:5]
+    with Client(str(sock)) as c:
+        a, m = c.resolve([hex(TEXT + image[0] - link_text), hex(BASES[".text"] + 4)], lines=True)
+        assert a["frames"] == []
+        assert a["no_lines"].endswith(
+            "the DWARF reader went over its memory bound of 64 MiB ([kernel] line_build_memory)"
+        )
+        assert m["frames"] and "no_lines" not in m
+        st = c.call("Status")
+        assert st["degraded"] == []
+        assert tree.build_id in st["line_tables"]["missing"]
+        assert [t["what"] for t in st["line_tables"]["kept"]] == [f"module prog of {R}"]
