@@ -308,7 +308,8 @@ def line_builder(cfg: Config, store: Store) -> LineBuilder:
         from kreld.symbols.linetables import LineTableProvider
 
         return LineTableProvider(finder_for(cfg, cfg.root), kept, kept.put, memory=0,
-                                 absences=absences, build_memory=cfg.line_build_memory)  # fmt: skip
+                                 absences=absences, build_memory=cfg.line_build_memory,
+                                 keep_later=True)  # fmt: skip
 
     def listing() -> list[dict[str, Any]]:
         return [{"build_id": b, "size": m.get("size", 0), "source": m.get("source", ""),

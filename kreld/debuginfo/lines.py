@@ -232,6 +232,13 @@ class LineTable:
     _ARRAYS = ("starts", "loc_file", "loc_line", "loc_func", "loc_parent", "func_offs", "file_offs",
                "sym_starts", "sym_sizes", "sym_func")  # fmt: skip
 
+    def nbytes(self) -> int:
+        """The bytes the table holds in memory (its arrays and names)."""
+        arrays = (self.starts, self.loc_file, self.loc_line, self.loc_func, self.loc_parent,
+                  self._func_offs, self._file_offs, self.sym_starts, self.sym_sizes,
+                  self.sym_func)  # fmt: skip
+        return sum(int(a.nbytes) for a in arrays) + len(self._names) + len(self._files)
+
     def to_bytes(self) -> bytes:
         arrays = {
             "starts": self.starts, "loc_file": self.loc_file, "loc_line": self.loc_line,

@@ -5,9 +5,11 @@ table.  A table in hand (or a build found without debuginfo, remembered for
 :data:`RETRY_AFTER_S`) answers at once.  Anything else is handed to the
 builder thread, ``line-tables`` under the supervisor, which asks the
 :class:`~kreld.symbols.linetables.LineTableProvider` (the store's copy, else
-the debug file found by build-id, read and kept): one build at a time, in the
-order asked, so memory holds one build's reading and the recorder's threads
-are never held by it.
+the debug file found by build-id, read by a process of its own under
+``[kernel] line_build_memory``): one build at a time, in the order asked, so
+memory holds one build's reading and the recorder's threads are never held
+by it.  A table built is handed to the calls waiting for it first, then kept
+in the store.
 
 The call then waits for the build up to :data:`WAIT_S`.  What a profiler
 wants is the lines, not a retry protocol: a kernel's table takes a few seconds
@@ -52,11 +54,6 @@ MEMORY = 256 << 20
 # Builds waiting at most: one call names at most a few hundred builds (the
 # kernel and every module loaded then), and more would only be asked again.
 MAX_QUEUED = 4096
-
-
-def _size(table: LineTable) -> int:
-    return sum(int(getattr(table, k).nbytes) for k in ("starts", "loc_file", "loc_line",
-               "loc_func", "loc_parent"))  # fmt: skip
 
 
 class LineBuilder:
@@ -117,15 +114,17 @@ class LineBuilder:
             got = self._provider.table(want)
             if isinstance(got, str) and self.absences.why(want.build_id) is None:
                 self.absences.remember(want.build_id, got)
-            heap.trim()  # the build's reading (hundreds of MiB for a kernel) is freed
+            heap.trim()  # the build's conversion is freed
             with self._cond:
                 self._building = None
                 if not isinstance(got, str):
                     self._hold(want.build_id, got)
                 self._cond.notify_all()
+            # Kept in the store once the calls waiting for it are answered.
+            self._provider.keep_pending()
 
     def _hold(self, build_id: str, table: LineTable) -> None:
-        size = _size(table)
+        size = table.nbytes()
         self._ready[build_id] = (table, size)
         self._held += size
         while self._held > self.memory and len(self._ready) > 1:

@@ -97,9 +97,18 @@ def test_resolve_with_lines_names_kernel_and_module_addresses_as_the_references_
     asked = [TEXT + a - link_text for a in image] + [BASES[s] + o for s, o in module]
     with Client(str(sock)) as c:
         got = c.resolve([hex(a) for a in asked], lines=True)
-        # The tables are built and kept: Status lists both, with their sources.
-        kept = c.call("Status")["line_tables"]["kept"]
-    assert {t["build_id"] for t in kept} == {build_id_of(exe), build_id_of(ko)}
+        # The tables are built, answered, then kept: Status lists both, with
+        # their sources.
+        bids = {build_id_of(exe), build_id_of(ko)}
+        kept = wait_until(
+            "both tables kept",
+            lambda: (
+                (k := c.call("Status")["line_tables"]["kept"])
+                and {t["build_id"] for t in k} == bids
+                and k
+            ),
+            30,
+        )
     assert all(t["size"] > 0 and "/usr/lib/debug/" in t["source"] for t in kept)
     refs = llvm(exe, image)
     for sec in (".text", ".text.unlikely"):
@@ -167,4 +176,6 @@ def test_a_build_over_the_readers_memory_bound_is_named_and_the_daemon_goes_on(
         st = c.call("Status")
         assert st["degraded"] == []
         assert tree.build_id in st["line_tables"]["missing"]
-        assert [t["what"] for t in st["line_tables"]["kept"]] == [f"module prog of {R}"]
+        kept = wait_until("the module's table kept", lambda: st["line_tables"]["kept"]
+                          or c.call("Status")["line_tables"]["kept"], 30)  # fmt: skip
+        assert [t["what"] for t in kept] == [f"module prog of {R}"]
