@@ -111,6 +111,9 @@ class LineTable:
         # How the ELF symbol table names frames: "outer" (an executable, as
         # llvm-symbolizer does) or "fill" (a relocatable object, as elfutils).
         self.symbol_names: str = meta.get("symbol_names", "fill")
+        #: For a table just built, the peak RSS in bytes of the process that
+        #: read its DWARF (not kept with the table).
+        self.reader_peak_rss: int | None = None
 
     # -- lookups ----------------------------------------------------------
     def locations(self, addresses: NDArray[np.uint64]) -> NDArray[np.uint32]:

@@ -137,13 +137,15 @@ def _strings_blob(strings: list[str]) -> tuple[bytes, NDArray[np.uint32]]:
     return b"".join(encoded), offs
 
 
-def _symbol_layer(
-    rows: SymbolRows, addresses: NDArray[np.uint64], base: int, first_name: int
-) -> tuple[dict[str, NDArray[np.uint32]], list[str]]:
+Layer = tuple[dict[str, "NDArray[np.uint32]"], list[str]]
+
+
+def _symbol_layer(rows: SymbolRows, addresses: NDArray[np.uint64], base: int) -> Layer:
     """The symbols the table keeps, one per start address (*addresses*
     are the rows' placed addresses): at a shared address the one
     llvm-symbolizer keeps, the largest, the later in table order among
-    equals.  Returns the arrays and the names, numbered from *first_name*."""
+    equals.  Returns the arrays and the names, numbered from 0 (the table's
+    function names come first: :func:`_from_symcache` shifts them)."""
     with np.errstate(over="ignore"):
         wrapped = addresses.astype(np.uint64) - np.uint64(base)  # below base: wraps past 4 GiB
     keep = np.flatnonzero(wrapped < np.uint64(1 << 32))
@@ -155,7 +157,7 @@ def _symbol_layer(
     last[:-1] = rel[1:] != rel[:-1]
     rel, size, keep = rel[last], size[last], keep[last]
     names: dict[str, int] = {}
-    func = np.array([names.setdefault(rows.names[k], first_name + len(names))
+    func = np.array([names.setdefault(rows.names[k], len(names))
                      for k in keep.tolist()], dtype=np.uint32)  # fmt: skip
     arrays = {
         "sym_starts": rel.astype(np.uint32),
@@ -169,7 +171,7 @@ def _from_symcache(
     raw: bytes,
     meta: dict[str, Any],
     path: str,
-    symbols: tuple[SymbolRows, NDArray[np.uint64]],
+    layer: Layer,
 ) -> LineTable:
     if len(raw) < _SYMC_HEADER_END or raw[:4] != _SYMC_MAGIC:
         raise LineTableError(path, "the reader produced no SymCache")
@@ -193,7 +195,8 @@ def _from_symcache(
     f_paths = [
         normalize_path(c or "", d or "", n or "") for c, d, n in zip(comp, dirs, names, strict=True)
     ]
-    sym_arrays, sym_names = _symbol_layer(*symbols, int(meta["base"]), len(f_names))
+    sym_arrays, sym_names = layer
+    sym_arrays = dict(sym_arrays, sym_func=sym_arrays["sym_func"] + np.uint32(len(f_names)))
     names_blob, func_offs = _strings_blob(f_names + sym_names)
     files_blob, file_offs = _strings_blob(f_paths)
     arrays = {
@@ -241,15 +244,13 @@ def _image_fd(image: bytes, scratch: Path | None) -> int:
     return fd
 
 
-Symbols = tuple[SymbolRows, "NDArray[np.uint64]"]
-
-
 def _module(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) -> tuple[
-    bytes, int, Symbols
+    bytes, int, Layer
 ]:  # fmt: skip
     """A relocatable object's SymCache (its sections placed first, the copy
     handed to the reader as an anonymous file), the reader's peak and the
-    symbols at their placed addresses."""
+    symbols the table keeps (at their placed addresses), chosen while the
+    reader runs."""
     what = str(path)
     buf = path.read_bytes()
     placed = place_sections(buf, what)
@@ -264,33 +265,30 @@ def _module(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) 
     fd = _image_fd(placed.image, scratch)
     del placed
     try:
-        raw, peak = lines_spawn.start(fd, what, bound, scratch).finish()
+        reading = lines_spawn.start(fd, what, bound, scratch)
     finally:
         os.close(fd)
-    return raw, peak, (rows, placed_at.astype(np.uint64))
+    return reading.meanwhile(lambda: _symbol_layer(rows, placed_at.astype(np.uint64), 0))
 
 
 def _executable(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) -> tuple[
-    bytes, int, Symbols
+    bytes, int, Layer
 ]:  # fmt: skip
     """An executable's SymCache, read by the reader from the file itself (its
     symbol table too, which names nothing the table answers differently: the
     outermost frame is the ELF symbol's anyway), its peak, and its symbols,
     read here meanwhile, on the other core."""
     what = str(path)
-    reading = lines_spawn.start(what, what, bound, scratch)
-    try:
+
+    def symbols() -> Layer:
         meta["base"] = _load_address(path)
         meta["text"] = _text_address(path)
         meta["symbol_names"] = "outer"
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             rows = read_symbols(m, what)
-    except BaseException:
-        reading.kill()
-        reading.close()
-        raise
-    raw, peak = reading.finish()
-    return raw, peak, (rows, rows.value)
+        return _symbol_layer(rows, rows.value, meta["base"])
+
+    return lines_spawn.start(what, what, bound, scratch).meanwhile(symbols)
 
 
 def build_line_table(
@@ -304,7 +302,7 @@ def build_line_table(
     all of the file's DWARF (seconds and a few hundred MiB for a kernel), in
     a process of its own whose address space is bounded by *bound*
     (:mod:`kreld.debuginfo.lines_spawn`); its peak RSS is the table's
-    ``meta["reader_peak_rss"]``.  A module's placed copy is handed to it in
+    ``reader_peak_rss``.  A module's placed copy is handed to it in
     memory where it can be, else in a file under *scratch* (default:
     ``$TMPDIR``)."""
     try:
@@ -316,6 +314,7 @@ def build_line_table(
         raise LineTableError(str(path), "not a 64-bit little-endian ELF file")
     meta: dict[str, Any] = {"build_id": build_id, "sections": None}
     relocatable = struct.unpack_from("<H", head, 16)[0] == 1  # ET_REL
-    raw, peak, symbols = (_module if relocatable else _executable)(path, meta, bound, scratch)
-    meta["reader_peak_rss"] = peak
-    return _from_symcache(raw, meta, str(path), symbols)
+    raw, peak, layer = (_module if relocatable else _executable)(path, meta, bound, scratch)
+    table = _from_symcache(raw, meta, str(path), layer)
+    table.reader_peak_rss = peak
+    return table

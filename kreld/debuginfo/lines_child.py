@@ -10,13 +10,15 @@ it is a failed build, not a dead daemon.  It dies with the thread that started
 it (``PR_SET_PDEATHSIG``).
 
 Nothing but the standard library and ``symbolic`` is imported (not even
-kreld), so that the bound and the peak are the reader's own.  The exit status says how it ended:
-0 the SymCache written; :data:`EXIT_REFUSED` the reader refused the file (the
-reason on standard error, one line); :data:`EXIT_MEMORY` an allocation was
-refused within the bound (the file's mapping, or an allocation Python
-asked for).  A native allocation refused aborts the process
-(``SIGABRT``, "memory allocation of N bytes failed" on standard error);
-:mod:`kreld.debuginfo.lines_spawn` tells those apart.
+kreld), so that the bound and the peak are the reader's own.  The exit
+status says how it ended: 0 the SymCache written (and on standard error
+``peak_rss BYTES``, the process's own high-water mark since its ``exec``);
+:data:`EXIT_REFUSED` the reader refused the file (the reason on standard
+error, one line); :data:`EXIT_MEMORY` an allocation was refused within the
+bound (the file's mapping, or an allocation Python asked for).  A native
+allocation refused aborts the process (``SIGABRT``, "memory allocation of N
+bytes failed" on standard error); :mod:`kreld.debuginfo.lines_spawn` tells
+those apart.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ import resource
 import signal
 import sys
 
-__all__ = ["EXIT_MEMORY", "EXIT_REFUSED", "main"]
+__all__ = ["EXIT_MEMORY", "EXIT_REFUSED", "PEAK", "main"]
 
 EXIT_REFUSED = 3
 EXIT_MEMORY = 4
+PEAK = "peak_rss"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -42,6 +45,17 @@ def _die_with_parent() -> None:
         return
     if os.getppid() == 1:  # the parent went before the signal was asked for
         os._exit(1)
+
+
+def _peak_rss() -> int:
+    """``VmHWM`` in bytes: this process's peak since its exec (``wait4``'s
+    ``ru_maxrss`` would count the parent's, whose memory the child had
+    until then)."""
+    with open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def _refuse(reason: str) -> int:
@@ -67,6 +81,7 @@ def main(argv: list[str]) -> int:
             del objects
             with os.fdopen(1, "wb", closefd=False) as out:
                 cache.dump_into(out)
+            sys.stderr.write(f"{PEAK} {_peak_rss()}\n")
         except SymbolicError as e:
             if f"(os error {errno.ENOMEM})" in str(e):  # the file's mapping past the bound
                 return EXIT_MEMORY

@@ -6,7 +6,7 @@ its errors going to anonymous files of this process (``memfd_create``, else
 unlinked temporary files under *scratch*): nothing to drain while it runs, so
 the caller reads the file's symbols meanwhile, on the machine's other core.
 :meth:`Reading.finish` waits for it up to a deadline and answers the SymCache
-with the reader's peak resident set (``wait4``'s ``ru_maxrss``), or raises a
+with the reader's peak resident set (as it says it), or raises a
 :class:`~kreld.core.errors.LineTableError` saying how it ended: refused by the
 reader, over its memory bound (:data:`DEFAULT_BOUND` unless configured:
 ``[kernel] line_build_memory``), killed by a signal, or past the deadline
@@ -22,14 +22,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from kreld.core import consts
 from kreld.core.errors import LineTableError
 from kreld.debuginfo import lines_child
-from kreld.debuginfo.lines_child import EXIT_MEMORY, EXIT_REFUSED
+from kreld.debuginfo.lines_child import EXIT_MEMORY, EXIT_REFUSED, PEAK
 
 __all__ = ["DEFAULT_BOUND", "TIMEOUT_S", "Reading", "start"]
 
@@ -42,6 +43,7 @@ TIMEOUT_S = 900.0
 MAX_SYMCACHE = 1 << 30
 _ERR_MAX = 4096
 _POLL_S = 0.005
+T = TypeVar("T")
 
 
 def _anonymous(scratch: Path | None) -> IO[bytes]:
@@ -61,32 +63,48 @@ class Reading:
     what: str
     bound: int
 
+    def meanwhile(self, work: Callable[[], T]) -> tuple[bytes, int, T]:
+        """*work* done here while the reader runs, then :meth:`finish`'s
+        answer with *work*'s; the reader killed if *work* raises."""
+        try:
+            done = work()
+        except BaseException:
+            self.kill()
+            self.close()
+            raise
+        return *self.finish(), done
+
     def finish(self, timeout: float = TIMEOUT_S) -> tuple[bytes, int]:
         """The SymCache and the reader's peak RSS in bytes; else why not."""
         try:
-            status, peak = self._wait(timeout)
+            status = self._wait(timeout)
             if status == 0:
                 size = os.fstat(self.out.fileno()).st_size
                 if size > MAX_SYMCACHE:
                     raise LineTableError(self.what, f"a SymCache of {size} bytes is over "
                                                     f"{MAX_SYMCACHE}")  # fmt: skip
-                return os.pread(self.out.fileno(), size, 0), peak
+                return os.pread(self.out.fileno(), size, 0), self._peak()
             raise LineTableError(self.what, self._why(status))
         finally:
             self.close()
 
-    def _wait(self, timeout: float) -> tuple[int, int]:
+    def _wait(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while True:
-            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+            pid, status = os.waitpid(self.proc.pid, os.WNOHANG)
             if pid:
                 self.proc.returncode = os.waitstatus_to_exitcode(status)
-                return self.proc.returncode, usage.ru_maxrss * 1024
+                return self.proc.returncode
             if time.monotonic() > deadline:
                 self.kill()
                 raise LineTableError(self.what, f"the DWARF reader took over {timeout:g} s: "
                                                 "killed")  # fmt: skip
             time.sleep(_POLL_S)
+
+    def _peak(self) -> int:
+        said = os.pread(self.err.fileno(), _ERR_MAX, 0).split()
+        at = said.index(PEAK.encode()) if PEAK.encode() in said else -2
+        return int(said[at + 1]) if 0 <= at < len(said) - 1 and said[at + 1].isdigit() else 0
 
     def _why(self, status: int) -> str:
         said = os.pread(self.err.fileno(), _ERR_MAX, 0).decode("utf-8", "replace").strip()

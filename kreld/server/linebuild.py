@@ -36,6 +36,8 @@ from kreld.core import heap
 from kreld.symbols.absences import Absences
 
 if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
     from kreld.core.supervise import Supervisor
     from kreld.debuginfo.lines import LineTable
     from kreld.debuginfo.places import Wanted
@@ -68,6 +70,7 @@ class LineBuilder:
         retry_after_s: float = RETRY_AFTER_S,
         memory: int = MEMORY,
         clock: Callable[[], float] = time.monotonic,
+        log: FilteringBoundLogger | None = None,
     ) -> None:
         # Made by the builder thread when first needed: the finder, the
         # debuginfod client and the DWARF reader stay out of a daemon that is
@@ -80,6 +83,7 @@ class LineBuilder:
         self.wait_s = wait_s
         self.memory = memory
         self._clock = clock
+        self._log = log
         self._cond = threading.Condition()
         self._queue: OrderedDict[str, Wanted] = OrderedDict()
         self._ready: OrderedDict[str, tuple[LineTable, int]] = OrderedDict()
@@ -111,7 +115,13 @@ class LineBuilder:
                 self._provider = self._make_provider(self.absences)
             # A KreldError comes back as a reason, remembered in the absences
             # (by the provider, or here for a reason it gives without looking).
+            t0 = time.monotonic()
             got = self._provider.table(want)
+            if self._log is not None and not isinstance(got, str):
+                # The reader's peak is the build's (None: read back from the store).
+                self._log.info("line_table", build_id=want.build_id, what=want.describe(),
+                               seconds=round(time.monotonic() - t0, 3), bytes=got.nbytes(),
+                               reader_peak_rss=got.reader_peak_rss)  # fmt: skip
             if isinstance(got, str) and self.absences.why(want.build_id) is None:
                 self.absences.remember(want.build_id, got)
             heap.trim()  # the build's conversion is freed

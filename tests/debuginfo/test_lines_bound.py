@@ -50,7 +50,7 @@ def test_a_reader_over_its_memory_bound_is_named_and_the_next_build_is_not_hurt(
     # reader's peak is said, and is its own (this process's is not in it).
     table = build_line_table(_executable(tmp_path / "small"), bound=BOUND)
     assert table.frames(int(table.starts[len(table.starts) // 2]) + table.base)
-    assert 0 < table.meta["reader_peak_rss"] < BOUND
+    assert 0 < table.reader_peak_rss < BOUND
 
 
 def test_a_reader_past_its_deadline_is_killed_and_named(tmp_path: Path) -> None:

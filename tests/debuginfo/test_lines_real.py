@@ -120,4 +120,4 @@ def test_a_kernel_build_over_its_memory_bound_is_named_and_the_reader_peak_said(
         "the DWARF reader went over its memory bound of 700 MiB ([kernel] line_build_memory)"
     )
     table = build_line_table(VMLINUX)
-    assert 0 < table.meta["reader_peak_rss"] < 512 << 20
+    assert 0 < table.reader_peak_rss < 512 << 20
