@@ -45,21 +45,32 @@ symbols (functions, objects, indirect functions and untyped ones, as
 llvm-symbolizer takes them; one per start address, the largest, the later
 in table order among equals) and says in its header which use applies.
 
+Assembly is the one place a line comes from elsewhere: where no DWARF
+function covers an address of an assembly unit (``entry_64.S``'s labels,
+``irq_entries_start``), the line program's file:line beside the symbol's
+name, as both references give it (:mod:`kreld.debuginfo.lines_program`).
+
+How a build runs: the SymCache is built by ``symbolic`` in a process of its
+own (:mod:`kreld.debuginfo.lines_spawn`), under an address-space bound, its
+peak (about 450 MiB for vmlinux) freed with it; an executable is read where
+it lies (no copy of its DWARF), a module's relocated copy is handed over in
+memory.  Meanwhile this process reads the symbols and the assembly's line
+programs, on the machine's other core, then converts the SymCache.
+
 Measured against the references on Debian's 6.1.0-57 -dbg files
 (tests/debuginfo/test_lines_real.py, bench/bench_lines.py): vmlinux equal to
-llvm-symbolizer at 4,562 of 4,567 named addresses of 5,000 random ones (73 %
-before the symbol names); brd.ko equal to eu-addr2line everywhere, xfs.ko at
-every sampled offset but a few (72 % before: its ``.static_call.text`` has no
-DWARF).  What is left, and why it is left: code that only the DWARF *line
-program* covers, with no subprogram symbolic reads (assembly such as
-``relocate_kernel`` and ``irq_entries_start``; the ``__bpf_trace_*``
+llvm-symbolizer at all but about 0.04 % of the named addresses of 100,000
+random ones; brd.ko equal to eu-addr2line everywhere, xfs.ko at every
+sampled offset but a few.  What is left, and why it is left: C functions
+that only the line program covers, gcc having written no subprogram for
+them (``iommu_shutdown_noop``, stubs of ``sys_ni.c``; the ``__bpf_trace_*``
 functions of trace headers): the references give the line program's
-file:line, kreld gives the function without a line, never a wrong one.  About
-0.1 % of vmlinux's text.  Closing it needs a decoder of the line programs of
-its own; in Python, decoding vmlinux's 17 MB of line programs would cost more
-than the whole SymCache build (about 10 million opcodes at a few per
-microsecond), for 0.1 %: not done.  Nor is the column: SymCache has none,
-frames carry ``column`` None.
+file:line, kreld gives the function without a line, never a wrong one.
+Closing it means decoding every unit's line program, not only the
+assembly's: in Python, vmlinux's 17 MB of them would cost more than the
+whole SymCache build (about 10 million opcodes at a few per microsecond),
+for 0.04 %: not done.  Nor is the column: SymCache has none, frames carry
+``column`` None.
 
 File names are spelled by :func:`kreld.debuginfo.lines.normalize_path`.
 """
@@ -78,6 +89,7 @@ import numpy as np
 from kreld.core.errors import KernelReadError, LineTableError
 from kreld.debuginfo import lines_spawn
 from kreld.debuginfo.lines import NONE, LineTable, normalize_path
+from kreld.debuginfo.lines_program import ProgramLines, assembly_lines
 from kreld.debuginfo.lines_reloc import (
     SymbolRows,
     place_sections,
@@ -138,6 +150,9 @@ def _strings_blob(strings: list[str]) -> tuple[bytes, NDArray[np.uint32]]:
 
 
 Layer = tuple[dict[str, "NDArray[np.uint32]"], list[str]]
+# What the table keeps beside the SymCache, read while the reader runs: the
+# symbols (:func:`_symbol_layer`) and the assembly's lines.
+Beside = tuple[Layer, ProgramLines]
 
 
 def _symbol_layer(rows: SymbolRows, addresses: NDArray[np.uint64], base: int) -> Layer:
@@ -167,11 +182,27 @@ def _symbol_layer(rows: SymbolRows, addresses: NDArray[np.uint64], base: int) ->
     return arrays, list(names)
 
 
+def _program_layer(
+    program: ProgramLines, base: int, first_file: int
+) -> dict[str, NDArray[np.uint32]]:
+    """The assembly's line ranges the table keeps: those from *base* on
+    (within 4 GiB), their files numbered from *first_file*."""
+    with np.errstate(over="ignore"):
+        rel = program.starts - np.uint64(base)  # below base: wraps past 4 GiB
+    keep = rel < np.uint64(1 << 32)
+    file = program.file[keep]
+    return {
+        "lp_starts": rel[keep].astype(np.uint32),
+        "lp_file": np.where(file == NONE, NONE, file + np.uint32(first_file)).astype(np.uint32),
+        "lp_line": program.line[keep],
+    }
+
+
 def _from_symcache(
     raw: bytes,
     meta: dict[str, Any],
     path: str,
-    layer: Layer,
+    beside: Beside,
 ) -> LineTable:
     if len(raw) < _SYMC_HEADER_END or raw[:4] != _SYMC_MAGIC:
         raise LineTableError(path, "the reader produced no SymCache")
@@ -195,14 +226,15 @@ def _from_symcache(
     f_paths = [
         normalize_path(c or "", d or "", n or "") for c, d, n in zip(comp, dirs, names, strict=True)
     ]
-    sym_arrays, sym_names = layer
+    (sym_arrays, sym_names), program = beside
     sym_arrays = dict(sym_arrays, sym_func=sym_arrays["sym_func"] + np.uint32(len(f_names)))
     names_blob, func_offs = _strings_blob(f_names + sym_names)
-    files_blob, file_offs = _strings_blob(f_paths)
+    lp_arrays = _program_layer(program, int(meta["base"]), len(f_paths))
+    files_blob, file_offs = _strings_blob(f_paths + program.paths)
     arrays = {
         "starts": starts, "loc_file": locs[:, 0].copy(), "loc_line": locs[:, 1].copy(),
         "loc_func": locs[:, 2].copy(), "loc_parent": locs[:, 3].copy(),
-        "func_offs": func_offs, "file_offs": file_offs, **sym_arrays,
+        "func_offs": func_offs, "file_offs": file_offs, **sym_arrays, **lp_arrays,
     }  # fmt: skip
     return LineTable(meta, arrays, names_blob, files_blob)
 
@@ -245,7 +277,7 @@ def _image_fd(image: bytes, scratch: Path | None) -> int:
 
 
 def _module(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) -> tuple[
-    bytes, int, Layer
+    bytes, int, Beside
 ]:  # fmt: skip
     """A relocatable object's SymCache (its sections placed first, the copy
     handed to the reader as an anonymous file), the reader's peak and the
@@ -263,16 +295,16 @@ def _module(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) 
     meta["base"] = 0
     meta["symbol_names"] = "fill"
     fd = _image_fd(placed.image, scratch)
-    del placed
     try:
         reading = lines_spawn.start(fd, what, bound, scratch)
     finally:
         os.close(fd)
-    return reading.meanwhile(lambda: _symbol_layer(rows, placed_at.astype(np.uint64), 0))
+    return reading.meanwhile(lambda: (_symbol_layer(rows, placed_at.astype(np.uint64), 0),
+                                      assembly_lines(placed.image, what)))  # fmt: skip
 
 
 def _executable(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) -> tuple[
-    bytes, int, Layer
+    bytes, int, Beside
 ]:  # fmt: skip
     """An executable's SymCache, read by the reader from the file itself (its
     symbol table too, which names nothing the table answers differently: the
@@ -280,15 +312,16 @@ def _executable(path: Path, meta: dict[str, Any], bound: int, scratch: Path | No
     read here meanwhile, on the other core."""
     what = str(path)
 
-    def symbols() -> Layer:
+    def beside() -> Beside:
         meta["base"] = _load_address(path)
         meta["text"] = _text_address(path)
         meta["symbol_names"] = "outer"
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             rows = read_symbols(m, what)
-        return _symbol_layer(rows, rows.value, meta["base"])
+            program = assembly_lines(m, what)
+        return _symbol_layer(rows, rows.value, meta["base"]), program
 
-    return lines_spawn.start(what, what, bound, scratch).meanwhile(symbols)
+    return lines_spawn.start(what, what, bound, scratch).meanwhile(beside)
 
 
 def build_line_table(
@@ -314,7 +347,7 @@ def build_line_table(
         raise LineTableError(str(path), "not a 64-bit little-endian ELF file")
     meta: dict[str, Any] = {"build_id": build_id, "sections": None}
     relocatable = struct.unpack_from("<H", head, 16)[0] == 1  # ET_REL
-    raw, peak, layer = (_module if relocatable else _executable)(path, meta, bound, scratch)
-    table = _from_symcache(raw, meta, str(path), layer)
+    raw, peak, beside = (_module if relocatable else _executable)(path, meta, bound, scratch)
+    table = _from_symcache(raw, meta, str(path), beside)
     table.reader_peak_rss = peak
     return table

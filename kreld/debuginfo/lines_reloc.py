@@ -43,6 +43,7 @@ __all__ = [
     "place_sections",
     "read_sections",
     "read_symbols",
+    "section_contents",
     "symbol_value",
 ]
 
@@ -218,7 +219,8 @@ def read_symbols(buf: bytes | mmap.mmap, path: str) -> SymbolRows:
     )  # fmt: skip
 
 
-def _contents(buf: bytes, s: _Section, path: str) -> bytes:
+def section_contents(buf: bytes | mmap.mmap, s: _Section, path: str) -> bytes:
+    """The bytes of section *s* of *buf*, decompressed if it is (zlib, bounded)."""
     data = buf[s.offset : s.offset + s.size]
     if not s.flags & _SHF_COMPRESSED:
         return data
@@ -317,13 +319,13 @@ def place_sections(buf: bytes, path: str) -> PlacedObject:
             continue  # code relocations: what a loader does, not what lines need
         if s.entsize != _RELA.itemsize or s.size % _RELA.itemsize:
             raise _bad(path, f"{s.name}: entries malformed")
-        data = bytearray(new.get(s.info) or _contents(buf, target, path))
+        data = bytearray(new.get(s.info) or section_contents(buf, target, path))
         rela = np.frombuffer(buf, dtype=_RELA, count=s.size // _RELA.itemsize, offset=s.offset)
         _relocate(data, rela, values, s.name, path)
         new[s.info] = bytes(data)
     for i, s in enumerate(secs):
         if s.flags & _SHF_COMPRESSED and i not in new and not s.flags & _SHF_ALLOC:
-            new[i] = _contents(buf, s, path)
+            new[i] = section_contents(buf, s, path)
     return PlacedObject(_rewrite(buf, eh, secs, bases, new), _bases(secs, bases), dict(bases))
 
 

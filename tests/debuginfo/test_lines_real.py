@@ -59,27 +59,34 @@ def _named(ref: Frames) -> bool:
 
 
 def test_vmlinux_agrees_with_llvm_symbolizer_but_where_only_the_line_program_has_a_line() -> None:
-    """Equal wherever llvm-symbolizer names a function, but at code only the
-    DWARF line program covers (assembly, a few functions symbolic does not
-    read): there kreld gives the same function name without a line, never
-    a wrong one.  That class stays under 0.5 % of the sample."""
+    """Equal wherever llvm-symbolizer names a function, assembly included
+    (its line programs' lines where no DWARF function covers it), but at C
+    code only the line program covers (functions gcc wrote no subprogram
+    for): there kreld gives the same function name without a line, never a
+    wrong one.  That class stays under 0.1 % of the sample.  Rarer still, in
+    a ``.cold`` part: the chain without its innermost inlined frame, which
+    symbolic does not read there (the frames given are the reference's)."""
     table = build_line_table(VMLINUX)
     with open(VMLINUX, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         text = next(s for s in read_sections(m, str(VMLINUX))[1] if s.name == ".text")
     rng = random.Random(5000)
-    addresses = sorted(rng.randrange(text.addr, text.addr + text.size) for _ in range(5000))
+    addresses = sorted(rng.randrange(text.addr, text.addr + text.size) for _ in range(20000))
     refs = llvm(VMLINUX, addresses)
-    compared = no_line = 0
+    compared = no_line = assembly = no_inner = 0
     for a, ours, ref in zip(addresses, _ours(table, addresses), refs, strict=True):
         if not _named(ref):
             continue
         compared += 1
-        if ours != _plain(ref):
+        assembly += ours == _plain(ref) and len(ref) == 1 and str(ref[0][1]).endswith(".S")
+        if ours != _plain(ref) and ours == _plain(ref)[1:] and ".cold" in ours[-1][0]:
+            no_inner += 1
+        elif ours != _plain(ref):
             assert len(ref) == 1 and ours == [(ref[0][0], None, 0)] and ref[0][2] > 0, (
                 hex(a), ours, ref)  # fmt: skip
             no_line += 1
-    assert compared > 4500
-    assert no_line * 200 < compared, (no_line, compared)
+    assert compared > 18000 and assembly > 10
+    assert no_line * 1000 < compared, (no_line, compared)
+    assert no_inner * 2000 < compared, (no_inner, compared)
 
 
 @pytest.mark.parametrize("name", list(MODULES))
