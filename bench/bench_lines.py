@@ -8,7 +8,8 @@ extracted once into /var/cache/kreld-vm/dbg under a flock, shared with other che
   batch, its loaded rate = the 100,000 minus the 10,000) and drgn 0.3.0
   (``Program.source_location``, the 10,000 only; installed into the virtualenv
   from pyproject's ``bench`` extra when missing).
-  - cold: building the table from the file and naming the 10,000 in a fresh process,
+  - cold: building the table from the file and naming the 10,000 (one call, as Resolve
+    names them) in a fresh process,
     goal within 2x of llvm-symbolizer's total for the 10,000;
   - peak memory of the DWARF reader's process (goal <= 512 MiB), and of kreld's
     process beside it (the reader's own peak is said by it: its VmHWM);
@@ -267,12 +268,12 @@ t1 = time.perf_counter()
 Path(sys.argv[2]).write_bytes(blob)
 addrs = [int(x, 16) for x in sys.stdin.read().split()]
 sections = json.loads(Path(sys.argv[3]).read_text()) if len(sys.argv) > 3 else None
-out = []
-for a in addrs:
-    if sections:
-        sec, off = sections[a]
-        a = table.section_address(sec, off)
-    out.append([(f.function, f.file, f.line) for f in table.frames(a)] if a is not None else [])
+if sections:  # (section, offset) picks: no address where the section has none
+    addrs = [table.section_address(*sections[k]) for k in addrs]
+known = [a for a in addrs if a is not None]
+chains = iter(table.frames_at(np.array(known, dtype=np.uint64)))  # all at once, as Resolve does
+out = [[(f.function, f.file, f.line) for f in next(chains)] if a is not None else []
+       for a in addrs]
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]
 print(json.dumps({"build": t1 - t0, "frames": out, "hwm": int(hwm) * 1024,
                   "reader": table.reader_peak_rss}))
