@@ -305,8 +305,10 @@ class LineTable:
             meta = json.loads(bytes(buf[_PRELUDE.size : pos]))
             arrays: dict[str, NDArray[np.uint32]] = {}
             for k in cls._ARRAYS:
+                if k not in meta["counts"] and k.startswith("lp_"):
+                    continue  # a table written before the assembly's lines: none
                 pos += -pos % 8
-                n = int(meta["counts"].get(k, 0))  # a table written before lp_*: none
+                n = int(meta["counts"][k])
                 arrays[k] = np.frombuffer(buf, dtype="<u4", count=n, offset=pos)
                 pos += 4 * n
             nn, nf = int(meta["names"]), int(meta["files"])

@@ -114,3 +114,28 @@ def _line_program_offsets(exe: Path) -> list[int]:
         offsets.append(start + pos)
         pos += 4 + int.from_bytes(data[pos : pos + 4], "little")
     return offsets
+
+
+def test_a_table_kept_before_the_assembly_lines_reads_back_without_them(tmp_path: Path) -> None:
+    """A table written before the assembly's lines were kept (no ``lp_*``
+    arrays in its header) reads back whole: the same frames, the assembly's
+    without a line as they were."""
+
+    class Before(LineTable):
+        _ARRAYS = tuple(k for k in LineTable._ARRAYS if not k.startswith("lp_"))
+
+    exe = tmp_path / "exe"
+    subprocess.run(["gcc", "-g", "-O2", "-o", str(exe), "prog.c", "asm_entry.S"], cwd=SRC,
+                   check=True)  # fmt: skip
+    table = build_line_table(exe)
+    old = Before(table.meta, table._arrays(), *table.name_blobs()[::2]).to_bytes()
+    read = LineTable.from_bytes(old)
+    assert len(read.lp_starts) == 0
+    addresses = instructions(exe)[".text"]
+    now, then = _ours(table, addresses), _ours(read, addresses)
+    assert [t for t in then if not t or t[0][0] != "asm_entry"] == [
+        n for n in now if not n or n[0][0] != "asm_entry"
+    ]
+    assert [t for t in then if t and t[0][0] == "asm_entry"] == [
+        [("asm_entry", None, 0, False)]
+    ] * len(ENTRY_LINES)
