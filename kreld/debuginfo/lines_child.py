@@ -70,8 +70,11 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     resource.setrlimit(resource.RLIMIT_AS, (bound, bound))
     try:
-        from symbolic import Archive, SymbolicError  # type: ignore[attr-defined]
-        from symbolic.symcache import SymCache
+        try:
+            from symbolic import Archive, SymbolicError  # type: ignore[attr-defined]
+            from symbolic.symcache import SymCache
+        except ImportError as e:
+            return _refuse(f"symbolic is not installed (kreld's [lines] extra): {e}")
 
         try:
             objects = list(Archive.open(path).iter_objects())

@@ -101,18 +101,25 @@ class Reading:
                                                 "killed")  # fmt: skip
             time.sleep(_POLL_S)
 
+    def _said(self) -> tuple[bytes, bytes]:
+        """The head and the tail of what the reader wrote on standard error
+        (a native abort says why first; Python's traceback last)."""
+        fd = self.err.fileno()
+        size = os.fstat(fd).st_size
+        return os.pread(fd, _ERR_MAX, 0), os.pread(fd, _ERR_MAX, max(0, size - _ERR_MAX))
+
     def _peak(self) -> int:
-        said = os.pread(self.err.fileno(), _ERR_MAX, 0).split()
+        said = self._said()[1].split()
         at = said.index(PEAK.encode()) if PEAK.encode() in said else -2
         return int(said[at + 1]) if 0 <= at < len(said) - 1 and said[at + 1].isdigit() else 0
 
     def _why(self, status: int) -> str:
-        said = os.pread(self.err.fileno(), _ERR_MAX, 0).decode("utf-8", "replace").strip()
-        last = said.splitlines()[-1] if said else ""
+        head, tail = (b.decode("utf-8", "replace").strip() for b in self._said())
+        last = tail.splitlines()[-1] if tail else ""
         bound = f"its memory bound of {self.bound >> 20} MiB"
         if status == EXIT_REFUSED:
             return last or "the DWARF reader refused the file"
-        if status == EXIT_MEMORY or "memory allocation of" in said:
+        if status == EXIT_MEMORY or "memory allocation of" in head:
             return f"the DWARF reader went over {bound} ([kernel] line_build_memory)"
         if status < 0:
             name = signal.Signals(-status).name if -status in signal.valid_signals() else -status

@@ -69,3 +69,22 @@ def test_a_file_the_reader_refuses_is_named_with_its_reason(tmp_path: Path) -> N
         reading.finish()
     assert e.value.path == "junk" and e.value.reason
     assert "memory" not in e.value.reason and "status" not in e.value.reason
+
+
+@pytest.mark.skipif(
+    shutil.which("python3", path="/usr/bin") is None
+    or subprocess.run(["/usr/bin/python3", "-c", "import symbolic"], capture_output=True).returncode
+    == 0,
+    reason="needs a python3 without symbolic",
+)
+def test_a_reader_without_symbolic_says_so(tmp_path: Path) -> None:
+    """The reader's process run by a Python that lacks the reader: refused,
+    naming what to install, not a traceback."""
+    from kreld.debuginfo import lines_child
+
+    exe = _executable(tmp_path / "prog")
+    cp = subprocess.run(["/usr/bin/python3", "-I", lines_child.__file__, str(exe), str(BOUND)],
+                        capture_output=True, text=True)  # fmt: skip
+    assert cp.returncode == lines_child.EXIT_REFUSED
+    assert cp.stderr.startswith("symbolic is not installed (kreld's [lines] extra): ")
+    assert cp.stdout == ""
