@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -89,17 +90,31 @@ class Reading:
             self.close()
 
     def _wait(self, timeout: float) -> int:
+        """The reader's exit status, woken by its end (a pidfd; else a
+        poll every few ms); past *timeout*, killed and named."""
         deadline = time.monotonic() + timeout
-        while True:
-            pid, status = os.waitpid(self.proc.pid, os.WNOHANG)
-            if pid:
-                self.proc.returncode = os.waitstatus_to_exitcode(status)
-                return self.proc.returncode
-            if time.monotonic() > deadline:
-                self.kill()
-                raise LineTableError(self.what, f"the DWARF reader took over {timeout:g} s: "
-                                                "killed")  # fmt: skip
-            time.sleep(_POLL_S)
+        try:
+            ended: int | None = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):
+            ended = None
+        try:
+            while True:
+                pid, status = os.waitpid(self.proc.pid, os.WNOHANG)
+                if pid:
+                    self.proc.returncode = os.waitstatus_to_exitcode(status)
+                    return self.proc.returncode
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.kill()
+                    raise LineTableError(self.what, f"the DWARF reader took over {timeout:g} s: "
+                                                    "killed")  # fmt: skip
+                if ended is None:
+                    time.sleep(min(_POLL_S, left))
+                else:
+                    select.select([ended], [], [], left)
+        finally:
+            if ended is not None:
+                os.close(ended)
 
     def _said(self) -> tuple[bytes, bytes]:
         """The head and the tail of what the reader wrote on standard error
@@ -109,9 +124,11 @@ class Reading:
         return os.pread(fd, _ERR_MAX, 0), os.pread(fd, _ERR_MAX, max(0, size - _ERR_MAX))
 
     def _peak(self) -> int:
-        said = self._said()[1].split()
-        at = said.index(PEAK.encode()) if PEAK.encode() in said else -2
-        return int(said[at + 1]) if 0 <= at < len(said) - 1 and said[at + 1].isdigit() else 0
+        for line in reversed(self._said()[1].splitlines()):
+            word = line.split()
+            if len(word) == 2 and word[0] == PEAK.encode() and word[1].isdigit():
+                return int(word[1])
+        return 0
 
     def _why(self, status: int) -> str:
         head, tail = (b.decode("utf-8", "replace").strip() for b in self._said())
