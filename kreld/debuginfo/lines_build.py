@@ -1,9 +1,11 @@
 """Building a line table from a debug file (vmlinux or a module).
 
 
-Why this reader, measured (``bench/bench_lines.py``, one run on this project's
-shared 2-core machine, Debian's 6.1.0-57-cloud-amd64 vmlinux: 590 MB, DWARF 5,
-219 MB of .debug_* sections; 10,000 and 100,000 random .text addresses):
+Why this reader, measured when it was chosen (``bench/bench_lines.py``, one run
+on this project's shared 2-core machine, Debian's 6.1.0-57-cloud-amd64 vmlinux:
+590 MB, DWARF 5, 219 MB of .debug_* sections; 10,000 and 100,000 random .text
+addresses; bench/RESULTS.md has the current figures, the reader in its own
+process):
 
 * ``llvm-symbolizer --inlines``, the reference: 2.9 s and 894 MiB for the
   10,000.  A process per use; no table to keep.
