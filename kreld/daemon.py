@@ -46,6 +46,8 @@ from kreld.store.lock import damaged_stores
 from kreld.tracker.sources import health, module_followers
 
 if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
     from kreld.core.model import BootSnapshot
     from kreld.server.linebuild import LineBuilder
     from kreld.store import Store
@@ -171,7 +173,7 @@ class Daemon(Startup):
 
     async def _serve(self) -> Server:
         """Open the socket, with the line builder its Resolve asks."""
-        self.lines = line_builder(self.cfg, self.store)
+        self.lines = line_builder(self.cfg, self.store, self.log)
         self.lines.start(self.supervisor)
         service = Service(
             self.store,
@@ -295,7 +297,7 @@ def _reload(self: Daemon) -> None:
     self.notify("READY=1")
 
 
-def line_builder(cfg: Config, store: Store) -> LineBuilder:
+def line_builder(cfg: Config, store: Store, log: FilteringBoundLogger | None = None) -> LineBuilder:
     """The daemon's line-table builder: debug files found as ``kreldctl
     resolve --lines`` finds them, tables kept in the store (the provider
     holds only the one it built; the builder keeps those calls use)."""
@@ -307,15 +309,15 @@ def line_builder(cfg: Config, store: Store) -> LineBuilder:
         from kreld.debuginfo.finder import finder_for
         from kreld.symbols.linetables import LineTableProvider
 
-        return LineTableProvider(
-            finder_for(cfg, cfg.root), kept, kept.put, memory=0, absences=absences
-        )
+        return LineTableProvider(finder_for(cfg, cfg.root), kept, kept.put, memory=0,
+                                 absences=absences, build_memory=cfg.line_build_memory,
+                                 keep_later=True)  # fmt: skip
 
     def listing() -> list[dict[str, Any]]:
         return [{"build_id": b, "size": m.get("size", 0), "source": m.get("source", ""),
                  "what": m.get("what", "")} for b, m in sorted(kept.listing().items())]  # fmt: skip
 
-    return LineBuilder(make, listing)
+    return LineBuilder(make, listing, log=log)
 
 
 def _watchdog_usec() -> int:

@@ -77,6 +77,7 @@ class Config(Limits):
     debuginfod_max_time: float = consts.DEFAULT_DEBUGINFOD_MAX_TIME
     debuginfod_max_bytes: int = consts.DEFAULT_DEBUGINFOD_MAX_BYTES
     debuginfo_cache_bytes: int = consts.DEFAULT_DEBUGINFO_CACHE_BYTES
+    line_build_memory: int = consts.DEFAULT_LINE_BUILD_MEMORY
     follow_code: bool = field(default=True, metadata=_RESTART)
     poll_interval: float = consts.DEFAULT_POLL_INTERVAL
     poll_interval_events: float = consts.DEFAULT_POLL_INTERVAL_EVENTS
@@ -292,6 +293,7 @@ SCHEMA: Mapping[str, Mapping[str, tuple[str, Callable[[Any], Any]]]] = {
         "debuginfod_max_time": ("debuginfod_max_time", _seconds(1, 86400)),
         "debuginfod_max_bytes": ("debuginfod_max_bytes", _int_range(1 << 20, 1 << 40)),
         "debuginfo_cache_bytes": ("debuginfo_cache_bytes", _int_range(0, 1 << 44)),
+        "line_build_memory": ("line_build_memory", _int_range(64 << 20, 1 << 44)),
     },
     "modules": {
         "poll_interval": ("poll_interval", _interval),

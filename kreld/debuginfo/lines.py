@@ -107,10 +107,18 @@ class LineTable:
         self._func_offs, self._file_offs = arrays["func_offs"], arrays["file_offs"]
         self.sym_starts, self.sym_sizes = arrays["sym_starts"], arrays["sym_sizes"]
         self.sym_func = arrays["sym_func"]
+        # Lines of assembly no DWARF function covers (kreld.debuginfo.lines_program):
+        # range starts, each's file (NONE past a sequence's end) and line.
+        none = np.zeros(0, dtype=np.uint32)
+        self.lp_starts = arrays.get("lp_starts", none)
+        self.lp_file, self.lp_line = arrays.get("lp_file", none), arrays.get("lp_line", none)
         self._names, self._files = names, files
         # How the ELF symbol table names frames: "outer" (an executable, as
         # llvm-symbolizer does) or "fill" (a relocatable object, as elfutils).
         self.symbol_names: str = meta.get("symbol_names", "fill")
+        #: For a table just built, the peak RSS in bytes of the process that
+        #: read its DWARF (not kept with the table).
+        self.reader_peak_rss: int | None = None
 
     # -- lookups ----------------------------------------------------------
     def locations(self, addresses: NDArray[np.uint64]) -> NDArray[np.uint32]:
@@ -183,7 +191,32 @@ class LineTable:
         if self.symbol_names == "outer":
             outer = np.flatnonzero(named & (counts > 0))
             function[first[outer] + counts[outer] - 1] = syms[outer]
+        if len(self.lp_starts):
+            self._program_lines(addresses, counts, first, file, line)
         return FrameColumns(counts, function, file, line)
+
+    def _program_lines(
+        self,
+        addresses: NDArray[np.uint64],
+        counts: NDArray[np.int64],
+        first: NDArray[np.int64],
+        file: NDArray[np.uint32],
+        line: NDArray[np.uint32],
+    ) -> None:
+        """File and line from an assembly unit's line program, for each
+        address named by one frame without a file (no DWARF function)."""
+        one = np.flatnonzero(counts == 1)
+        one = one[file[first[one]] == NONE]
+        rel = addresses[one].astype(np.uint64) - np.uint64(self.base)
+        inside = (addresses[one] >= np.uint64(self.base)) & (rel < np.uint64(1 << 32))
+        one, rel = one[inside], rel[inside]
+        idx = np.searchsorted(self.lp_starts, rel.astype(np.uint32), side="right").astype(np.int64)
+        ok = idx > 0
+        one, idx = one[ok], idx[ok] - 1
+        ok = self.lp_file[idx] != NONE
+        one, idx = one[ok], idx[ok]
+        file[first[one]] = self.lp_file[idx]
+        line[first[one]] = self.lp_line[idx]
 
     def frames_at(self, addresses: NDArray[np.uint64]) -> list[list[Frame]]:
         """Each address's frames, innermost first (:meth:`frame_columns`), as
@@ -230,15 +263,25 @@ class LineTable:
 
     # -- bytes ------------------------------------------------------------
     _ARRAYS = ("starts", "loc_file", "loc_line", "loc_func", "loc_parent", "func_offs", "file_offs",
-               "sym_starts", "sym_sizes", "sym_func")  # fmt: skip
+               "sym_starts", "sym_sizes", "sym_func",
+               "lp_starts", "lp_file", "lp_line")  # fmt: skip
 
-    def to_bytes(self) -> bytes:
-        arrays = {
+    def _arrays(self) -> dict[str, NDArray[np.uint32]]:
+        return {
             "starts": self.starts, "loc_file": self.loc_file, "loc_line": self.loc_line,
             "loc_func": self.loc_func, "loc_parent": self.loc_parent,
             "func_offs": self._func_offs, "file_offs": self._file_offs,
             "sym_starts": self.sym_starts, "sym_sizes": self.sym_sizes, "sym_func": self.sym_func,
+            "lp_starts": self.lp_starts, "lp_file": self.lp_file, "lp_line": self.lp_line,
         }  # fmt: skip
+
+    def nbytes(self) -> int:
+        """The bytes the table holds in memory (its arrays and names)."""
+        arrays = self._arrays().values()
+        return sum(int(a.nbytes) for a in arrays) + len(self._names) + len(self._files)
+
+    def to_bytes(self) -> bytes:
+        arrays = self._arrays()
         meta = dict(self.meta, counts={k: len(arrays[k]) for k in self._ARRAYS},
                     names=len(self._names), files=len(self._files))  # fmt: skip
         head = json.dumps(meta, separators=(",", ":")).encode()
@@ -262,6 +305,8 @@ class LineTable:
             meta = json.loads(bytes(buf[_PRELUDE.size : pos]))
             arrays: dict[str, NDArray[np.uint32]] = {}
             for k in cls._ARRAYS:
+                if k not in meta["counts"] and k.startswith("lp_"):
+                    continue  # a table written before the assembly's lines: none
                 pos += -pos % 8
                 n = int(meta["counts"][k])
                 arrays[k] = np.frombuffer(buf, dtype="<u4", count=n, offset=pos)
@@ -291,8 +336,13 @@ class LineTable:
             raise ValueError("symbol arrays differ in length")
         if len(self.sym_starts) > 1 and (np.diff(self.sym_starts.astype(np.int64)) <= 0).any():
             raise ValueError("symbol starts out of order")
+        nlp = len(self.lp_starts)
+        if len(self.lp_file) != nlp or len(self.lp_line) != nlp:
+            raise ValueError("line program arrays differ in length")
+        if nlp > 1 and (np.diff(self.lp_starts.astype(np.int64)) <= 0).any():
+            raise ValueError("line program starts out of order")
         for arr, bound in ((self.loc_func, nfn), (self.loc_file, nfi), (self.loc_parent, nl),
-                           (self.sym_func, nfn)):  # fmt: skip
+                           (self.sym_func, nfn), (self.lp_file, nfi)):  # fmt: skip
             if len(arr) and int(np.where(arr == NONE, 0, arr).max()) >= bound:
                 raise ValueError("an index points past its array")
         if nfn >= 0 and len(self._func_offs) and int(self._func_offs[-1]) > len(self._names):

@@ -1,9 +1,11 @@
 """Building a line table from a debug file (vmlinux or a module).
 
 
-Why this reader, measured (``bench/bench_lines.py``, one run on this project's
-shared 2-core machine, Debian's 6.1.0-57-cloud-amd64 vmlinux: 590 MB, DWARF 5,
-219 MB of .debug_* sections; 10,000 and 100,000 random .text addresses):
+Why this reader, measured when it was chosen (``bench/bench_lines.py``, one run
+on this project's shared 2-core machine, Debian's 6.1.0-57-cloud-amd64 vmlinux:
+590 MB, DWARF 5, 219 MB of .debug_* sections; 10,000 and 100,000 random .text
+addresses; bench/RESULTS.md has the current figures, the reader in its own
+process):
 
 * ``llvm-symbolizer --inlines``, the reference: 2.9 s and 894 MiB for the
   10,000.  A process per use; no table to keep.
@@ -45,44 +47,53 @@ symbols (functions, objects, indirect functions and untyped ones, as
 llvm-symbolizer takes them; one per start address, the largest, the later
 in table order among equals) and says in its header which use applies.
 
+Assembly is the one place a line comes from elsewhere: where no DWARF
+function covers an address of an assembly unit (``entry_64.S``'s labels,
+``irq_entries_start``), the line program's file:line beside the symbol's
+name, as both references give it (:mod:`kreld.debuginfo.lines_program`).
+
+How a build runs: the SymCache is built by ``symbolic`` in a process of its
+own (:mod:`kreld.debuginfo.lines_spawn`), under an address-space bound, its
+peak (about 450 MiB for vmlinux) freed with it; an executable is read where
+it lies (no copy of its DWARF), a module's relocated copy is handed over in
+memory.  Meanwhile this process reads the symbols and the assembly's line
+programs, on the machine's other core, then converts the SymCache.
+
 Measured against the references on Debian's 6.1.0-57 -dbg files
 (tests/debuginfo/test_lines_real.py, bench/bench_lines.py): vmlinux equal to
-llvm-symbolizer at 4,562 of 4,567 named addresses of 5,000 random ones (73 %
-before the symbol names); brd.ko equal to eu-addr2line everywhere, xfs.ko at
-every sampled offset but a few (72 % before: its ``.static_call.text`` has no
-DWARF).  What is left, and why it is left: code that only the DWARF *line
-program* covers, with no subprogram symbolic reads (assembly such as
-``relocate_kernel`` and ``irq_entries_start``; the ``__bpf_trace_*``
+llvm-symbolizer at all but about 0.04 % of the named addresses of 100,000
+random ones; brd.ko equal to eu-addr2line everywhere, xfs.ko at every
+sampled offset but a few.  What is left, and why it is left: C functions
+that only the line program covers, gcc having written no subprogram for
+them (``iommu_shutdown_noop``, stubs of ``sys_ni.c``; the ``__bpf_trace_*``
 functions of trace headers): the references give the line program's
-file:line, kreld gives the function without a line, never a wrong one.  About
-0.1 % of vmlinux's text.  Closing it needs a decoder of the line programs of
-its own; in Python, decoding vmlinux's 17 MB of line programs would cost more
-than the whole SymCache build (about 10 million opcodes at a few per
-microsecond), for 0.1 %: not done.  Nor is the column: SymCache has none,
-frames carry ``column`` None.
+file:line, kreld gives the function without a line, never a wrong one.
+Closing it means decoding every unit's line program, not only the
+assembly's: in Python, vmlinux's 17 MB of them would cost more than the
+whole SymCache build (about 10 million opcodes at a few per microsecond),
+for 0.04 %: not done.  Nor is the column: SymCache has none, frames carry
+``column`` None.
 
 File names are spelled by :func:`kreld.debuginfo.lines.normalize_path`.
 """
 
 from __future__ import annotations
 
-import errno
-import io
 import mmap
 import os
 import struct
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kreld.core.errors import KernelReadError, LineTableError
+from kreld.debuginfo import lines_spawn
 from kreld.debuginfo.lines import NONE, LineTable, normalize_path
+from kreld.debuginfo.lines_program import ProgramLines, assembly_lines
 from kreld.debuginfo.lines_reloc import (
     SymbolRows,
-    debug_only_copy,
     place_sections,
     read_symbols,
     symbol_value,
@@ -140,13 +151,18 @@ def _strings_blob(strings: list[str]) -> tuple[bytes, NDArray[np.uint32]]:
     return b"".join(encoded), offs
 
 
-def _symbol_layer(
-    rows: SymbolRows, addresses: NDArray[np.uint64], base: int, first_name: int
-) -> tuple[dict[str, NDArray[np.uint32]], list[str]]:
+Layer = tuple[dict[str, "NDArray[np.uint32]"], list[str]]
+# What the table keeps beside the SymCache, read while the reader runs: the
+# symbols (:func:`_symbol_layer`) and the assembly's lines.
+Beside = tuple[Layer, ProgramLines]
+
+
+def _symbol_layer(rows: SymbolRows, addresses: NDArray[np.uint64], base: int) -> Layer:
     """The symbols the table keeps, one per start address (*addresses*
     are the rows' placed addresses): at a shared address the one
     llvm-symbolizer keeps, the largest, the later in table order among
-    equals.  Returns the arrays and the names, numbered from *first_name*."""
+    equals.  Returns the arrays and the names, numbered from 0 (the table's
+    function names come first: :func:`_from_symcache` shifts them)."""
     with np.errstate(over="ignore"):
         wrapped = addresses.astype(np.uint64) - np.uint64(base)  # below base: wraps past 4 GiB
     keep = np.flatnonzero(wrapped < np.uint64(1 << 32))
@@ -158,7 +174,7 @@ def _symbol_layer(
     last[:-1] = rel[1:] != rel[:-1]
     rel, size, keep = rel[last], size[last], keep[last]
     names: dict[str, int] = {}
-    func = np.array([names.setdefault(rows.names[k], first_name + len(names))
+    func = np.array([names.setdefault(rows.names[k], len(names))
                      for k in keep.tolist()], dtype=np.uint32)  # fmt: skip
     arrays = {
         "sym_starts": rel.astype(np.uint32),
@@ -168,11 +184,27 @@ def _symbol_layer(
     return arrays, list(names)
 
 
+def _program_layer(
+    program: ProgramLines, base: int, first_file: int
+) -> dict[str, NDArray[np.uint32]]:
+    """The assembly's line ranges the table keeps: those from *base* on
+    (within 4 GiB), their files numbered from *first_file*."""
+    with np.errstate(over="ignore"):
+        rel = program.starts - np.uint64(base)  # below base: wraps past 4 GiB
+    keep = rel < np.uint64(1 << 32)
+    file = program.file[keep]
+    return {
+        "lp_starts": rel[keep].astype(np.uint32),
+        "lp_file": np.where(file == NONE, NONE, file + np.uint32(first_file)).astype(np.uint32),
+        "lp_line": program.line[keep],
+    }
+
+
 def _from_symcache(
     raw: bytes,
     meta: dict[str, Any],
     path: str,
-    symbols: tuple[SymbolRows, NDArray[np.uint64]],
+    beside: Beside,
 ) -> LineTable:
     if len(raw) < _SYMC_HEADER_END or raw[:4] != _SYMC_MAGIC:
         raise LineTableError(path, "the reader produced no SymCache")
@@ -196,13 +228,15 @@ def _from_symcache(
     f_paths = [
         normalize_path(c or "", d or "", n or "") for c, d, n in zip(comp, dirs, names, strict=True)
     ]
-    sym_arrays, sym_names = _symbol_layer(*symbols, int(meta["base"]), len(f_names))
+    (sym_arrays, sym_names), program = beside
+    sym_arrays = dict(sym_arrays, sym_func=sym_arrays["sym_func"] + np.uint32(len(f_names)))
     names_blob, func_offs = _strings_blob(f_names + sym_names)
-    files_blob, file_offs = _strings_blob(f_paths)
+    lp_arrays = _program_layer(program, int(meta["base"]), len(f_paths))
+    files_blob, file_offs = _strings_blob(f_paths + program.paths)
     arrays = {
         "starts": starts, "loc_file": locs[:, 0].copy(), "loc_line": locs[:, 1].copy(),
         "loc_func": locs[:, 2].copy(), "loc_parent": locs[:, 3].copy(),
-        "func_offs": func_offs, "file_offs": file_offs, **sym_arrays,
+        "func_offs": func_offs, "file_offs": file_offs, **sym_arrays, **lp_arrays,
     }  # fmt: skip
     return LineTable(meta, arrays, names_blob, files_blob)
 
@@ -227,67 +261,85 @@ def _text_address(path: Path) -> int | None:
         return symbol_value(m, str(path), "_text")
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    with os.fdopen(fd, "wb", closefd=False) as out:
-        out.write(data)
-
-
-def _symcache_written(write: Callable[[int], None], what: str, scratch: Path | None) -> bytes:
-    """The SymCache of the file *write* writes to the empty file open at the
-    descriptor it is given: an anonymous file in memory (``memfd_create``,
-    read by the reader through ``/proc/self/fd``), which costs no write to
-    disk nor unlink of a few hundred MiB (for a kernel, a second or two of
-    the first answer's time), else (no memfd, or memory refused) a private
-    file under *scratch* (default ``$TMPDIR``), removed after."""
+def _image_fd(image: bytes, scratch: Path | None) -> int:
+    """An anonymous file holding *image* (``memfd_create``, else an unlinked
+    private file under *scratch*), for the reader's process to read."""
     try:
-        fd: int | None = os.memfd_create("kreld-lines", os.MFD_CLOEXEC)
+        fd = os.memfd_create("kreld-lines", os.MFD_CLOEXEC)
     except (AttributeError, OSError):
-        fd = None
-    if fd is not None:
-        try:
-            write(fd)
-            via = Path(f"/proc/self/fd/{fd}")
-            if via.exists():
-                return _symcache_of(via, what)
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                raise
-        finally:
-            os.close(fd)
-    with tempfile.TemporaryDirectory(prefix="kreld-lines-", dir=scratch) as tmp:
-        copy = Path(tmp) / "debug"
-        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            write(fd)
-        finally:
-            os.close(fd)
-        return _symcache_of(copy, what)
-
-
-def _symcache_of(path: Path, what: str) -> bytes:
-    from symbolic import Archive, SymbolicError  # type: ignore[attr-defined]
-    from symbolic.symcache import SymCache
-
+        with tempfile.TemporaryFile(prefix="kreld-lines-", dir=scratch) as unlinked:
+            fd = os.dup(unlinked.fileno())
     try:
-        objects = list(Archive.open(str(path)).iter_objects())
-        if not objects:
-            raise LineTableError(what, "no object in the file")
-        out = io.BytesIO()
-        SymCache.from_object(objects[0]).dump_into(out)  # type: ignore[no-untyped-call]
-    except SymbolicError as e:
-        raise LineTableError(what, str(e).splitlines()[0]) from None
-    return out.getvalue()
+        with os.fdopen(fd, "wb", closefd=False) as out:
+            out.write(image)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _module(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) -> tuple[
+    bytes, int, Beside
+]:  # fmt: skip
+    """A relocatable object's SymCache (its sections placed first, the copy
+    handed to the reader as an anonymous file), the reader's peak and the
+    symbols the table keeps (at their placed addresses), chosen while the
+    reader runs."""
+    what = str(path)
+    buf = path.read_bytes()
+    placed = place_sections(buf, what)
+    rows = read_symbols(buf, what)
+    del buf
+    bases = [placed.bases.get(int(i), -1) for i in rows.shndx.tolist()]
+    where = np.array(bases, dtype=np.int64)
+    placed_at = np.where(where >= 0, rows.value.astype(np.int64) + where, -1)
+    meta["sections"] = [[s.name, s.base, s.size] for s in placed.sections]
+    meta["base"] = 0
+    meta["symbol_names"] = "fill"
+    fd = _image_fd(placed.image, scratch)
+    try:
+        reading = lines_spawn.start(fd, what, bound, scratch)
+    finally:
+        os.close(fd)
+    return reading.meanwhile(lambda: (_symbol_layer(rows, placed_at.astype(np.uint64), 0),
+                                      assembly_lines(placed.image, what)))  # fmt: skip
+
+
+def _executable(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) -> tuple[
+    bytes, int, Beside
+]:  # fmt: skip
+    """An executable's SymCache, read by the reader from the file itself (its
+    symbol table too, which names nothing the table answers differently: the
+    outermost frame is the ELF symbol's anyway), its peak, and its symbols,
+    read here meanwhile, on the other core."""
+    what = str(path)
+
+    def beside() -> Beside:
+        meta["base"] = _load_address(path)
+        meta["text"] = _text_address(path)
+        meta["symbol_names"] = "outer"
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            rows = read_symbols(m, what)
+            program = assembly_lines(m, what)
+        return _symbol_layer(rows, rows.value, meta["base"]), program
+
+    return lines_spawn.start(what, what, bound, scratch).meanwhile(beside)
 
 
 def build_line_table(
-    path: Path, build_id: str | None = None, scratch: Path | None = None
+    path: Path,
+    build_id: str | None = None,
+    scratch: Path | None = None,
+    bound: int = lines_spawn.DEFAULT_BOUND,
 ) -> LineTable:
     """The line table of the debug file at *path* (an executable such as
     vmlinux, or a relocatable module).  Run it off the record path: it reads
-    all of the file's DWARF (seconds and a few hundred MiB for a kernel).
-    A private copy of the DWARF (about its size) is made for the time of the
-    build, in memory where it can be, else in a temporary directory under
-    *scratch* (default: ``$TMPDIR``; see :func:`_symcache_written`)."""
+    all of the file's DWARF (seconds and a few hundred MiB for a kernel), in
+    a process of its own whose address space is bounded by *bound*
+    (:mod:`kreld.debuginfo.lines_spawn`); its peak RSS is the table's
+    ``reader_peak_rss``.  A module's placed copy is handed to it in
+    memory where it can be, else in a file under *scratch* (default:
+    ``$TMPDIR``)."""
     try:
         with open(path, "rb") as f:
             head = f.read(64)
@@ -296,30 +348,8 @@ def build_line_table(
     if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
         raise LineTableError(str(path), "not a 64-bit little-endian ELF file")
     meta: dict[str, Any] = {"build_id": build_id, "sections": None}
-    if struct.unpack_from("<H", head, 16)[0] == 1:  # ET_REL
-        buf = path.read_bytes()
-        placed = place_sections(buf, str(path))
-        rows = read_symbols(buf, str(path))
-        del buf
-        bases = [placed.bases.get(int(i), -1) for i in rows.shndx.tolist()]
-        where = np.array(bases, dtype=np.int64)
-        placed_at = np.where(where >= 0, rows.value.astype(np.int64) + where, -1)
-        symbols = (rows, placed_at.astype(np.uint64))
-        meta["sections"] = [[s.name, s.base, s.size] for s in placed.sections]
-        meta["base"] = 0
-        meta["symbol_names"] = "fill"
-        image = placed.image
-        del placed
-        raw = _symcache_written(lambda fd: _write_all(fd, image), str(path), scratch)
-        del image
-    else:
-        meta["base"] = _load_address(path)
-        meta["text"] = _text_address(path)
-        meta["symbol_names"] = "outer"
-        raw = _symcache_written(lambda fd: debug_only_copy(path, fd), str(path), scratch)
-        # Read after the SymCache is built, so that the symbols are not held
-        # through the build's peak.
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            rows = read_symbols(m, str(path))
-        symbols = (rows, rows.value)
-    return _from_symcache(raw, meta, str(path), symbols)
+    relocatable = struct.unpack_from("<H", head, 16)[0] == 1  # ET_REL
+    raw, peak, beside = (_module if relocatable else _executable)(path, meta, bound, scratch)
+    table = _from_symcache(raw, meta, str(path), beside)
+    table.reader_peak_rss = peak
+    return table

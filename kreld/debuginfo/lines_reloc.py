@@ -14,14 +14,11 @@ the symbol table's values are made absolute.  An address in that copy is
 ``base[section] + offset``, so a table built from it answers by (section,
 offset), the one thing every incarnation of a module build shares.
 
-:func:`debug_only_copy` writes, for an executable such as vmlinux, a copy
-holding only its headers and its non-allocated sections (the DWARF): the
-code becomes ``SHT_NOBITS``, keeping its addresses without its bytes.  Both
-copies leave out the symbol table (``SHT_NULL``): given one, the reader names
-an out-of-line function after its ELF symbol (``brd_alloc.isra.0``, or
-another alias at the same address) at every depth, which neither reference
-does; the table takes symbol names itself (:func:`read_symbols`), where and
-as kreld.debuginfo.lines says.
+The copy leaves out the symbol table (``SHT_NULL``): given one, the reader
+names an out-of-line function after its ELF symbol (``brd_alloc.isra.0``, or
+another alias at the same address), which eu-addr2line does not; the table
+takes symbol names itself (:func:`read_symbols`), where and as
+kreld.debuginfo.lines_build says.
 
 Only what kernel modules on x86-64 carry is handled: ELF64 little-endian,
 ``SHT_RELA``, and the absolute relocation types DWARF uses; anything else is a
@@ -31,11 +28,9 @@ Only what kernel modules on x86-64 carry is handled: ELF64 little-endian,
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -47,10 +42,10 @@ __all__ = [
     "PlacedObject",
     "SectionBase",
     "SymbolRows",
-    "debug_only_copy",
     "place_sections",
     "read_sections",
     "read_symbols",
+    "section_contents",
     "symbol_value",
 ]
 
@@ -215,7 +210,9 @@ def read_symbols(buf: bytes | mmap.mmap, path: str) -> SymbolRows:
     )  # fmt: skip
 
 
-def _contents(buf: bytes, s: SectionHeader, name: str, path: str) -> bytes:
+def section_contents(buf: bytes | mmap.mmap, s: SectionHeader, name: str, path: str) -> bytes:
+    """The bytes of section *s* (named *name*) of *buf*, decompressed if it is
+    (zlib, bounded)."""
     data = buf[s.offset : s.offset + s.size]
     if not s.flags & _SHF_COMPRESSED:
         return data
@@ -314,13 +311,13 @@ def place_sections(buf: bytes, path: str) -> PlacedObject:
             continue  # code relocations: what a loader does, not what lines need
         if s.entsize != _RELA.itemsize or s.size % _RELA.itemsize:
             raise _bad(path, f"{name}: entries malformed")
-        data = bytearray(new.get(s.info) or _contents(buf, target, names[s.info], path))
+        data = bytearray(new.get(s.info) or section_contents(buf, target, names[s.info], path))
         rela = np.frombuffer(buf, dtype=_RELA, count=s.size // _RELA.itemsize, offset=s.offset)
         _relocate(data, rela, values, name, path)
         new[s.info] = bytes(data)
     for i, s in enumerate(secs):
         if s.flags & _SHF_COMPRESSED and i not in new and not s.flags & _SHF_ALLOC:
-            new[i] = _contents(buf, s, names[i], path)
+            new[i] = section_contents(buf, s, names[i], path)
     placed = tuple(SectionBase(names[i], b, secs[i].size) for i, b in sorted(bases.items()))
     return PlacedObject(_rewrite(buf, secs, bases, new), placed, dict(bases))
 
@@ -343,55 +340,3 @@ def _rewrite(
         out += _SHDR.pack(*s._replace(type=_SHT_NULL) if s.type == _SHT_SYMTAB else s)
     struct.pack_into("<Q", out, _E_SHOFF, shoff)
     return bytes(out)
-
-
-def debug_only_copy(src: Path, fd: int) -> None:
-    """Write to the empty file open at *fd* the copy of executable *src* the
-    module's docstring describes; section bytes are copied by the kernel
-    (``copy_file_range``) where it can, else a bounded chunk at a time."""
-    with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        eh, secs, _ = read_sections(m, str(src))
-        head = bytearray(m[: max(_EHDR_SIZE, eh.phoff + eh.phentsize * eh.phnum)])
-    with open(src, "rb") as fin, os.fdopen(fd, "wb", closefd=False) as out:
-        out.write(head)
-        for i, s in enumerate(secs):
-            if s.flags & _SHF_ALLOC or s.type in (_SHT_SYMTAB, _SHT_NOBITS, _SHT_NULL):
-                kept = _SHT_NULL if s.type == _SHT_SYMTAB else _SHT_NOBITS if s.type else 0
-                secs[i] = s._replace(type=kept)
-                continue
-            out.write(b"\0" * (-out.tell() % 8))
-            out.flush()
-            at = out.tell()
-            _copy_range(fin.fileno(), s.offset, fd, at, s.size, str(src))
-            out.seek(at + s.size)
-            secs[i] = s._replace(offset=at)
-        out.write(b"\0" * (-out.tell() % 8))
-        shoff = out.tell()
-        for s in secs:
-            out.write(_SHDR.pack(*s))
-        out.seek(_E_SHOFF)
-        out.write(struct.pack("<Q", shoff))
-
-
-def _copy_range(src: int, src_off: int, dst: int, dst_off: int, size: int, path: str) -> None:
-    """Bytes of *src* to *dst* by the kernel: ``copy_file_range`` (one
-    filesystem), else ``sendfile`` (across filesystems, into a memfd), else
-    plain reads a bounded chunk at a time."""
-    done = 0
-    while done < size:
-        try:
-            n = os.copy_file_range(src, dst, size - done, src_off + done, dst_off + done)
-        except OSError:
-            n = 0
-        if n <= 0:
-            try:
-                os.lseek(dst, dst_off + done, os.SEEK_SET)
-                n = os.sendfile(dst, src, src_off + done, min(size - done, 1 << 30))
-            except OSError:
-                n = 0
-        if n <= 0:  # none of them: plain reads, bounded
-            chunk = os.pread(src, min(size - done, 1 << 24), src_off + done)
-            if not chunk:
-                raise _bad(path, "shorter than its section headers say")
-            n = os.pwrite(dst, chunk, dst_off + done)
-        done += n

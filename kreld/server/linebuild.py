@@ -5,9 +5,11 @@ table.  A table in hand (or a build found without debuginfo, remembered for
 :data:`RETRY_AFTER_S`) answers at once.  Anything else is handed to the
 builder thread, ``line-tables`` under the supervisor, which asks the
 :class:`~kreld.symbols.linetables.LineTableProvider` (the store's copy, else
-the debug file found by build-id, read and kept): one build at a time, in the
-order asked, so memory holds one build's reading and the recorder's threads
-are never held by it.
+the debug file found by build-id, read by a process of its own under
+``[kernel] line_build_memory``): one build at a time, in the order asked, so
+memory holds one build's reading and the recorder's threads are never held
+by it.  A table built is handed to the calls waiting for it first, then kept
+in the store.
 
 The call then waits for the build up to :data:`WAIT_S`.  What a profiler
 wants is the lines, not a retry protocol: a kernel's table takes a few seconds
@@ -34,6 +36,8 @@ from kreld.core import heap
 from kreld.symbols.absences import Absences
 
 if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
     from kreld.core.supervise import Supervisor
     from kreld.debuginfo.lines import LineTable
     from kreld.debuginfo.places import Wanted
@@ -54,11 +58,6 @@ MEMORY = 256 << 20
 MAX_QUEUED = 4096
 
 
-def _size(table: LineTable) -> int:
-    return sum(int(getattr(table, k).nbytes) for k in ("starts", "loc_file", "loc_line",
-               "loc_func", "loc_parent"))  # fmt: skip
-
-
 class LineBuilder:
     """See the module's docstring."""
 
@@ -71,6 +70,7 @@ class LineBuilder:
         retry_after_s: float = RETRY_AFTER_S,
         memory: int = MEMORY,
         clock: Callable[[], float] = time.monotonic,
+        log: FilteringBoundLogger | None = None,
     ) -> None:
         # Made by the builder thread when first needed: the finder, the
         # debuginfod client and the DWARF reader stay out of a daemon that is
@@ -83,6 +83,7 @@ class LineBuilder:
         self.wait_s = wait_s
         self.memory = memory
         self._clock = clock
+        self._log = log
         self._cond = threading.Condition()
         self._queue: OrderedDict[str, Wanted] = OrderedDict()
         self._ready: OrderedDict[str, tuple[LineTable, int]] = OrderedDict()
@@ -114,18 +115,26 @@ class LineBuilder:
                 self._provider = self._make_provider(self.absences)
             # A KreldError comes back as a reason, remembered in the absences
             # (by the provider, or here for a reason it gives without looking).
+            t0 = time.monotonic()
             got = self._provider.table(want)
+            if self._log is not None and not isinstance(got, str):
+                # The reader's peak is the build's (None: read back from the store).
+                self._log.info("line_table", build_id=want.build_id, what=want.describe(),
+                               seconds=round(time.monotonic() - t0, 3), bytes=got.nbytes(),
+                               reader_peak_rss=got.reader_peak_rss)  # fmt: skip
             if isinstance(got, str) and self.absences.why(want.build_id) is None:
                 self.absences.remember(want.build_id, got)
-            heap.trim()  # the build's reading (hundreds of MiB for a kernel) is freed
+            heap.trim()  # the build's conversion is freed
             with self._cond:
                 self._building = None
                 if not isinstance(got, str):
                     self._hold(want.build_id, got)
                 self._cond.notify_all()
+            # Kept in the store once the calls waiting for it are answered.
+            self._provider.keep_pending()
 
     def _hold(self, build_id: str, table: LineTable) -> None:
-        size = _size(table)
+        size = table.nbytes()
         self._ready[build_id] = (table, size)
         self._held += size
         while self._held > self.memory and len(self._ready) > 1:

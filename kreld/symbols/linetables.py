@@ -11,7 +11,9 @@ answers
 2. else the debug file the finder finds (``--debuginfo-dir`` directories,
    ``/usr/lib/debug`` under ``--root``, ``[kernel] debuginfo_dirs``, the
    cache, then debuginfod), read into a table, kept in the store when a
-   keeper is given, and answered;
+   keeper is given, and answered (with ``keep_later``, as the daemon's
+   builder has it, kept by :meth:`~LineTableProvider.keep_pending` once the
+   callers waiting for it are answered);
 3. else the reason, as a string: where it looked and what each server said.
 
 One build at a time (a lock), so two askers never read the same DWARF twice
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kreld.core import consts
 from kreld.core.errors import DebuginfoError, InvalidArgument, KreldError, LineTableError
 from kreld.debuginfo.places import Kind, Wanted
 from kreld.symbols.absences import DEFAULT_RETRY_AFTER, Absences
@@ -139,6 +142,8 @@ class LineTableProvider:
         memory: int = DEFAULT_MEMORY,
         retry_after: float = DEFAULT_RETRY_AFTER,
         scratch: Path | None = None,
+        build_memory: int = consts.DEFAULT_LINE_BUILD_MEMORY,
+        keep_later: bool = False,
         clock: Callable[[], float] = time.monotonic,
         absences: Absences | None = None,
     ) -> None:
@@ -147,6 +152,8 @@ class LineTableProvider:
         self.keep = keep
         self.memory = memory
         self.scratch = scratch
+        #: The address space of a build's DWARF reader (its own process).
+        self.build_memory = build_memory
         #: Builds found without debuginfo (*retry_after*, *clock*: unless given).
         self.absences = absences if absences is not None else Absences(retry_after, clock)
         self._building = threading.Lock()  # one build read or built at a time
@@ -157,6 +164,9 @@ class LineTableProvider:
         self.built: dict[str, str] = {}
         #: Why a built table could not be kept (the store not writable), by build-id.
         self.unkept: dict[str, str] = {}
+        # With keep_later, the tables built but not yet kept: keep_pending keeps them.
+        self.keep_later = keep_later
+        self._pending: list[tuple[Wanted, LineTable, str]] = []
 
     def table(self, want: Wanted) -> LineTable | str:
         """*want*'s line table, or why none can be had.  A table held in
@@ -219,23 +229,33 @@ class LineTableProvider:
         return LineTable.from_bytes(got.data, f"the kept line table of {build_id}"), len(got.data)
 
     def _build(self, want: Wanted) -> tuple[LineTable, int]:
-        from kreld.debuginfo.lines import LineTable
         from kreld.debuginfo.lines_build import build_line_table
 
         found = self.finder.find(want)
-        table = build_line_table(found.path, want.build_id, self.scratch)
-        data = table.to_bytes()
+        table = build_line_table(found.path, want.build_id, self.scratch, self.build_memory)
         source = found.describe()
         self.built[want.build_id] = source
-        if self.keep is not None:
-            try:
-                self.keep(want.build_id, data, source, want.describe())
-            except KreldError as e:
-                self.unkept[want.build_id] = str(e)
-        # Answer from the bytes as kept, so that a fresh table and a kept one
-        # are one thing (the symcache arrays the build made are let go).
-        del table
-        return LineTable.from_bytes(data, source), len(data)
+        if self.keep_later:
+            self._pending.append((want, table, source))
+        else:
+            self._keep(want, table, source)
+        return table, table.nbytes()
+
+    def keep_pending(self) -> None:
+        """Keep the tables built since the last call (with ``keep_later``:
+        the daemon's builder answers the calls waiting for a table first)."""
+        with self._building:
+            pending, self._pending = self._pending, []
+            for want, table, source in pending:
+                self._keep(want, table, source)
+
+    def _keep(self, want: Wanted, table: LineTable, source: str) -> None:
+        if self.keep is None:
+            return
+        try:
+            self.keep(want.build_id, table.to_bytes(), source, want.describe())
+        except (KreldError, OSError) as e:
+            self.unkept[want.build_id] = str(e)
 
     def _hold(self, build_id: str, table: LineTable, size: int) -> None:
         # Within the bound only (none with memory 0: the daemon's builder
@@ -271,11 +291,13 @@ def provider_for(
     """The provider a configuration describes: *given_dirs*
     (``--debuginfo-dir``) searched first, then ``/usr/lib/debug`` under the
     configured root, ``[kernel] debuginfo_dirs``, the cache and the debuginfod
-    servers (:func:`~kreld.debuginfo.finder.finder_for`); a build's scratch
-    copy of the DWARF goes under ``$TMPDIR``."""
+    servers (:func:`~kreld.debuginfo.finder.finder_for`); a build's DWARF
+    reader bounded by ``[kernel] line_build_memory``, a module's scratch copy
+    under ``$TMPDIR`` where it is not in memory."""
     from kreld.debuginfo.finder import finder_for
 
-    return LineTableProvider(finder_for(cfg, cfg.root, tuple(given_dirs)), kept, keep)
+    finder = finder_for(cfg, cfg.root, tuple(given_dirs))
+    return LineTableProvider(finder, kept, keep, build_memory=cfg.line_build_memory)
 
 
 def _reason(build_id: str, e: KreldError | OSError) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kreld.core.errors import LineTableError
 from kreld.debuginfo.lines import LineTable
 from kreld.debuginfo.lines_build import build_line_table
 from kreld.debuginfo.lines_reloc import read_sections
@@ -58,28 +59,35 @@ def _named(ref: Frames) -> bool:
 
 
 def test_vmlinux_agrees_with_llvm_symbolizer_but_where_only_the_line_program_has_a_line() -> None:
-    """Equal wherever llvm-symbolizer names a function, but at code only the
-    DWARF line program covers (assembly, a few functions symbolic does not
-    read): there kreld gives the same function name without a line, never
-    a wrong one.  That class stays under 0.5 % of the sample."""
+    """Equal wherever llvm-symbolizer names a function, assembly included
+    (its line programs' lines where no DWARF function covers it), but at C
+    code only the line program covers (functions gcc wrote no subprogram
+    for): there kreld gives the same function name without a line, never a
+    wrong one.  That class stays under 0.1 % of the sample.  Rarer still, in
+    a ``.cold`` part: the chain without its innermost inlined frame, which
+    symbolic does not read there (the frames given are the reference's)."""
     table = build_line_table(VMLINUX)
     with open(VMLINUX, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         _, secs, names = read_sections(m, str(VMLINUX))
         text = secs[names.index(".text")]
     rng = random.Random(5000)
-    addresses = sorted(rng.randrange(text.addr, text.addr + text.size) for _ in range(5000))
+    addresses = sorted(rng.randrange(text.addr, text.addr + text.size) for _ in range(20000))
     refs = llvm(VMLINUX, addresses)
-    compared = no_line = 0
+    compared = no_line = assembly = no_inner = 0
     for a, ours, ref in zip(addresses, _ours(table, addresses), refs, strict=True):
         if not _named(ref):
             continue
         compared += 1
-        if ours != _plain(ref):
+        assembly += ours == _plain(ref) and len(ref) == 1 and str(ref[0][1]).endswith(".S")
+        if ours != _plain(ref) and ours == _plain(ref)[1:] and ".cold" in ours[-1][0]:
+            no_inner += 1
+        elif ours != _plain(ref):
             assert len(ref) == 1 and ours == [(ref[0][0], None, 0)] and ref[0][2] > 0, (
                 hex(a), ours, ref)  # fmt: skip
             no_line += 1
-    assert compared > 4500
-    assert no_line * 200 < compared, (no_line, compared)
+    assert compared > 18000 and assembly > 10
+    assert no_line * 1000 < compared, (no_line, compared)
+    assert no_inner * 2000 < compared, (no_inner, compared)
 
 
 @pytest.mark.parametrize("name", list(MODULES))
@@ -107,3 +115,17 @@ def test_a_module_agrees_with_eu_addr2line_in_every_code_section(name: str) -> N
                 no_line += 1
     assert compared > (500 if name == "brd" else 1000)
     assert no_line * 100 < compared, (no_line, compared)
+
+
+def test_a_kernel_build_over_its_memory_bound_is_named_and_the_reader_peak_said() -> None:
+    """vmlinux mapped within 700 MiB of address space, but its reading not:
+    the reader (native code) aborts on an allocation refused, which is named
+    as the bound.  Within the default bound its peak is said, and is under
+    512 MiB."""
+    with pytest.raises(LineTableError) as e:
+        build_line_table(VMLINUX, bound=700 << 20)
+    assert e.value.reason == (
+        "the DWARF reader went over its memory bound of 700 MiB ([kernel] line_build_memory)"
+    )
+    table = build_line_table(VMLINUX)
+    assert 0 < table.reader_peak_rss < 512 << 20

@@ -76,7 +76,8 @@ def test_a_call_past_its_wait_hears_being_built_and_the_next_gets_the_kept_table
                 "the build", lambda: (t := lines.table(want)) and not isinstance(t, str) and t, 60
             )
             assert isinstance(table, LineTable) and ".text" in table.sections
-            st = lines.status()
+            # Kept in the store once answered.
+            st = wait_until("the table kept", lambda: (s := lines.status())["kept"] and s, 30)
             assert [t["build_id"] for t in st["kept"]] == [bid]
             assert st["building"] is None and st["queued"] == 0 and st["missing"] == {}
             assert sup.failures() == []

@@ -97,9 +97,18 @@ def test_resolve_with_lines_names_kernel_and_module_addresses_as_the_references_
     asked = [TEXT + a - link_text for a in image] + [BASES[s] + o for s, o in module]
     with Client(str(sock)) as c:
         got = c.resolve([hex(a) for a in asked], lines=True)
-        # The tables are built and kept: Status lists both, with their sources.
-        kept = c.call("Status")["line_tables"]["kept"]
-    assert {t["build_id"] for t in kept} == {build_id_of(exe), build_id_of(ko)}
+        # The tables are built, answered, then kept: Status lists both, with
+        # their sources.
+        bids = {build_id_of(exe), build_id_of(ko)}
+        kept = wait_until(
+            "both tables kept",
+            lambda: (
+                (k := c.call("Status")["line_tables"]["kept"])
+                and {t["build_id"] for t in k} == bids
+                and k
+            ),
+            30,
+        )
     assert all(t["size"] > 0 and "/usr/lib/debug/" in t["source"] for t in kept)
     refs = llvm(exe, image)
     for sec in (".text", ".text.unlikely"):
@@ -137,3 +146,36 @@ def test_an_address_of_a_build_without_debuginfo_keeps_its_symbol_and_says_where
         assert c.resolve([hex(TEXT + 0x1000)], lines=True)[0]["no_lines"] == a["no_lines"]
         # Without lines, nothing of them.
         assert "lines" not in c.call("Resolve", addresses=[hex(TEXT + 0x1000)])
+
+
+def test_a_build_over_the_readers_memory_bound_is_named_and_the_daemon_goes_on(
+    tmp_path: Path, daemon_factory: Any, sockdir: Path
+) -> None:
+    """``[kernel] line_build_memory`` bounds the DWARF reader's process: the
+    kernel's debug file, padded past the bound, fails with the bound named
+    (the reader dies, the daemon does not); the module's builds as before,
+    and nothing is degraded."""
+    tree, exe, _, link_text = _tree(tmp_path, with_debuginfo=True)
+    debug_exe = tree.root / "usr/lib/debug/boot" / f"vmlinux-{R}"
+    pad = tmp_path / "pad"
+    with open(pad, "wb") as f:
+        f.truncate(128 << 20)
+    subprocess.run(["objcopy", f"--add-section=.kreld_pad={pad}", str(debug_exe)], check=True)
+    cfg = tmp_path / "kreld.toml"
+    cfg.write_text(f"[kernel]\nline_build_memory = {64 << 20}\n")
+    sock = sockdir / "k.sock"
+    start(daemon_factory, tree, tmp_path / "state", sock, "--config", str(cfg))
+    image = [a for a in instructions(exe)[".text"] if a >= link_text][:5]
+    with Client(str(sock)) as c:
+        a, m = c.resolve([hex(TEXT + image[0] - link_text), hex(BASES[".text"] + 4)], lines=True)
+        assert a["frames"] == []
+        assert a["no_lines"].endswith(
+            "the DWARF reader went over its memory bound of 64 MiB ([kernel] line_build_memory)"
+        )
+        assert m["frames"] and "no_lines" not in m
+        st = c.call("Status")
+        assert st["degraded"] == []
+        assert tree.build_id in st["line_tables"]["missing"]
+        kept = wait_until("the module's table kept", lambda: st["line_tables"]["kept"]
+                          or c.call("Status")["line_tables"]["kept"], 30)  # fmt: skip
+        assert [t["what"] for t in kept] == [f"module prog of {R}"]
