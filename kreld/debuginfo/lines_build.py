@@ -54,10 +54,11 @@ name, as both references give it (:mod:`kreld.debuginfo.lines_program`).
 
 How a build runs: the SymCache is built by ``symbolic`` in a process of its
 own (:mod:`kreld.debuginfo.lines_spawn`), under an address-space bound, its
-peak (about 450 MiB for vmlinux) freed with it; an executable is read where
-it lies (no copy of its DWARF), a module's relocated copy is handed over in
-memory.  Meanwhile this process reads the symbols and the assembly's line
-programs, on the machine's other core, then converts the SymCache.
+peak (about 265 MiB for vmlinux: the DWARF it has read is not kept mapped)
+freed with it; an executable is read where it lies (no copy of its DWARF),
+a module's relocated copy is handed over in memory.  Meanwhile this process
+reads the symbols and the assembly's line programs, on the machine's other
+core, then converts the SymCache.
 
 Measured against the references on Debian's 6.1.0-57 -dbg files
 (tests/debuginfo/test_lines_real.py, bench/bench_lines.py): vmlinux equal to

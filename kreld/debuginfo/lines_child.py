@@ -23,12 +23,14 @@ those apart.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import resource
 import signal
 import sys
+import threading
 
 __all__ = ["EXIT_MEMORY", "EXIT_REFUSED", "PEAK", "main"]
 
@@ -36,6 +38,10 @@ EXIT_REFUSED = 3
 EXIT_MEMORY = 4
 PEAK = "peak_rss"
 _PR_SET_PDEATHSIG = 1
+_MADV_DONTNEED = 4
+_M_ARENA_MAX = -8
+# How often the file's pages are dropped from the reader's mapping.
+SHED_PERIOD_S = 0.05
 
 
 def _die_with_parent() -> None:
@@ -58,6 +64,48 @@ def _peak_rss() -> int:
     return 0
 
 
+def _file_mappings(dev: int, ino: int) -> list[tuple[int, int]]:
+    """The read-only mappings of the file (*dev*, *ino*) in this process."""
+    out = []
+    with open("/proc/self/maps", "rb") as f:
+        for line in f:
+            field = line.split(maxsplit=5)
+            if len(field) < 5 or b"w" in field[1] or int(field[4]) != ino:
+                continue
+            major, minor = (int(x, 16) for x in field[3].split(b":"))
+            if os.makedev(major, minor) == dev:
+                start, end = (int(x, 16) for x in field[0].split(b"-"))
+                out.append((start, end - start))
+    return out
+
+
+def _shed_file_pages(path: str) -> threading.Event:
+    """Drop the pages of *path*'s mappings every :data:`SHED_PERIOD_S` until
+    the event answered is set (nothing where the thread cannot be had)."""
+    done = threading.Event()
+    try:
+        st = os.stat(path)
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        # One malloc arena: a thread's own would reserve 64 MiB of the bound.
+        if not libc.mallopt(_M_ARENA_MAX, 1):
+            return done
+    except (OSError, AttributeError):
+        return done
+
+    def shed() -> None:
+        while not done.wait(SHED_PERIOD_S):
+            for start, size in _file_mappings(st.st_dev, st.st_ino):
+                madvise(start, size, _MADV_DONTNEED)
+
+    threading.stack_size(1 << 18)
+    # No thread to be had: the pages stay mapped, the build goes on.
+    with contextlib.suppress(RuntimeError):
+        threading.Thread(target=shed, name="shed-file-pages", daemon=True).start()
+    return done
+
+
 def _refuse(reason: str) -> int:
     sys.stderr.write(reason.splitlines()[0] if reason else "refused")
     return EXIT_REFUSED
@@ -68,6 +116,7 @@ def main(argv: list[str]) -> int:
         return _refuse("usage: lines_child.py PATH BOUND")
     path, bound = argv[1], int(argv[2])
     _die_with_parent()
+    shedding = _shed_file_pages(path)
     resource.setrlimit(resource.RLIMIT_AS, (bound, bound))
     try:
         try:
@@ -82,6 +131,7 @@ def main(argv: list[str]) -> int:
                 return _refuse("no object in the file")
             cache = SymCache.from_object(objects[0])  # type: ignore[no-untyped-call]
             del objects
+            shedding.set()
             with os.fdopen(1, "wb", closefd=False) as out:
                 cache.dump_into(out)
             sys.stderr.write(f"{PEAK} {_peak_rss()}\n")

@@ -36,7 +36,7 @@ from kreld.debuginfo.lines_child import EXIT_MEMORY, EXIT_REFUSED, PEAK
 __all__ = ["DEFAULT_BOUND", "TIMEOUT_S", "Reading", "start"]
 
 # The reader's address space, at most: a 6.1 vmlinux (590 MB, mapped whole)
-# takes about 0.9 GiB of it and 0.45 GiB resident at the peak.
+# takes about 0.9 GiB of it and 0.26 GiB resident at the peak.
 DEFAULT_BOUND = consts.DEFAULT_LINE_BUILD_MEMORY
 # A build that takes longer is taken for hung, killed and named.
 TIMEOUT_S = 900.0
