@@ -10,8 +10,9 @@ privately and renamed into place; ``finder`` puts them together and answers a
 checked local path with where it came from.  Source lines with their inline
 chains are read from the DWARF of such a file by ``lines_build`` (a module's
 sections placed and its DWARF relocated first by ``lines_reloc``) into the
-tables of ``lines`` (with the assembly's lines from its line programs:
-``lines_program``), which the store keeps; the DWARF reader runs in a
+tables of ``lines`` (with the lines of code no DWARF function gives one
+from its units' line programs: ``lines_program`` chooses the units,
+``lines_dwarf`` decodes them), which the store keeps; the DWARF reader runs in a
 process of its own under a memory bound (``lines_child``, started and
 waited for by ``lines_spawn``).  Every file's GNU build-id is read
 (:func:`kreld.kernel.elf.fd_build_id`) before it is used or kept: a file of

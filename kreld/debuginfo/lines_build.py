@@ -84,6 +84,8 @@ import mmap
 import os
 import struct
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,7 +94,8 @@ import numpy as np
 from kreld.core.errors import KernelReadError, LineTableError
 from kreld.debuginfo import lines_spawn
 from kreld.debuginfo.lines import NONE, LineTable, normalize_path
-from kreld.debuginfo.lines_program import ProgramLines, assembly_lines
+from kreld.debuginfo.lines_dwarf import ProgramLines, Within, merge
+from kreld.debuginfo.lines_program import assembly_lines, lines_at
 from kreld.debuginfo.lines_reloc import (
     SymbolRows,
     place_sections,
@@ -153,9 +156,36 @@ def _strings_blob(strings: list[str]) -> tuple[bytes, NDArray[np.uint32]]:
 
 
 Layer = tuple[dict[str, "NDArray[np.uint32]"], list[str]]
+# Where a function of the SymCache has no line: the line programs' ranges that
+# meet those addresses (:func:`kreld.debuginfo.lines_program.lines_at`).
+LinesAt = Callable[[Within], ProgramLines]
 # What the table keeps beside the SymCache, read while the reader runs: the
-# symbols (:func:`_symbol_layer`) and the assembly's lines.
-Beside = tuple[Layer, ProgramLines]
+# symbols (:func:`_symbol_layer`) and the assembly's lines; and how to read
+# the lines of C functions it names without one, once it is known where.
+Beside = tuple[Layer, ProgramLines, LinesAt]
+
+
+def _lineless(
+    starts: NDArray[np.uint32],
+    locs: NDArray[np.uint32],
+    symbols: dict[str, NDArray[np.uint32]],
+    base: int,
+) -> Within:
+    """The symbols (sized, each up to the next one's start) that start where
+    the SymCache gives no line: no function there, or one alone without a
+    file (a function gcc gave no address: see lines_program); as absolute
+    address ranges."""
+    ranged = locs[len(locs) - len(starts) :]
+    lineless = (ranged[:, 2] == NONE) | ((ranged[:, 0] == NONE) & (ranged[:, 3] == NONE))
+    first = symbols["sym_starts"].astype(np.int64)
+    end = first + symbols["sym_sizes"].astype(np.int64)
+    end[:-1] = np.minimum(end[:-1], first[1:])
+    i = np.searchsorted(starts, first, side="right").astype(np.int64) - 1
+    keep = end > first
+    if len(starts):
+        keep &= (i < 0) | lineless[np.maximum(i, 0)]
+    return (first[keep].astype(np.uint64) + np.uint64(base),
+            end[keep].astype(np.uint64) + np.uint64(base))  # fmt: skip
 
 
 def _symbol_layer(rows: SymbolRows, addresses: NDArray[np.uint64], base: int) -> Layer:
@@ -229,7 +259,8 @@ def _from_symcache(
     f_paths = [
         normalize_path(c or "", d or "", n or "") for c, d, n in zip(comp, dirs, names, strict=True)
     ]
-    (sym_arrays, sym_names), program = beside
+    (sym_arrays, sym_names), program, lines_at = beside
+    program = merge(program, lines_at(_lineless(starts, locs, sym_arrays, int(meta["base"]))))
     sym_arrays = dict(sym_arrays, sym_func=sym_arrays["sym_func"] + np.uint32(len(f_names)))
     names_blob, func_offs = _strings_blob(f_names + sym_names)
     lp_arrays = _program_layer(program, int(meta["base"]), len(f_paths))
@@ -303,7 +334,14 @@ def _module(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) 
     finally:
         os.close(fd)
     return reading.meanwhile(lambda: (_symbol_layer(rows, placed_at.astype(np.uint64), 0),
-                                      assembly_lines(placed.image, what)))  # fmt: skip
+                                      assembly_lines(placed.image, what),
+                                      partial(lines_at, placed.image, what)))  # fmt: skip
+
+
+def _file_lines_at(path: Path, within: Within) -> ProgramLines:
+    """:func:`lines_at` of the file at *path*, read where it lies."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return lines_at(m, str(path), within)
 
 
 def _executable(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) -> tuple[
@@ -322,7 +360,7 @@ def _executable(path: Path, meta: dict[str, Any], bound: int, scratch: Path | No
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             rows = read_symbols(m, what)
             program = assembly_lines(m, what)
-        return _symbol_layer(rows, rows.value, meta["base"]), program
+        return _symbol_layer(rows, rows.value, meta["base"]), program, partial(_file_lines_at, path)
 
     return lines_spawn.start(what, what, bound, scratch).meanwhile(beside)
 

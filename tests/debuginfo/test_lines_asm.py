@@ -11,36 +11,23 @@ every instruction of ``.text``.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kreld.debuginfo.lines import LineTable
 from kreld.debuginfo.lines_build import build_line_table
 from kreld.debuginfo.lines_program import assembly_lines
 
-from support.linerefs import Frames, comparable, eu, instructions, llvm
+from support.linerefs import NEEDS_REFERENCES, Frames, comparable, eu, instructions, llvm, ours
 
 SRC = Path(__file__).parent / "lines_src"
 ASM = str(SRC / "asm_entry.S")
 # asm_entry's four instructions: lines 8, 9, 11 and 12 of asm_entry.S.
 ENTRY_LINES = [8, 9, 11, 12]
 
-pytestmark = [
-    pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed"),
-    pytest.mark.skipif(
-        shutil.which("llvm-symbolizer") is None or shutil.which("eu-addr2line") is None,
-        reason="llvm-symbolizer or eu-addr2line missing (scripts/setup installs llvm, elfutils)",
-    ),
-]
-
-
-def _ours(table: LineTable, addresses: list[int]) -> list[Frames]:
-    chains = table.frames_at(np.array(addresses, dtype=np.uint64))
-    return [[(f.function, f.file, f.line, f.inlined) for f in fr] for fr in chains]
+pytestmark = NEEDS_REFERENCES
 
 
 def _check(ours: list[Frames], refs: list[Frames], keys: list[int]) -> None:
@@ -66,7 +53,7 @@ def test_assembly_no_function_covers_gets_the_line_program_line_as_llvm_symboliz
     table = LineTable.from_bytes(build_line_table(exe).to_bytes())
     addresses = instructions(exe)[".text"]
     refs = llvm(exe, addresses)
-    _check(_ours(table, addresses), refs, addresses)
+    _check(ours(table, addresses), refs, addresses)
 
 
 def test_assembly_in_a_relocatable_object_gets_its_lines_as_eu_addr2line_gives_them(
@@ -81,7 +68,7 @@ def test_assembly_in_a_relocatable_object_gets_its_lines_as_eu_addr2line_gives_t
     refs = eu(obj, ".text", offsets)
     addresses = [table.section_address(".text", o) for o in offsets]
     assert None not in addresses
-    _check(_ours(table, addresses), refs, offsets)  # type: ignore[arg-type]
+    _check(ours(table, addresses), refs, offsets)  # type: ignore[arg-type]
 
 
 def test_only_assembly_units_are_decoded_and_a_damaged_line_program_gives_no_line(
@@ -132,7 +119,7 @@ def test_a_table_kept_before_the_assembly_lines_reads_back_without_them(tmp_path
     read = LineTable.from_bytes(old)
     assert len(read.lp_starts) == 0
     addresses = instructions(exe)[".text"]
-    now, then = _ours(table, addresses), _ours(read, addresses)
+    now, then = ours(table, addresses), ours(read, addresses)
     assert [t for t in then if not t or t[0][0] != "asm_entry"] == [
         n for n in now if not n or n[0][0] != "asm_entry"
     ]

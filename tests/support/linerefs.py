@@ -8,12 +8,31 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
-from kreld.debuginfo.lines import normalize_path
+import numpy as np
+import pytest
+
+from kreld.debuginfo.lines import LineTable, normalize_path
 
 Frames = list[tuple[str, str | None, int, bool]]
+
+# A test module of gcc-built files checked against both references.
+NEEDS_REFERENCES = [
+    pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed"),
+    pytest.mark.skipif(
+        shutil.which("llvm-symbolizer") is None or shutil.which("eu-addr2line") is None,
+        reason="llvm-symbolizer or eu-addr2line missing (scripts/setup installs llvm, elfutils)",
+    ),
+]
+
+
+def ours(table: LineTable, addresses: list[int]) -> list[Frames]:
+    """The table's frames at *addresses*, as the references' are given."""
+    chains = table.frames_at(np.array(addresses, dtype=np.uint64))
+    return [[(f.function, f.file, f.line, f.inlined) for f in fr] for fr in chains]
 
 
 def norm(path: str) -> str | None:

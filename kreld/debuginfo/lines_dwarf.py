@@ -1,0 +1,475 @@
+"""Reading DWARF's bytes and decoding line programs into ranges.
+
+The readers every line-program user shares (bounded reads of a section, LEB128,
+attribute forms, the string sections) and the decoder of a unit's line
+program (``.debug_line``, DWARF 2 to 5): :func:`decode_rows` gives its rows,
+:func:`ranges` makes them ranges, each row's address up to the next row's, the
+last of a sequence ending it; among rows at one address, the last, as
+llvm-symbolizer takes it.  Anything this reader does not follow raises
+:class:`Bad`: its callers then give no lines from that unit, never a wrong one.
+Which units are decoded is :mod:`kreld.debuginfo.lines_program`'s.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kreld.debuginfo.lines import NONE, normalize_path
+from kreld.debuginfo.lines_reloc import read_sections, section_contents
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+__all__ = ["Bad", "Buffer", "Dwarf", "ProgramLines", "Reader", "Span", "Strings", "Within",
+           "dwarf_sections", "form_value", "merge", "uleb_at", "unit_programs"]  # fmt: skip
+
+# Forms whose size does not depend on the unit (None: read specially).
+_FIXED = {0x0B: 1, 0x05: 2, 0x06: 4, 0x07: 8, 0x1E: 16, 0x0C: 1, 0x11: 1, 0x12: 2, 0x13: 4,
+          0x14: 8, 0x20: 8, 0x19: 0, 0x21: 0, 0x25: 1, 0x26: 2, 0x27: 3, 0x28: 4, 0x29: 1,
+          0x2A: 2, 0x2B: 3, 0x2C: 4, 0x1C: 4, 0x24: 8}  # fmt: skip
+_FORM_ADDR, _FORM_STRING, _FORM_STRP, _FORM_LINE_STRP = 0x01, 0x08, 0x0E, 0x1F
+_FORM_SEC_OFFSET, _FORM_REF_ADDR, _FORM_STRP_SUP = 0x17, 0x10, 0x1D
+_FORM_UDATA_LIKE = {0x0D, 0x0F, 0x15, 0x1A, 0x1B, 0x22, 0x23}  # LEB128 values
+_FORM_BLOCKS = {0x0A: 1, 0x03: 2, 0x04: 4}  # block1/2/4: a length of that size
+_FORM_BLOCK_LEB = {0x09, 0x18}  # block, exprloc: a ULEB128 length
+_LNCT_PATH, _LNCT_DIRECTORY_INDEX = 1, 2
+_SHT_NOBITS, _SHF_COMPRESSED = 8, 0x800
+# Line program bytes decoded at most per unit, so rows at most (a unit of
+# assembly has thousands of rows, a C unit tens of thousands).
+_MAX_PROGRAM = 1 << 22
+
+
+class Bad(Exception):
+    """This reader does not follow the unit: it gives no lines."""
+
+
+@dataclass(frozen=True)
+class ProgramLines:
+    """Ranges of the line programs read: ``starts`` (absolute addresses,
+    sorted, one per start), each range's ``file`` (an index of ``paths``,
+    ``NONE`` past a sequence's end) and ``line``."""
+
+    starts: NDArray[np.uint64]
+    file: NDArray[np.uint32]
+    line: NDArray[np.uint32]
+    paths: list[str]
+
+
+Buffer = bytes | mmap.mmap
+
+
+@dataclass(frozen=True)
+class Span:
+    """A section's bytes: *data*[*start*:*end*] (no copy of a file's map)."""
+
+    data: Buffer
+    start: int
+    end: int
+
+    def reader(self, offset: int, end: int | None = None) -> Reader:
+        if not 0 <= offset < self.end - self.start:
+            raise Bad("an offset past its section")
+        stop = self.end if end is None else min(self.end, self.start + end)
+        return Reader(self.data, self.start + offset, stop)
+
+
+class Reader:
+    """Reads *data* (bytes, or the file's map) from *pos*, never at or past *end*."""
+
+    def __init__(self, data: Buffer, pos: int, end: int) -> None:
+        self.data, self.pos, self.end = data, pos, min(end, len(data))
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.pos + n > self.end:
+            raise Bad("past the end")
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def u(self, n: int) -> int:
+        return int.from_bytes(self.take(n), "little")
+
+    def uleb(self) -> int:
+        return self._leb(signed=False)
+
+    def sleb(self) -> int:
+        return self._leb(signed=True)
+
+    def _leb(self, signed: bool) -> int:
+        value = shift = 0
+        while True:
+            b = self.u(1)
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return value - (1 << shift) if signed and b & 0x40 else value
+            if shift > 70:
+                raise Bad("LEB128 too long")
+
+    def cstr(self) -> bytes:
+        end = self.data.find(b"\0", self.pos, self.end)
+        if end < 0:
+            raise Bad("unterminated string")
+        out = self.data[self.pos : end]
+        self.pos = end + 1
+        return out
+
+
+@dataclass
+class Strings:
+    """``.debug_str`` and ``.debug_line_str``."""
+
+    str: Span
+    line_str: Span
+
+    def at(self, form: int, offset: int) -> bytes:
+        return (self.line_str if form == _FORM_LINE_STRP else self.str).reader(offset).cstr()
+
+    def of(self, value: int | bytes, form: int) -> bytes:
+        """A string attribute's value: inline, or by offset into a string section."""
+        if isinstance(value, bytes):
+            return value
+        if form in (_FORM_STRP, _FORM_LINE_STRP):
+            return self.at(form, value)
+        raise Bad(f"a string of form {form:#x}")
+
+
+def form_value(r: Reader, form: int, addr_size: int, off_size: int, version: int) -> int | bytes:
+    """An attribute's value: an int, or bytes for an inline string (block
+    forms and unknown ones: :class:`Bad`, except those only skipped)."""
+    if form == _FORM_STRING:
+        return r.cstr()
+    if form == _FORM_ADDR:
+        return r.u(addr_size)
+    if form in (_FORM_STRP, _FORM_LINE_STRP, _FORM_SEC_OFFSET, _FORM_STRP_SUP):
+        return r.u(off_size)
+    if form == _FORM_REF_ADDR:
+        return r.u(addr_size if version == 2 else off_size)
+    if form in _FIXED:
+        return r.u(_FIXED[form]) if _FIXED[form] else 0
+    if form in _FORM_UDATA_LIKE:
+        return r.uleb()
+    if form in _FORM_BLOCKS:
+        r.take(r.u(_FORM_BLOCKS[form]))
+        return 0
+    if form in _FORM_BLOCK_LEB:
+        r.take(r.uleb())
+        return 0
+    raise Bad(f"form {form:#x}")
+
+
+def _entry_formats(r: Reader) -> list[tuple[int, int]]:
+    return [(r.uleb(), r.uleb()) for _ in range(r.u(1))]
+
+
+def _entries(
+    r: Reader, formats: list[tuple[int, int]], strings: Strings, off_size: int
+) -> list[tuple[bytes, int]]:
+    """DWARF 5 directory or file entries: (path, directory index)."""
+    out = []
+    for _ in range(r.uleb()):
+        path, directory = b"", 0
+        for kind, form in formats:
+            value = form_value(r, form, 8, off_size, 5)
+            if kind == _LNCT_PATH:
+                path = strings.of(value, form)
+            elif kind == _LNCT_DIRECTORY_INDEX and isinstance(value, int):
+                directory = value
+        out.append((path, directory))
+    return out
+
+
+_Cols = list[tuple["NDArray[np.uint64]", "NDArray[np.int64]", "NDArray[np.int64]", int]]
+# Address ranges: their starts and their ends.
+Within = tuple["NDArray[np.uint64]", "NDArray[np.uint64]"]
+
+
+@dataclass
+class _Header:
+    min_inst: int
+    line_base: int
+    line_range: int
+    opcode_base: int
+    std_lengths: bytes
+    paths: list[str | None]
+    first_file: int  # the file register's value naming paths[0]
+    program: int
+    end: int
+
+
+def _read_header(lines: Span, offset: int, comp_dir: str, strings: Strings) -> _Header:
+    r = lines.reader(offset)
+    length, off_size = r.u(4), 4
+    if length == 0xFFFFFFFF:
+        length, off_size = r.u(8), 8
+    end = r.pos + length
+    version = r.u(2)
+    if end > lines.end or not 2 <= version <= 5:
+        raise Bad("a line program header this reader does not follow")
+    if version >= 5:
+        r.take(2)  # address size, segment selector size
+    program = r.pos + off_size
+    program += r.u(off_size)
+    min_inst = r.u(1)
+    if version >= 4:
+        r.u(1)  # maximum operations per instruction (1 on x86)
+    r.u(1)  # default_is_stmt: every row counts alike here
+    line_base = struct.unpack("b", r.take(1))[0]
+    line_range, opcode_base = r.u(1), r.u(1)
+    if line_range == 0 or opcode_base < 10:  # all of DWARF 2's standard opcodes at least
+        raise Bad("a line program header this reader does not follow")
+    std_lengths = r.take(opcode_base - 1)
+    if version >= 5:
+        dirs = [p for p, _ in _entries(r, _entry_formats(r), strings, off_size)]
+        files = _entries(r, _entry_formats(r), strings, off_size)
+        first_file = 0
+    else:
+        dirs = [b""]
+        while d := r.cstr():
+            dirs.append(d)
+        files = []
+        while name := r.cstr():
+            files.append((name, r.uleb()))
+            r.uleb(), r.uleb()  # modification time, length
+        first_file = 1
+    text = [d.decode("utf-8", "replace") for d in dirs]
+    paths: list[str | None] = [
+        normalize_path(comp_dir, text[d], name.decode("utf-8", "replace"))
+        if d < len(text)
+        else None
+        for name, d in files
+    ]
+    return _Header(min_inst, line_base, line_range, opcode_base, std_lengths, paths, first_file,
+                   program, end)  # fmt: skip
+
+
+def uleb_at(prog: Buffer, pos: int) -> tuple[int, int]:
+    """The ULEB128 number at *pos* of *prog*, and where it ends."""
+    value = shift = 0
+    while True:
+        b = prog[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, pos
+        if shift > 70:
+            raise Bad("LEB128 too long")
+
+
+def _sleb(prog: bytes, pos: int) -> tuple[int, int]:
+    if prog[pos] < 0x80:  # one byte, as most are
+        value = prog[pos]
+        return (value - 0x80 if value & 0x40 else value), pos + 1
+    value, end = uleb_at(prog, pos)
+    bits = 7 * (end - pos)
+    return (value - (1 << bits) if prog[end - 1] & 0x40 else value), end
+
+
+def _extended(prog: bytes, pos: int) -> tuple[int, int, int]:
+    """An extended opcode at *pos* (after its 0): its sub-opcode, the
+    address it sets (``set_address``; else 0) and where the next starts."""
+    size, pos = uleb_at(prog, pos)
+    after = pos + size
+    if after > len(prog):
+        raise Bad("past the end")
+    sub = prog[pos] if size else 0
+    if sub == 3:  # define_file (DWARF 2 to 4)
+        raise Bad("define_file")
+    return sub, int.from_bytes(prog[pos + 1 : after], "little") if sub == 2 else 0, after
+
+
+def _opcode_tables(h: _Header) -> tuple[list[int], list[int], list[int], dict[int, int]]:
+    """Each special opcode's address and line advances, how many operands
+    each standard opcode from 5 (set_column) on has, and the file
+    register's values that name a path (to the path's index)."""
+    base = h.opcode_base
+    step = [((op - base) // h.line_range) * h.min_inst for op in range(256)]
+    rise = [h.line_base + (op - base) % h.line_range for op in range(256)]
+    skip = [0, 0, 0, 0, 0, *h.std_lengths[4:]]
+    return step, rise, skip, {i + h.first_file: i for i, p in enumerate(h.paths) if p}
+
+
+def _decode_rows(data: Buffer, h: _Header) -> tuple[list[int], list[int], list[int]]:
+    """The rows of a line program: address, file (an index of the header's
+    paths, -1 where none, -2 a sequence's end) and line; one loop over its
+    bytes (a C unit's program has tens of thousands of rows)."""
+    if h.end - h.program > _MAX_PROGRAM:  # a row takes a byte at least
+        raise Bad("too many rows")
+    prog = bytes(data[h.program : h.end])
+    base = h.opcode_base
+    step, rise, skip, ok_file = _opcode_tables(h)
+    addrs: list[int] = []
+    files: list[int] = []
+    lines: list[int] = []
+    address, line, k = 0, 1, ok_file.get(1, -1)
+    pos, n = 0, len(prog)
+    while pos < n:
+        op = prog[pos]
+        pos += 1
+        if op >= base or op == 1:  # a special opcode, or copy
+            if op != 1:
+                address += step[op]
+                line += rise[op]
+            addrs.append(address)
+            files.append(k)
+            lines.append(line)
+        elif op >= 5 and op not in (8, 9):  # operands (ULEB128) only to move past
+            for _ in range(skip[op]):
+                while prog[pos] & 0x80:
+                    pos += 1
+                pos += 1
+        elif op == 3:  # advance_line
+            value, pos = _sleb(prog, pos)
+            line += value
+        elif op == 2:  # advance_pc
+            value = prog[pos]
+            if value < 0x80:
+                pos += 1
+            else:
+                value, pos = uleb_at(prog, pos)
+            address += value * h.min_inst
+        elif op == 4:  # set_file
+            value, pos = uleb_at(prog, pos)
+            k = ok_file.get(value, -1)
+        elif op == 8:  # const_add_pc
+            address += step[255]
+        elif op == 9:  # fixed_advance_pc
+            address += int.from_bytes(prog[pos : pos + 2], "little")
+            pos += 2
+        else:  # 0: an extended opcode
+            sub, value, pos = _extended(prog, pos)
+            if sub == 1:  # end_sequence
+                addrs.append(address)
+                files.append(-2)
+                lines.append(line)
+                address, line, k = 0, 1, ok_file.get(1, -1)
+            elif sub == 2:  # set_address
+                address = value
+    if pos > n:
+        raise Bad("past the end")
+    return addrs, files, lines
+
+
+def _ranges(cols: _Cols, paths: list[str]) -> ProgramLines:
+    """One range per start address: at an address a sequence ends and
+    another starts, the start; among rows at one address, the last."""
+    if not cols:
+        return ProgramLines(np.zeros(0, np.uint64), np.zeros(0, np.uint32),
+                            np.zeros(0, np.uint32), paths)  # fmt: skip
+    addr = np.concatenate([a for a, _, _, _ in cols])
+    raw = np.concatenate([f for _, f, _, _ in cols])
+    shift = np.concatenate([np.full(len(f), s, dtype=np.int64) for _, f, _, s in cols])
+    line = np.concatenate([n for _, _, n, _ in cols])
+    kind = (raw != -2).astype(np.int64)  # a sequence's end sorts before a row at its address
+    order = np.lexsort((np.arange(len(addr)), kind, addr))
+    addr, raw, shift, line = addr[order], raw[order], shift[order], line[order]
+    last = np.ones(len(addr), dtype=bool)
+    last[:-1] = addr[1:] != addr[:-1]
+    addr, raw, shift, line = addr[last], raw[last], shift[last], line[last]
+    file = np.where(raw >= 0, raw + shift, NONE).astype(np.uint32)
+    line = np.where(raw >= 0, np.clip(line, 0, NONE), 0).astype(np.uint32)
+    return ProgramLines(addr, file, line, paths)
+
+
+@dataclass(frozen=True)
+class Dwarf:
+    """The sections a line program is read from (empty where absent)."""
+
+    info: Span
+    abbrevs: Span
+    lines: Span
+    strings: Strings
+    aranges: Span
+
+
+def dwarf_sections(buf: Buffer, path: str) -> Dwarf:
+    """The DWARF sections of *buf* (an ELF file, its DWARF linked or
+    relocated in place): where they lie in it, a compressed one inflated."""
+    _, secs, names = read_sections(buf, path)
+    by_name = dict(zip(names, secs, strict=True))
+
+    def span(name: str) -> Span:
+        s = by_name.get(name)
+        if s is None or s.type == _SHT_NOBITS:
+            return Span(b"", 0, 0)
+        if s.flags & _SHF_COMPRESSED:
+            data = section_contents(buf, s, name, path)
+            return Span(data, 0, len(data))
+        return Span(buf, s.offset, s.offset + s.size)
+
+    strings = Strings(span(".debug_str"), span(".debug_line_str"))
+    return Dwarf(span(".debug_info"), span(".debug_abbrev"), span(".debug_line"), strings,
+                 span(".debug_aranges"))  # fmt: skip
+
+
+def unit_programs(
+    d: Dwarf, programs: list[tuple[int, bytes]], within: list[Within] | None = None
+) -> ProgramLines:
+    """The ranges of the line programs at these (``.debug_line`` offset,
+    compilation directory) pairs; one this reader does not follow gives none.
+    With *within* (for each program, sorted disjoint address ranges: their
+    starts and ends), each program's ranges cut to those."""
+    paths: list[str] = []
+    cols: _Cols = []
+    parts: list[_Rows] = []
+    for n, (offset, comp_dir) in enumerate(programs):
+        try:
+            h = _read_header(d.lines, offset, comp_dir.decode("utf-8", "replace"), d.strings)
+            addrs, files, lines = _decode_rows(d.lines.data, h)
+            col = (np.array(addrs, np.uint64), np.array(files, np.int64),
+                   np.array(lines, np.int64), len(paths))  # fmt: skip
+        except (Bad, IndexError, struct.error, UnicodeError, OverflowError):
+            continue  # no lines from this unit, never a wrong one
+        if within is None:
+            cols.append(col)
+        else:
+            parts.append(_cut(_ranges([col], []), *within[n]))
+        paths += [p or "" for p in h.paths]
+    return _ranges(cols, paths) if within is None else _joined(parts, paths)
+
+
+_Rows = tuple["NDArray[np.uint64]", "NDArray[np.uint32]", "NDArray[np.uint32]"]
+
+
+def _cut(p: ProgramLines, starts: NDArray[np.uint64], ends: NDArray[np.uint64]) -> _Rows:
+    """The ranges of *p* within [*starts*, *ends*): each start given the
+    range of *p* it lies in, each end ending it."""
+    if not len(p.starts):
+        return p.starts, p.file, p.line
+    j = np.searchsorted(ends, p.starts, side="right")  # the first cut ending after it
+    inside = (j < len(ends)) & (starts[np.minimum(j, len(ends) - 1)] <= p.starts)
+    k = np.searchsorted(p.starts, starts, side="right").astype(np.int64) - 1
+    kk = np.maximum(k, 0)
+    none = np.full(len(ends), NONE, np.uint32)
+    at = np.concatenate([p.starts[inside], starts, ends])
+    file = np.concatenate([p.file[inside], np.where(k >= 0, p.file[kk], NONE), none])
+    line = np.concatenate([p.line[inside], np.where(k >= 0, p.line[kk], 0), none * 0])
+    return at, file.astype(np.uint32), line.astype(np.uint32)
+
+
+def _joined(parts: list[_Rows], paths: list[str]) -> ProgramLines:
+    """Ranges of units apart as one: at an address where one's range ends
+    and another's starts, the start."""
+    if not parts:
+        return ProgramLines(np.zeros(0, np.uint64), np.zeros(0, np.uint32),
+                            np.zeros(0, np.uint32), paths)  # fmt: skip
+    at, file, line = (np.concatenate([part[c] for part in parts]) for c in range(3))
+    order = np.lexsort((np.arange(len(at)), file != NONE, at))  # an end before a start
+    at, file, line = at[order], file[order], line[order]
+    last = np.ones(len(at), dtype=bool)
+    last[:-1] = at[1:] != at[:-1]
+    return ProgramLines(at[last], file[last], line[last], paths)
+
+
+def merge(a: ProgramLines, b: ProgramLines) -> ProgramLines:
+    """The ranges of both (of units apart): at an address where one's range
+    ends and the other's starts, the start."""
+    shifted = np.where(b.file == NONE, NONE, b.file.astype(np.int64) + len(a.paths))
+    return _joined([(a.starts, a.file, a.line), (b.starts, shifted.astype(np.uint32), b.line)],
+                   a.paths + b.paths)  # fmt: skip
