@@ -107,7 +107,7 @@ class LineTable:
         self._func_offs, self._file_offs = arrays["func_offs"], arrays["file_offs"]
         self.sym_starts, self.sym_sizes = arrays["sym_starts"], arrays["sym_sizes"]
         self.sym_func = arrays["sym_func"]
-        # Lines of assembly no DWARF function covers (kreld.debuginfo.lines_program):
+        # Lines of code no DWARF function gives one (kreld.debuginfo.lines_program):
         # range starts, each's file (NONE past a sequence's end) and line.
         none = np.zeros(0, dtype=np.uint32)
         self.lp_starts = arrays.get("lp_starts", none)
@@ -203,7 +203,7 @@ class LineTable:
         file: NDArray[np.uint32],
         line: NDArray[np.uint32],
     ) -> None:
-        """File and line from an assembly unit's line program, for each
+        """File and line from a unit's line program, for each
         address named by one frame without a file (no DWARF function)."""
         one = np.flatnonzero(counts == 1)
         one = one[file[first[one]] == NONE]

@@ -47,10 +47,13 @@ symbols (functions, objects, indirect functions and untyped ones, as
 llvm-symbolizer takes them; one per start address, the largest, the later
 in table order among equals) and says in its header which use applies.
 
-Assembly is the one place a line comes from elsewhere: where no DWARF
-function covers an address of an assembly unit (``entry_64.S``'s labels,
-``irq_entries_start``), the line program's file:line beside the symbol's
-name, as both references give it (:mod:`kreld.debuginfo.lines_program`).
+A line comes from elsewhere in two places, both where the SymCache has
+none (:mod:`kreld.debuginfo.lines_program`): where no DWARF function covers
+an address of an assembly unit (``entry_64.S``'s labels,
+``irq_entries_start``), and C functions gcc gave no address in the DWARF
+(its merged copies: ``noop_send_IPI_all``, ``iommu_shutdown_noop``,
+``__bpf_trace_*``).  There, the unit's line program's file:line beside the
+symbol's name, as both references give it.
 
 How a build runs: the SymCache is built by ``symbolic`` in a process of its
 own (:mod:`kreld.debuginfo.lines_spawn`), under an address-space bound, its
@@ -58,22 +61,16 @@ peak (about 265 MiB for vmlinux: the DWARF it has read is not kept mapped)
 freed with it; an executable is read where it lies (no copy of its DWARF),
 a module's relocated copy is handed over in memory.  Meanwhile this process
 reads the symbols and the assembly's line programs, on the machine's other
-core, then converts the SymCache.
+core; then converts the SymCache and decodes the line programs of the units
+where it names a symbol without a line (which those are is known only then:
+for vmlinux, 150 of its 2,800 units, about half a second).
 
 Measured against the references on Debian's 6.1.0-57 -dbg files
-(tests/debuginfo/test_lines_real.py, bench/bench_lines.py): vmlinux equal to
-llvm-symbolizer at all but about 0.04 % of the named addresses of 100,000
-random ones; brd.ko equal to eu-addr2line everywhere, xfs.ko at every
-sampled offset but a few.  What is left, and why it is left: C functions
-that only the line program covers, gcc having written no subprogram for
-them (``iommu_shutdown_noop``, stubs of ``sys_ni.c``; the ``__bpf_trace_*``
-functions of trace headers): the references give the line program's
-file:line, kreld gives the function without a line, never a wrong one.
-Closing it means decoding every unit's line program, not only the
-assembly's: in Python, vmlinux's 17 MB of them would cost more than the
-whole SymCache build (about 10 million opcodes at a few per microsecond),
-for 0.04 %: not done.  Nor is the column: SymCache has none, frames carry
-``column`` None.
+(tests/debuginfo/test_lines_real.py, bench/bench_lines.py): equal wherever
+they name a function, at 100,000 random addresses of vmlinux and sampled
+offsets of every code section of brd.ko and xfs.ko, but in rare ``.cold``
+parts where symbolic misses the innermost inlined frame.  Not kept: the
+column (SymCache has none, frames carry ``column`` None).
 
 File names are spelled by :func:`kreld.debuginfo.lines.normalize_path`.
 """
