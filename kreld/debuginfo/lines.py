@@ -31,9 +31,14 @@ from kreld.debuginfo.lines_reloc import SectionBase
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-__all__ = ["NONE", "Frame", "FrameColumns", "LineTable", "normalize_path"]
+__all__ = ["BUILDER", "NONE", "Frame", "FrameColumns", "LineTable", "normalize_path"]
 
 NONE = 0xFFFFFFFF  # "no such index" in every u32 array of a table
+# What the builder puts in a table, numbered (its header's "builder"); one
+# up whenever a build gives other answers.  A table an older builder made
+# (without the lines of assembly units and of the functions gcc merged) reads
+# back, but is built again where its debug file can be had.
+BUILDER = 3
 _MAGIC = b"KRLNTAB2"
 _PRELUDE = struct.Struct("<8sI")  # magic, length of the JSON header after it
 # Deeper inline chains than this are taken for a loop in a damaged table.

@@ -90,7 +90,7 @@ import numpy as np
 
 from kreld.core.errors import KernelReadError, LineTableError
 from kreld.debuginfo import lines_spawn
-from kreld.debuginfo.lines import NONE, LineTable, normalize_path
+from kreld.debuginfo.lines import BUILDER, NONE, LineTable, normalize_path
 from kreld.debuginfo.lines_dwarf import ProgramLines, Within, merge
 from kreld.debuginfo.lines_program import assembly_lines, lines_at
 from kreld.debuginfo.lines_reloc import (
@@ -383,7 +383,7 @@ def build_line_table(
         raise LineTableError(str(path), e.strerror or str(e)) from None
     if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
         raise LineTableError(str(path), "not a 64-bit little-endian ELF file")
-    meta: dict[str, Any] = {"build_id": build_id, "sections": None}
+    meta: dict[str, Any] = {"build_id": build_id, "sections": None, "builder": BUILDER}
     relocatable = struct.unpack_from("<H", head, 16)[0] == 1  # ET_REL
     raw, peak, beside = (_module if relocatable else _executable)(path, meta, bound, scratch)
     table = _from_symcache(raw, meta, str(path), beside)

@@ -187,7 +187,7 @@ class LineTableProvider:
             if hit is not None:
                 return hit
             try:
-                table, size = self._stored(bid) or self._build(want)
+                table, size = self._current(want)
             except (KreldError, OSError) as e:
                 why = _reason(bid, e)
                 self.absences.remember(bid, why)
@@ -218,6 +218,21 @@ class LineTableProvider:
         return [] if self.kept is None else table_listing(self.kept)
 
     # -- the two ways to a table ----------------------------------------------------
+    def _current(self, want: Wanted) -> tuple[LineTable, int]:
+        """The kept table where this builder made it; else a new build (kept
+        in its place), or the older kept table where none can be made."""
+        from kreld.debuginfo.lines import BUILDER
+
+        stored = self._stored(want.build_id)
+        if stored is not None and stored[0].meta.get("builder") == BUILDER:
+            return stored
+        try:
+            return self._build(want)
+        except (KreldError, OSError):
+            if stored is None:
+                raise
+            return stored
+
     def _stored(self, build_id: str) -> tuple[LineTable, int] | None:
         if self.kept is None:
             return None

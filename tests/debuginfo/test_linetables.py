@@ -12,7 +12,7 @@ import pytest
 
 from kreld.debuginfo.cache import DebugCache
 from kreld.debuginfo.finder import DebuginfoFinder
-from kreld.debuginfo.lines import LineTable
+from kreld.debuginfo.lines import BUILDER, LineTable
 from kreld.debuginfo.places import Kind, Wanted, search_roots
 from kreld.store import Store
 from kreld.symbols.linetables import LineTableProvider
@@ -65,6 +65,37 @@ def test_a_module_table_is_built_from_its_debug_file_kept_and_read_back_without_
     with Store(tmp_path / "state", readonly=True) as store:
         again = LineTableProvider(finder(tmp_path), store.line_tables).table(want)
         assert isinstance(again, LineTable) and again.to_bytes() == table.to_bytes()
+
+
+def test_a_table_kept_by_an_older_builder_is_built_again_where_its_debug_file_is_found(
+    tmp_path: Path,
+) -> None:
+    """A kept table whose header names no builder, or an older one, lacks
+    what a newer builder adds: it is built again (and kept in its place)
+    where the debug file can be had, and answered as it is where it cannot."""
+    d = tmp_path / "debug"
+    bid = module_ko(d / "lib" / "modules" / R / "kernel" / "drivers" / "prog.ko")
+    want = Wanted(bid, Kind.MODULE, R, name="prog")
+    with Store(tmp_path / "state") as store:
+        kept = store.line_tables
+        table = LineTableProvider(finder(tmp_path, d), kept, kept.put).table(want)
+        assert isinstance(table, LineTable) and table.meta["builder"] == BUILDER
+        older = LineTable.from_bytes(table.to_bytes())
+        del older.meta["builder"]
+        kept.put(bid, older.to_bytes(), "an older kreld")
+        provider = LineTableProvider(finder(tmp_path, d), kept, kept.put)
+        again = provider.table(want)
+        assert isinstance(again, LineTable) and again.meta["builder"] == BUILDER
+        assert bid in provider.built  # read from the debug file, not the store
+        (info,) = provider.listing()
+        assert "prog.ko" in info.source  # the new build took the old one's place
+        kept.put(bid, older.to_bytes(), "an older kreld")
+    shutil.rmtree(d)
+    with Store(tmp_path / "state", readonly=True) as store:
+        provider = LineTableProvider(finder(tmp_path), store.line_tables)
+        last = provider.table(want)
+        assert isinstance(last, LineTable) and "builder" not in last.meta
+        assert last.to_bytes() == older.to_bytes()
 
 
 def test_a_build_without_debuginfo_answers_why_and_is_not_looked_for_again_at_once(
