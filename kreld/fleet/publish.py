@@ -283,6 +283,8 @@ class Publisher:
         self._state: tuple[Target, PubState, Bucket] | None = None
         # boot-id -> the store's txn-id of a round that found it all published
         self._quiet: dict[str, int] = {}
+        # (the publishing state, the store's txn-id) -> tables_behind's count then
+        self._behind: tuple[PubState, int, int] | None = None
         self.last_success: int | None = None
         self.last_error: str | None = None
         self.backlog = 0
@@ -331,17 +333,26 @@ class Publisher:
         """The symbol tables the boots still publishing name, held in the store and
         not yet put in the bucket from here, counted now: the symbol worker stores a
         table after its records, so a round may publish every record while the table
-        waits for the next round (or fails to go up) and the backlog must not read 0."""
+        waits for the next round (or fails to go up) and the backlog must not read 0.
+
+        Counted again only once the store has had a write since the last count
+        (a table stored, a round's progress: both commit to the store), so a
+        Status at rest (the status line's every 10 s) reads the number kept."""
         opened = self._state
         if opened is None:
             return 0
-        state, behind = opened[1], 0
+        state, txnid = opened[1], self.store.last_txnid()
+        kept = self._behind
+        if kept is not None and kept[0] is state and kept[1] == txnid:
+            return kept[2]
+        behind = 0
         for boot in self.store.list_boots():
             cur = state.cursor(boot.boot_id)
             if cur is None or not cur["done"]:
                 symbols = self.store.boot_symbols(boot.boot_id)
                 incs = self.store.incarnations(boot.boot_id)
                 behind += len(_tables_to_send(self.store, state, symbols, incs))
+        self._behind = (state, txnid, behind)
         return behind
 
     # -- the thread -------------------------------------------------------------------
