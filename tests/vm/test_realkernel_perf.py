@@ -188,8 +188,26 @@ def test_inject_names_in_perf_report_the_samples_of_a_module_loaded_mid_recordin
     assert named and all(r[3].startswith("brd_") for r in named), named
     total = sum(float(r[0].rstrip("%")) for r in unknown)
     assert abs(sum(float(r[0].rstrip("%")) for r in named) - total) < 0.02 * len(unknown) + 0.05
-    assert [r for r in rows["out"] if r[1] != "[brd]"] == [
-        r for r in rows["in"] if r not in unknown
+    # A sample taken in brd's init code while it ran (rare: init is short) is
+    # [unknown] in IN outside the core; OUT names it by the init function's own
+    # symbol (a ksymbol, its own dso in perf report's "dso,sym" rows).
+    init = brd.sections.get(".init.text")
+    in_init = [
+        r
+        for r in rows["in"]
+        if r[1] == "[unknown]" and init is not None and init <= int(r[3], 16) < init + brd.initsize
+    ]
+    init_named = [r for r in rows["out"] if r[1] == r[3] and r[2] == "[k]" and r not in rows["in"]]
+    assert len(init_named) <= len(in_init), (init_named, in_init)
+    assert (
+        abs(
+            sum(float(r[0].rstrip("%")) for r in init_named)
+            - sum(float(r[0].rstrip("%")) for r in in_init)
+        )
+        < 0.02 * len(in_init) + 0.005
+    )
+    assert [r for r in rows["out"] if r[1] != "[brd]" and r not in init_named] == [
+        r for r in rows["in"] if r not in unknown and r not in in_init
     ]
     script = host_perf("script", out, ks, tmp_path)
     live = (d / "perf-task.script").read_text().splitlines()
