@@ -23,7 +23,7 @@ from kreld.perf.reader import KERNEL_MAP_PREFIX, PerfHeader
 from kreld.store.bootsource import BootSource
 from kreld.symbols.export import module_key, render_kallsyms
 from kreld.symbols.kernel_code import CodeIndex, code_history, kallsyms_lines
-from kreld.symbols.late_loads import possibly_held
+from kreld.symbols.late_loads import possibly_held, shadows
 from kreld.symbols.queries import Region, init_live_at, is_init_section, module_regions
 
 __all__ = [
@@ -114,6 +114,10 @@ _SAMPLE_TIME = re.compile(r"\s(\d{1,20})\.(\d{1,9}):(?=\s|$)")
 _KERNEL_HALF = 0xFFFF800000000000
 
 
+def _base(r: Region) -> int:
+    return r.base
+
+
 def _parse_time(m: re.Match[str]) -> int:
     return int(m.group(1)) * 1_000_000_000 + int(m.group(2).ljust(9, "0"))
 
@@ -173,14 +177,14 @@ class Symbolizer:
             return False
         return not is_init_section(r.section) or init_live_at(inc, clock, t)
 
-    def _rank(self, r: Region, t: int) -> tuple[int, int, int]:
+    def _rank(self, r: Region, t: int) -> tuple[int, int, int, int]:
         inc = r.inc
         if inc is None:
-            return (0, 0, 0)
+            return (0, 0, 0, 0)
         lo = inc.loaded.monotonic
         hi = None if inc.unloaded is None else inc.unloaded.monotonic
         gap = lo - t if t < lo else (t - hi if hi is not None and t >= hi else 0)
-        return (0 if inc.seq in self.seen else 1, gap, -inc.seq)
+        return (0 if inc.seq in self.seen else 1, gap, -r.base, -inc.seq)
 
     def region(self, address: int, t: int | None) -> Region | None:
         holders = self._holders.get(address)
@@ -192,14 +196,29 @@ class Symbolizer:
         if t is None:
             return holders[0] if len(holders) == 1 else None
         if self.clock.exact:
-            live = next((r for r in holders if self._live(r, t)), None)
-            if live is not None:
-                return live
-            maybe = [r for r in holders if possibly_held(r, self.clock.clock, t)]
-            if maybe:
-                return self._possible(maybe[0]) if len(maybe) == 1 else None
-            return self._initializing(holders, t)
+            return self._held_at(holders, t)
         return min(holders, key=lambda r: self._rank(r, t))
+
+    def _held_at(self, holders: list[Region], t: int) -> Region | None:
+        """Of the regions whose extent holds an address, the one that held it
+        at *t* (an exact sample time).  Extents are bounds, bases exact, and
+        regions resident at once never overlap: of those certainly there, the
+        nearest base below the address; a load possibly there then and higher
+        (see :func:`shadows`) comes before it, marked."""
+        clock = self.clock.clock
+        live = max((r for r in holders if self._live(r, t)), key=_base, default=None)
+        maybe = [
+            r
+            for r in holders
+            if possibly_held(r, clock, t) and (live is None or not shadows(live, r, clock))
+        ]
+        if len(maybe) > 1:  # two loads possibly there: neither, never a guess
+            return live
+        if maybe and (live is None or maybe[0].base > live.base):
+            return self._possible(maybe[0])
+        if live is not None:
+            return live
+        return self._initializing(holders, t)
 
     def _possible(self, r: Region) -> Region:
         """*r* marked possible: its load is known only as an interval (seen by

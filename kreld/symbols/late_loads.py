@@ -15,7 +15,7 @@ from kreld.core.record import replace
 if TYPE_CHECKING:
     from kreld.symbols.queries import Region
 
-__all__ = ["possible_regions", "possibly_held", "possibly_loaded_at"]
+__all__ = ["coexisted", "possible_regions", "possibly_held", "possibly_loaded_at", "shadows"]
 
 
 def possibly_loaded_at(inc: Incarnation, clock: Clock, t: int | None) -> bool:
@@ -60,6 +60,35 @@ def possible_regions(
         done = inc.init_done
         live_init = inc.init_live and (done is None or t is None or t < done.on(clock))
         for r in module_regions(inc, live_init):
-            if not any(c.base < r.limit and r.base < c.limit for c in certain):
+            if not any(shadows(c, r, clock) for c in certain):
                 out.append(replace(r, possible=True))
     return out
+
+
+def shadows(held: Region, r: Region, clock: Clock) -> bool:
+    """Whether *held*, a region certainly there at some time, may hold the
+    start of *r*, a module's region possibly there then, so that *r* must
+    yield to it.
+
+    A base is exact, a module region's limit only a bound (sysfs gives no
+    section sizes: :func:`~kreld.symbols.queries.module_regions`).  Regions
+    resident at once never overlap, so where *held*'s module was still loaded
+    when *r*'s load was seen, the two were resident together and *held* ends
+    before *r* begins: the nearest base names the address.  Otherwise (the
+    same base, kernel memory of exact extent, or *held*'s module gone before
+    *r*'s came, when its memory may have been reused) *held* wins."""
+    if not (held.base < r.limit and r.base < held.limit):
+        return False
+    if held.base == r.base or held.inc is None or r.inc is None:
+        return True
+    if r.base < held.base:  # r's addresses below held's are not held's
+        return False
+    return not coexisted(held.inc, r.inc, clock)
+
+
+def coexisted(held: Incarnation, late: Incarnation, clock: Clock) -> bool:
+    """Whether module load *held* was certainly still there when *late* was:
+    not known to be gone before *late* was seen loaded (``late.loaded``, at or
+    after its real load)."""
+    gone = held.unloaded_after or held.unloaded  # present at the former
+    return gone is None or gone.on(clock) >= late.loaded.on(clock)

@@ -38,28 +38,59 @@ def _ts(t: int) -> Timestamp:
     return Timestamp(t, t, t)
 
 
-def late_store(tmp_path: Path) -> tuple[list[str], FakeTree]:
+def late_store(
+    tmp_path: Path, neighbour: bool = False, exact: bool = False
+) -> tuple[list[str], FakeTree]:
     """A boot on which ``late`` was seen loaded at 40 s by a look that did not
-    see it at 10 s; its init still running when seen."""
+    see it at 10 s; its init still running when seen.  With *neighbour*,
+    ``kvm`` recorded before it (:func:`neighbour`); with *exact*, late's load
+    seen by the tracepoint at 10 s instead, its init done at 30 s."""
     tree = FakeTree(tmp_path / "root", text=TEXT)
     opts = ["--root", str(tree.root), "--state-dir", str(tmp_path / "state")]
     kreldctl(*opts, "snapshot")
+    loads = [neighbour_load(tree.boot_id)] if neighbour else []
     state = ModuleState(
         name="late", build_id=BUILD, sections=SECTIONS, coresize=0x4000, initsize=0x1000,
         initstate="coming", srcversion=None, taint=None, core_base=BASE, restricted=False,
         inode=1,
     )  # fmt: skip
-    inc = Incarnation(tree.boot_id, 7, state, _ts(LOADED), SeenBy.POLL, init_live=True,
+    inc = Incarnation(tree.boot_id, len(loads), state, _ts(LOADED), SeenBy.POLL, init_live=True,
                       loaded_after=_ts(AFTER))  # fmt: skip
+    if exact:
+        inc = replace(inc, loaded=_ts(10 * S), loaded_after=None, seen_by=SeenBy.TRACEPOINT,
+                      init_done=_ts(30 * S))  # fmt: skip
     table = module_table([(BASE, b"t", b"late_fn"), (BASE + 0x100000, b"t", b"late_init")],
                          SECTIONS, {})  # fmt: skip
     assert table is not None
+    loads.append((inc, module_symbol_key(BUILD, "late", None), table))
     with Store(tmp_path / "state") as store:
-        store.modules.apply_module_changes(tree.boot_id, [inc], [], [], None)
-        key = module_symbol_key(BUILD, "late", None)
-        assert key is not None
-        store.symbols.put_table(key, table)
+        store.modules.apply_module_changes(tree.boot_id, [i for i, _, _ in loads], [], [], None)
+        for _, key, packed in loads:
+            assert key is not None
+            store.symbols.put_table(key, packed)
     return opts, tree
+
+
+NEIGHBOUR = BASE - 0x400000  # a module loaded long before, below late
+# Its .orc_header lies outside its text allocation (Linux 6.4 on), so its extent
+# is bounded by the module's size alone: past late's .text and init text.
+NEIGHBOUR_SECTIONS = {".text": NEIGHBOUR, ".orc_header": NEIGHBOUR + 0x3F0000}
+ORC = NEIGHBOUR_SECTIONS[".orc_header"]
+
+
+def neighbour_load(boot_id: str) -> tuple[Incarnation, str | None, bytes]:
+    """``kvm``, loaded at 1 s (seen by the tracepoint) below ``late``, its last
+    section's bound reaching over late's text and init text."""
+    state = ModuleState(
+        name="kvm", build_id="c0de" * 10, sections=NEIGHBOUR_SECTIONS, coresize=0x180000,
+        initsize=0, initstate="live", srcversion=None, taint=None, core_base=NEIGHBOUR,
+        restricted=False, inode=2,
+    )  # fmt: skip
+    kvm = Incarnation(boot_id, 0, state, _ts(S), SeenBy.TRACEPOINT, init_live=False)
+    table = module_table([(NEIGHBOUR, b"t", b"kvm_fn"), (ORC, b"r", b"orc_header")],
+                         NEIGHBOUR_SECTIONS, {})  # fmt: skip
+    assert table is not None
+    return kvm, module_symbol_key("c0de" * 10, "kvm", None), table
 
 
 def recording(tree: FakeTree, path: Path, times: list[int], clock_at: int = 15 * S) -> Path:
@@ -226,4 +257,38 @@ def test_inject_names_the_init_text_of_a_load_mapped_mid_recording_while_its_ini
     assert _ksymbols(tmp_path / "out2.data") == [
         (BASE + 0x100000, 0x1000, 0, "late_init"),
         (BASE + 0x100000, 0x1000, 1, "late_init"),  # PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER
+    ]
+
+
+def test_symbolize_for_names_by_the_nearest_base_where_a_neighbours_extent_is_a_bound(
+    tmp_path: Path,
+) -> None:
+    """sysfs gives section bases, not sizes: kvm's ``.orc_header`` may reach as
+    far as its module's size, over late's text and init text.  The two were
+    loaded at once, so they did not overlap: late's addresses are late's, its
+    init text while its init ran; kvm's own still kvm's."""
+    opts, tree = late_store(tmp_path, neighbour=True, exact=True)
+    data = recording(tree, tmp_path / "perf.data", [5 * S, 50 * S])
+    text = script((20 * S, BASE + 0x10), (20 * S, BASE + 0x100004), (20 * S, ORC + 8),
+                  (40 * S, BASE + 0x100004))  # fmt: skip
+    frames = [ln for ln in symbolize(opts, data, text).stdout.splitlines() if ln.startswith("\t")]
+    assert frames == [
+        f"\t{BASE + 0x10:16x} late_fn+0x10 ([late])",
+        f"\t{BASE + 0x100004:16x} late_init+0x4 ([late])",
+        f"\t{ORC + 8:16x} orc_header+0x8 ([kvm])",
+        # init done: the address is no more late's; kvm's bound is all that is left
+        f"\t{BASE + 0x100004:16x} orc_header+{BASE + 0x100004 - ORC:#x} ([kvm])",
+    ]
+
+
+def test_symbolize_for_names_a_possible_load_above_a_neighbours_bound_as_possible(
+    tmp_path: Path,
+) -> None:
+    opts, tree = late_store(tmp_path, neighbour=True)
+    data = recording(tree, tmp_path / "perf.data", [5 * S, 50 * S])
+    text = script((20 * S, BASE + 0x10), (20 * S, BASE + 0x100004))
+    frames = [ln for ln in symbolize(opts, data, text).stdout.splitlines() if ln.startswith("\t")]
+    assert frames == [
+        f"\t{BASE + 0x10:16x} late_fn+0x10 (possible) ([late])",
+        f"\t{BASE + 0x100004:16x} late_init+0x4 (possible) ([late])",
     ]

@@ -87,3 +87,45 @@ def test_a_module_certainly_there_wins_over_one_possibly_there() -> None:
         AddressMap(boot(), [first, late], Clock.MONOTONIC, 1500).resolve([init]).to_json()
     )
     assert resolutions([hex(init)], after)[0] == {"address": hex(init)}
+
+
+def _neighbour(**kw: object) -> Any:
+    """``kvm``, loaded before ``late`` below it: its ``.orc_header`` lies outside
+    its text allocation (Linux 6.4 on), bounded by the module's size alone,
+    over late's text and init text."""
+    nb = BASE - 0x400000
+    kvm = incarnation("kvm", 1, nb, 0x180000, nb + 0x1000000, **kw)
+    sections = {".text": nb, ".orc_header": nb + 0x3F0000}
+    return replace(kvm, state=replace(kvm.state, sections=sections)), nb + 0x3F0000
+
+
+def _late(t0: Timestamp, t1: Timestamp) -> Any:
+    late = incarnation("late", 2, BASE, 0x3000, BASE + 0x100000, init_live=True)
+    return replace(late, loaded=t1, loaded_after=t0, seen_by=SeenBy.POLL)
+
+
+def test_a_load_possibly_there_is_named_above_a_neighbours_bound() -> None:
+    """kvm, certainly there, was still loaded when late's load was seen: the
+    two lay apart, and kvm's bound (sysfs gives no sizes) does not hide late."""
+    t0, t1 = Timestamp(2000, 2000, 2000), Timestamp(3000, 3000, 3000)
+    kvm, orc = _neighbour()
+    amap = AddressMap(boot(), [kvm, _late(t0, t1)], Clock.MONOTONIC, 2500)
+    wanted = [BASE + 0x10, BASE + 0x100010, orc + 8]
+    rows = resolutions([hex(a) for a in wanted], json.loads(amap.resolve(wanted).to_json()))
+    assert [(r["image"], r["section"], r.get("possible")) for r in rows] == [
+        ("late", ".text", True),
+        ("late", ".init.text", True),
+        ("kvm", ".orc_header", None),
+    ]
+
+
+def test_a_neighbour_gone_before_the_load_was_seen_keeps_its_bound() -> None:
+    """kvm was seen gone (at 2300) before late was seen loaded (at 3000): late
+    may have taken memory kvm held, so at 2100, when kvm was certainly there,
+    kvm's bound wins over late, only possibly there."""
+    t0, t1 = Timestamp(2000, 2000, 2000), Timestamp(3000, 3000, 3000)
+    gone = Timestamp(2300, 2300, 2300)
+    kvm, _ = _neighbour(unloaded=gone, unloaded_after=Timestamp(2200, 2200, 2200))
+    amap = AddressMap(boot(), [kvm, _late(t0, t1)], Clock.MONOTONIC, 2100)
+    (row,) = resolutions([hex(BASE + 0x10)], json.loads(amap.resolve([BASE + 0x10]).to_json()))
+    assert (row["image"], row["section"], row.get("possible")) == ("kvm", ".orc_header", None)
