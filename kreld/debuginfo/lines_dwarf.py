@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -102,11 +102,16 @@ class Reader:
 
     def _leb(self, signed: bool) -> int:
         value = shift = 0
+        data, pos, end = self.data, self.pos, self.end
         while True:
-            b = self.u(1)
+            if pos >= end:
+                raise Bad("past the end")
+            b = data[pos]
+            pos += 1
             value |= (b & 0x7F) << shift
             shift += 7
             if b < 0x80:
+                self.pos = pos
                 return value - (1 << shift) if signed and b & 0x40 else value
             if shift > 70:
                 raise Bad("LEB128 too long")
@@ -122,13 +127,19 @@ class Reader:
 
 @dataclass
 class Strings:
-    """``.debug_str`` and ``.debug_line_str``."""
+    """``.debug_str`` and ``.debug_line_str``; each string read once (the
+    units' line program headers name the same few thousand files)."""
 
     str: Span
     line_str: Span
+    read: dict[tuple[int, int], bytes] = field(default_factory=dict, repr=False, compare=False)
 
     def at(self, form: int, offset: int) -> bytes:
-        return (self.line_str if form == _FORM_LINE_STRP else self.str).reader(offset).cstr()
+        out = self.read.get((form, offset))
+        if out is None:
+            span = self.line_str if form == _FORM_LINE_STRP else self.str
+            out = self.read[(form, offset)] = span.reader(offset).cstr()
+        return out
 
     def of(self, value: int | bytes, form: int) -> bytes:
         """A string attribute's value: inline, or by offset into a string section."""
@@ -189,6 +200,10 @@ _Cols = list[tuple["NDArray[np.uint64]", "NDArray[np.int64]", "NDArray[np.int64]
 Within = tuple["NDArray[np.uint64]", "NDArray[np.uint64]"]
 
 
+# (compilation directory, directory, name) -> the name's one spelling
+_Spelled = dict[tuple[str, bytes, bytes], str]
+
+
 @dataclass
 class _Header:
     min_inst: int
@@ -202,7 +217,14 @@ class _Header:
     end: int
 
 
-def _read_header(lines: Span, offset: int, comp_dir: str, strings: Strings) -> _Header:
+def _read_header(
+    lines: Span, offset: int, comp_dir: str, strings: Strings, spelled: _Spelled | None = None
+) -> _Header:
+    """The header of the line program at *offset*; its file names spelled
+    once (:func:`normalize_path`) through *spelled*, which units share (their
+    headers repeat the same headers' names)."""
+    if spelled is None:
+        spelled = {}
     r = lines.reader(offset)
     length, off_size = r.u(4), 4
     if length == 0xFFFFFFFF:
@@ -237,13 +259,18 @@ def _read_header(lines: Span, offset: int, comp_dir: str, strings: Strings) -> _
             files.append((name, r.uleb()))
             r.uleb(), r.uleb()  # modification time, length
         first_file = 1
-    text = [d.decode("utf-8", "replace") for d in dirs]
-    paths: list[str | None] = [
-        normalize_path(comp_dir, text[d], name.decode("utf-8", "replace"))
-        if d < len(text)
-        else None
-        for name, d in files
-    ]
+    paths: list[str | None] = []
+    for name, at in files:
+        if at >= len(dirs):
+            paths.append(None)
+            continue
+        key = (comp_dir, dirs[at], name)
+        path = spelled.get(key)
+        if path is None:
+            path = spelled[key] = normalize_path(
+                comp_dir, dirs[at].decode("utf-8", "replace"), name.decode("utf-8", "replace")
+            )
+        paths.append(path)
     return _Header(min_inst, line_base, line_range, opcode_base, std_lengths, paths, first_file,
                    program, end)  # fmt: skip
 
@@ -295,38 +322,51 @@ def _opcode_tables(h: _Header) -> tuple[list[int], list[int], list[int], dict[in
     return step, rise, skip, {i + h.first_file: i for i, p in enumerate(h.paths) if p}
 
 
-def _decode_rows(data: Buffer, h: _Header) -> tuple[list[int], list[int], list[int]]:
+def _decode_rows(data: Buffer, h: _Header) -> tuple[list[int], NDArray[np.int64], list[int]]:
     """The rows of a line program: address, file (an index of the header's
     paths, -1 where none, -2 a sequence's end) and line; one loop over its
-    bytes (a C unit's program has tens of thousands of rows)."""
+    bytes (a C unit's program has tens of thousands of rows).
+
+    The loop does per byte only what its opcode needs, the frequent first
+    (special opcodes, then ``set_column``, whose operand is only passed); the
+    file register, which changes seldom, is kept as the rows where it changes
+    and spread over the rows afterwards."""
     if h.end - h.program > _MAX_PROGRAM:  # a row takes a byte at least
         raise Bad("too many rows")
     prog = bytes(data[h.program : h.end])
     base = h.opcode_base
     step, rise, skip, ok_file = _opcode_tables(h)
     addrs: list[int] = []
-    files: list[int] = []
     lines: list[int] = []
-    address, line, k = 0, 1, ok_file.get(1, -1)
+    row_at, line_is = addrs.append, lines.append
+    first = ok_file.get(1, -1)
+    file_from = {0: first}  # row -> the file register's value from that row on
+    column_1 = skip[5] == 1  # set_column's one operand, as DWARF has it
+    address, line = 0, 1
     pos, n = 0, len(prog)
     while pos < n:
         op = prog[pos]
         pos += 1
-        if op >= base or op == 1:  # a special opcode, or copy
-            if op != 1:
-                address += step[op]
-                line += rise[op]
-            addrs.append(address)
-            files.append(k)
-            lines.append(line)
-        elif op >= 5 and op not in (8, 9):  # operands (ULEB128) only to move past
-            for _ in range(skip[op]):
-                while prog[pos] & 0x80:
-                    pos += 1
+        if op >= base:  # a special opcode
+            address += step[op]
+            line += rise[op]
+            row_at(address)
+            line_is(line)
+        elif op == 5 and column_1:  # set_column: its operand only passed
+            while prog[pos] & 0x80:
                 pos += 1
+            pos += 1
+        elif op == 1:  # copy
+            row_at(address)
+            line_is(line)
         elif op == 3:  # advance_line
-            value, pos = _sleb(prog, pos)
-            line += value
+            value = prog[pos]
+            if value < 0x80:
+                line += value - 0x80 if value & 0x40 else value
+                pos += 1
+            else:
+                value, pos = _sleb(prog, pos)
+                line += value
         elif op == 2:  # advance_pc
             value = prog[pos]
             if value < 0x80:
@@ -336,23 +376,32 @@ def _decode_rows(data: Buffer, h: _Header) -> tuple[list[int], list[int], list[i
             address += value * h.min_inst
         elif op == 4:  # set_file
             value, pos = uleb_at(prog, pos)
-            k = ok_file.get(value, -1)
+            file_from[len(addrs)] = ok_file.get(value, -1)
         elif op == 8:  # const_add_pc
             address += step[255]
         elif op == 9:  # fixed_advance_pc
             address += int.from_bytes(prog[pos : pos + 2], "little")
             pos += 2
+        elif op >= 5:  # other standard opcodes: their operands (ULEB128) passed
+            for _ in range(skip[op]):
+                while prog[pos] & 0x80:
+                    pos += 1
+                pos += 1
         else:  # 0: an extended opcode
             sub, value, pos = _extended(prog, pos)
             if sub == 1:  # end_sequence
-                addrs.append(address)
-                files.append(-2)
-                lines.append(line)
-                address, line, k = 0, 1, ok_file.get(1, -1)
+                file_from[len(addrs)] = -2
+                row_at(address)
+                line_is(line)
+                file_from[len(addrs)] = first
+                address, line = 0, 1
             elif sub == 2:  # set_address
                 address = value
     if pos > n:
         raise Bad("past the end")
+    at = np.fromiter(file_from, np.int64, len(file_from))
+    value_of = np.fromiter(file_from.values(), np.int64, len(file_from))
+    files = np.repeat(value_of, np.diff(at, append=len(addrs)))
     return addrs, files, lines
 
 
@@ -418,11 +467,14 @@ def unit_programs(
     paths: list[str] = []
     cols: _Cols = []
     parts: list[_Rows] = []
+    spelled: _Spelled = {}
     for n, (offset, comp_dir) in enumerate(programs):
         try:
-            h = _read_header(d.lines, offset, comp_dir.decode("utf-8", "replace"), d.strings)
+            h = _read_header(
+                d.lines, offset, comp_dir.decode("utf-8", "replace"), d.strings, spelled
+            )
             addrs, files, lines = _decode_rows(d.lines.data, h)
-            col = (np.array(addrs, np.uint64), np.array(files, np.int64),
+            col = (np.array(addrs, np.uint64), files,
                    np.array(lines, np.int64), len(paths))  # fmt: skip
         except (Bad, IndexError, struct.error, UnicodeError, OverflowError):
             continue  # no lines from this unit, never a wrong one
