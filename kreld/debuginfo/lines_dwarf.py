@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kreld.debuginfo.lines import NONE, normalize_path
+from kreld.debuginfo.lines import normalize_path
+from kreld.debuginfo.lines_ranges import (
+    Cols,
+    ProgramLines,
+    Rows,
+    Within,
+    cut,
+    joined,
+    merge,
+    ranges,
+)
 from kreld.debuginfo.lines_reloc import read_sections, section_contents
 
 if TYPE_CHECKING:
@@ -48,19 +58,9 @@ class Bad(Exception):
     """This reader does not follow the unit: it gives no lines."""
 
 
-@dataclass(frozen=True)
-class ProgramLines:
-    """Ranges of the line programs read: ``starts`` (absolute addresses,
-    sorted, one per start), each range's ``file`` (an index of ``paths``,
-    ``NONE`` past a sequence's end) and ``line``."""
-
-    starts: NDArray[np.uint64]
-    file: NDArray[np.uint32]
-    line: NDArray[np.uint32]
-    paths: list[str]
-
-
 Buffer = bytes | mmap.mmap
+# (compilation directory, directory, name) -> the name's one spelling
+_Spelled = dict[tuple[str, bytes, bytes], str]
 
 
 @dataclass(frozen=True)
@@ -195,15 +195,6 @@ def _entries(
     return out
 
 
-_Cols = list[tuple["NDArray[np.uint64]", "NDArray[np.int64]", "NDArray[np.int64]", int]]
-# Address ranges: their starts and their ends.
-Within = tuple["NDArray[np.uint64]", "NDArray[np.uint64]"]
-
-
-# (compilation directory, directory, name) -> the name's one spelling
-_Spelled = dict[tuple[str, bytes, bytes], str]
-
-
 @dataclass
 class _Header:
     min_inst: int
@@ -324,23 +315,26 @@ def _opcode_tables(h: _Header) -> tuple[list[int], list[int], list[int], dict[in
 
 def _decode_rows(data: Buffer, h: _Header) -> tuple[list[int], NDArray[np.int64], list[int]]:
     """The rows of a line program: address, file (an index of the header's
-    paths, -1 where none, -2 a sequence's end) and line; one loop over its
-    bytes (a C unit's program has tens of thousands of rows).
-
-    The loop does per byte only what its opcode needs, the frequent first
-    (special opcodes, then ``set_column``, whose operand is only passed); the
-    file register, which changes seldom, is kept as the rows where it changes
-    and spread over the rows afterwards."""
+    paths, -1 where none, -2 a sequence's end) and line.  The file register,
+    which changes seldom, comes from :func:`_rows` as the rows where it
+    changes, and is spread over the rows here."""
     if h.end - h.program > _MAX_PROGRAM:  # a row takes a byte at least
         raise Bad("too many rows")
-    prog = bytes(data[h.program : h.end])
+    addrs, lines, file_from = _rows(bytes(data[h.program : h.end]), h)
+    at = np.fromiter(file_from, np.int64, len(file_from))
+    value_of = np.fromiter(file_from.values(), np.int64, len(file_from))
+    return addrs, np.repeat(value_of, np.diff(at, append=len(addrs))), lines
+
+
+def _rows(prog: bytes, h: _Header) -> tuple[list[int], list[int], dict[int, int]]:
+    """The rows' addresses and lines, and the file register's value from each row it changes
+    at: one loop over the program's bytes, each opcode doing only what it needs."""
     base = h.opcode_base
     step, rise, skip, ok_file = _opcode_tables(h)
     addrs: list[int] = []
     lines: list[int] = []
     row_at, line_is = addrs.append, lines.append
-    first = ok_file.get(1, -1)
-    file_from = {0: first}  # row -> the file register's value from that row on
+    file_from = {0: (first := ok_file.get(1, -1))}
     column_1 = skip[5] == 1  # set_column's one operand, as DWARF has it
     address, line = 0, 1
     pos, n = 0, len(prog)
@@ -359,20 +353,12 @@ def _decode_rows(data: Buffer, h: _Header) -> tuple[list[int], NDArray[np.int64]
         elif op == 1:  # copy
             row_at(address)
             line_is(line)
-        elif op == 3:  # advance_line
-            value = prog[pos]
-            if value < 0x80:
-                line += value - 0x80 if value & 0x40 else value
-                pos += 1
-            else:
-                value, pos = _sleb(prog, pos)
-                line += value
-        elif op == 2:  # advance_pc
-            value = prog[pos]
-            if value < 0x80:
-                pos += 1
-            else:
-                value, pos = uleb_at(prog, pos)
+        elif op == 3:  # advance_line, mostly one byte
+            v = prog[pos]
+            value, pos = (v - ((v & 0x40) << 1), pos + 1) if v < 0x80 else _sleb(prog, pos)
+            line += value
+        elif op == 2:  # advance_pc, mostly one byte
+            value, pos = (prog[pos], pos + 1) if prog[pos] < 0x80 else uleb_at(prog, pos)
             address += value * h.min_inst
         elif op == 4:  # set_file
             value, pos = uleb_at(prog, pos)
@@ -389,7 +375,7 @@ def _decode_rows(data: Buffer, h: _Header) -> tuple[list[int], NDArray[np.int64]
                 pos += 1
         else:  # 0: an extended opcode
             sub, value, pos = _extended(prog, pos)
-            if sub == 1:  # end_sequence
+            if sub == 1:  # end_sequence: a row of file -2, and the registers anew
                 file_from[len(addrs)] = -2
                 row_at(address)
                 line_is(line)
@@ -399,31 +385,7 @@ def _decode_rows(data: Buffer, h: _Header) -> tuple[list[int], NDArray[np.int64]
                 address = value
     if pos > n:
         raise Bad("past the end")
-    at = np.fromiter(file_from, np.int64, len(file_from))
-    value_of = np.fromiter(file_from.values(), np.int64, len(file_from))
-    files = np.repeat(value_of, np.diff(at, append=len(addrs)))
-    return addrs, files, lines
-
-
-def _ranges(cols: _Cols, paths: list[str]) -> ProgramLines:
-    """One range per start address: at an address a sequence ends and
-    another starts, the start; among rows at one address, the last."""
-    if not cols:
-        return ProgramLines(np.zeros(0, np.uint64), np.zeros(0, np.uint32),
-                            np.zeros(0, np.uint32), paths)  # fmt: skip
-    addr = np.concatenate([a for a, _, _, _ in cols])
-    raw = np.concatenate([f for _, f, _, _ in cols])
-    shift = np.concatenate([np.full(len(f), s, dtype=np.int64) for _, f, _, s in cols])
-    line = np.concatenate([n for _, _, n, _ in cols])
-    kind = (raw != -2).astype(np.int64)  # a sequence's end sorts before a row at its address
-    order = np.lexsort((np.arange(len(addr)), kind, addr))
-    addr, raw, shift, line = addr[order], raw[order], shift[order], line[order]
-    last = np.ones(len(addr), dtype=bool)
-    last[:-1] = addr[1:] != addr[:-1]
-    addr, raw, shift, line = addr[last], raw[last], shift[last], line[last]
-    file = np.where(raw >= 0, raw + shift, NONE).astype(np.uint32)
-    line = np.where(raw >= 0, np.clip(line, 0, NONE), 0).astype(np.uint32)
-    return ProgramLines(addr, file, line, paths)
+    return addrs, lines, file_from
 
 
 @dataclass(frozen=True)
@@ -465,8 +427,8 @@ def unit_programs(
     With *within* (for each program, sorted disjoint address ranges: their
     starts and ends), each program's ranges cut to those."""
     paths: list[str] = []
-    cols: _Cols = []
-    parts: list[_Rows] = []
+    cols: Cols = []
+    parts: list[Rows] = []
     spelled: _Spelled = {}
     for n, (offset, comp_dir) in enumerate(programs):
         try:
@@ -481,47 +443,6 @@ def unit_programs(
         if within is None:
             cols.append(col)
         else:
-            parts.append(_cut(_ranges([col], []), *within[n]))
+            parts.append(cut(ranges([col], []), *within[n]))
         paths += [p or "" for p in h.paths]
-    return _ranges(cols, paths) if within is None else _joined(parts, paths)
-
-
-_Rows = tuple["NDArray[np.uint64]", "NDArray[np.uint32]", "NDArray[np.uint32]"]
-
-
-def _cut(p: ProgramLines, starts: NDArray[np.uint64], ends: NDArray[np.uint64]) -> _Rows:
-    """The ranges of *p* within [*starts*, *ends*): each start given the
-    range of *p* it lies in, each end ending it."""
-    if not len(p.starts):
-        return p.starts, p.file, p.line
-    j = np.searchsorted(ends, p.starts, side="right")  # the first cut ending after it
-    inside = (j < len(ends)) & (starts[np.minimum(j, len(ends) - 1)] <= p.starts)
-    k = np.searchsorted(p.starts, starts, side="right").astype(np.int64) - 1
-    kk = np.maximum(k, 0)
-    none = np.full(len(ends), NONE, np.uint32)
-    at = np.concatenate([p.starts[inside], starts, ends])
-    file = np.concatenate([p.file[inside], np.where(k >= 0, p.file[kk], NONE), none])
-    line = np.concatenate([p.line[inside], np.where(k >= 0, p.line[kk], 0), none * 0])
-    return at, file.astype(np.uint32), line.astype(np.uint32)
-
-
-def _joined(parts: list[_Rows], paths: list[str]) -> ProgramLines:
-    """Ranges of units apart as one: at an address where one's range ends
-    and another's starts, the start."""
-    if not parts:
-        return ProgramLines(np.zeros(0, np.uint64), np.zeros(0, np.uint32),
-                            np.zeros(0, np.uint32), paths)  # fmt: skip
-    at, file, line = (np.concatenate([part[c] for part in parts]) for c in range(3))
-    order = np.lexsort((np.arange(len(at)), file != NONE, at))  # an end before a start
-    at, file, line = at[order], file[order], line[order]
-    last = np.ones(len(at), dtype=bool)
-    last[:-1] = at[1:] != at[:-1]
-    return ProgramLines(at[last], file[last], line[last], paths)
-
-
-def merge(a: ProgramLines, b: ProgramLines) -> ProgramLines:
-    """The ranges of both (of units apart): at an address where one's range
-    ends and the other's starts, the start."""
-    shifted = np.where(b.file == NONE, NONE, b.file.astype(np.int64) + len(a.paths))
-    return _joined([(a.starts, a.file, a.line), (b.starts, shifted.astype(np.uint32), b.line)],
-                   a.paths + b.paths)  # fmt: skip
+    return ranges(cols, paths) if within is None else joined(parts, paths)
