@@ -182,7 +182,7 @@ class Daemon(Startup):
             loaded=self.serving_loaded,
             snapshot=self.serving_snapshot,
             status=self.status,
-            line_tables=self.lines.source_for,
+            line_tables=self.lines,
             drop_pages=self.store.drop_pages,
         )
         server = Server(

@@ -20,6 +20,7 @@ import io
 import json
 import posixpath
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ from kreld.debuginfo.lines_reloc import SectionBase
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
+
+    from kreld.debuginfo.lines_later import LaterLines
 
 __all__ = ["BUILDER", "NONE", "Frame", "FrameColumns", "LineTable", "normalize_path"]
 
@@ -109,21 +112,63 @@ class LineTable:
         self.loc_file, self.loc_line = arrays["loc_file"], arrays["loc_line"]
         self.loc_func, self.loc_parent = arrays["loc_func"], arrays["loc_parent"]
         self.loc_first = len(self.loc_func) - len(self.starts)
-        self._func_offs, self._file_offs = arrays["func_offs"], arrays["file_offs"]
+        self._func_offs = arrays["func_offs"]
         self.sym_starts, self.sym_sizes = arrays["sym_starts"], arrays["sym_sizes"]
         self.sym_func = arrays["sym_func"]
         # Lines of code no DWARF function gives one (kreld.debuginfo.lines_program):
         # range starts, each's file (NONE past a sequence's end) and line.
+        # Each swapped in whole (see extend).
         none = np.zeros(0, dtype=np.uint32)
-        self.lp_starts = arrays.get("lp_starts", none)
-        self.lp_file, self.lp_line = arrays.get("lp_file", none), arrays.get("lp_line", none)
-        self._names, self._files = names, files
+        self._lp = (arrays.get("lp_starts", none), arrays.get("lp_file", none),
+                    arrays.get("lp_line", none))  # fmt: skip
+        self._names = names
+        self._file_names = (files, arrays["file_offs"])
+        #: The lines still to be read of a table just built (see lines_later).
+        self.later: LaterLines | None = None
         # How the ELF symbol table names frames: "outer" (an executable, as
         # llvm-symbolizer does) or "fill" (a relocatable object, as elfutils).
         self.symbol_names: str = meta.get("symbol_names", "fill")
         #: For a table just built, the peak RSS in bytes of the process that
         #: read its DWARF (not kept with the table).
         self.reader_peak_rss: int | None = None
+
+    @property
+    def lp_starts(self) -> NDArray[np.uint32]:
+        return self._lp[0]
+
+    @property
+    def lp_file(self) -> NDArray[np.uint32]:
+        return self._lp[1]
+
+    @property
+    def lp_line(self) -> NDArray[np.uint32]:
+        return self._lp[2]
+
+    def program_rows(self) -> tuple[NDArray[np.uint32], NDArray[np.uint32], NDArray[np.uint32]]:
+        """The line-program rows: their starts, files and lines, as one."""
+        return self._lp
+
+    def file_blob(self) -> tuple[bytes, NDArray[np.uint32]]:
+        """The file names' blob and the offsets into it, as one."""
+        return self._file_names
+
+    def extend(
+        self,
+        file_names: tuple[bytes, NDArray[np.uint32]],
+        rows: tuple[NDArray[np.uint32], NDArray[np.uint32], NDArray[np.uint32]],
+    ) -> None:
+        """Take more line-program rows and the file names they use (the old
+        names kept as they were, new ones after them): the names first, so
+        that an index any reader holds is always in range."""
+        self._file_names = file_names
+        self._lp = rows
+
+    def complete(self, pause: Callable[[], None] | None = None) -> None:
+        """Read the lines still to be read (:mod:`kreld.debuginfo.lines_later`),
+        calling *pause* between turns."""
+        later = self.later
+        if later is not None:
+            later.complete(self, pause)
 
     # -- lookups ----------------------------------------------------------
     def locations(self, addresses: NDArray[np.uint64]) -> NDArray[np.uint32]:
@@ -163,6 +208,9 @@ class LineTable:
         per address: the chains are walked one inline depth at a time over
         the addresses still that deep, each depth's frames written straight
         to their places."""
+        later = self.later
+        if later is not None:
+            later.settle(self, addresses)
         loc = self.locations(addresses)
         syms = self.symbols(addresses)
         counts = np.zeros(len(loc), dtype=np.int64)
@@ -196,7 +244,7 @@ class LineTable:
         if self.symbol_names == "outer":
             outer = np.flatnonzero(named & (counts > 0))
             function[first[outer] + counts[outer] - 1] = syms[outer]
-        if len(self.lp_starts):
+        if len(self._lp[0]):
             self._program_lines(addresses, counts, first, file, line)
         return FrameColumns(counts, function, file, line)
 
@@ -215,13 +263,14 @@ class LineTable:
         rel = addresses[one].astype(np.uint64) - np.uint64(self.base)
         inside = (addresses[one] >= np.uint64(self.base)) & (rel < np.uint64(1 << 32))
         one, rel = one[inside], rel[inside]
-        idx = np.searchsorted(self.lp_starts, rel.astype(np.uint32), side="right").astype(np.int64)
+        lp_starts, lp_file, lp_line = self._lp
+        idx = np.searchsorted(lp_starts, rel.astype(np.uint32), side="right").astype(np.int64)
         ok = idx > 0
         one, idx = one[ok], idx[ok] - 1
-        ok = self.lp_file[idx] != NONE
+        ok = lp_file[idx] != NONE
         one, idx = one[ok], idx[ok]
-        file[first[one]] = self.lp_file[idx]
-        line[first[one]] = self.lp_line[idx]
+        file[first[one]] = lp_file[idx]
+        line[first[one]] = lp_line[idx]
 
     def frames_at(self, addresses: NDArray[np.uint64]) -> list[list[Frame]]:
         """Each address's frames, innermost first (:meth:`frame_columns`), as
@@ -241,7 +290,8 @@ class LineTable:
         """The function names and file names as kept: each blob and the
         offsets into it (name *i* is ``blob[offs[i]:offs[i + 1]]``), for
         readers that take many names at once."""
-        return self._names, self._func_offs, self._files, self._file_offs
+        files, file_offs = self._file_names
+        return self._names, self._func_offs, files, file_offs
 
     def function_name(self, i: int) -> str:
         return self._names[int(self._func_offs[i]) : int(self._func_offs[i + 1])].decode(
@@ -251,9 +301,8 @@ class LineTable:
     def file_name(self, i: int) -> str | None:
         if i == NONE:
             return None
-        return self._files[int(self._file_offs[i]) : int(self._file_offs[i + 1])].decode(
-            "utf-8", "replace"
-        )
+        files, offs = self._file_names
+        return files[int(offs[i]) : int(offs[i + 1])].decode("utf-8", "replace")
 
     def frames(self, address: int) -> list[Frame]:
         """The chain at one address, innermost first; empty where no function."""
@@ -272,23 +321,28 @@ class LineTable:
                "lp_starts", "lp_file", "lp_line")  # fmt: skip
 
     def _arrays(self) -> dict[str, NDArray[np.uint32]]:
+        lp_starts, lp_file, lp_line = self._lp
         return {
             "starts": self.starts, "loc_file": self.loc_file, "loc_line": self.loc_line,
             "loc_func": self.loc_func, "loc_parent": self.loc_parent,
-            "func_offs": self._func_offs, "file_offs": self._file_offs,
+            "func_offs": self._func_offs, "file_offs": self._file_names[1],
             "sym_starts": self.sym_starts, "sym_sizes": self.sym_sizes, "sym_func": self.sym_func,
-            "lp_starts": self.lp_starts, "lp_file": self.lp_file, "lp_line": self.lp_line,
+            "lp_starts": lp_starts, "lp_file": lp_file, "lp_line": lp_line,
         }  # fmt: skip
 
     def nbytes(self) -> int:
         """The bytes the table holds in memory (its arrays and names)."""
         arrays = self._arrays().values()
-        return sum(int(a.nbytes) for a in arrays) + len(self._names) + len(self._files)
+        return sum(int(a.nbytes) for a in arrays) + len(self._names) + len(self._file_names[0])
 
     def to_bytes(self) -> bytes:
+        """The table as kept (its lines still to be read read first)."""
+        self.complete()
+        files, file_offs = self._file_names
         arrays = self._arrays()
+        arrays["file_offs"] = file_offs
         meta = dict(self.meta, counts={k: len(arrays[k]) for k in self._ARRAYS},
-                    names=len(self._names), files=len(self._files))  # fmt: skip
+                    names=len(self._names), files=len(files))  # fmt: skip
         head = json.dumps(meta, separators=(",", ":")).encode()
         out = io.BytesIO()
         out.write(_PRELUDE.pack(_MAGIC, len(head)) + head)
@@ -296,7 +350,7 @@ class LineTable:
             out.write(b"\0" * (-out.tell() % 8))
             out.write(arrays[k].astype("<u4").tobytes())
         out.write(self._names)
-        out.write(self._files)
+        out.write(files)
         return out.getvalue()
 
     @classmethod
@@ -321,36 +375,38 @@ class LineTable:
             if len(files) != nf:
                 raise ValueError("truncated")
             table = cls(meta, arrays, names, files)
-            table._check()
+            _check(table)
         except (ValueError, KeyError, TypeError, struct.error) as e:
             raise LineTableError(what, f"malformed line table: {e}") from None
         return table
 
-    def _check(self) -> None:
-        """Every index in range, so that a damaged table fails here, not in a lookup."""
-        nl, nfn, nfi = len(self.loc_func), len(self._func_offs) - 1, len(self._file_offs) - 1
-        if (
-            len(self.loc_file) != nl
-            or len(self.loc_line) != nl
-            or len(self.loc_parent) != nl
-            or self.loc_first < 0
-        ):
-            raise ValueError("location arrays differ in length")
-        ns = len(self.sym_starts)
-        if len(self.sym_sizes) != ns or len(self.sym_func) != ns:
-            raise ValueError("symbol arrays differ in length")
-        if len(self.sym_starts) > 1 and (np.diff(self.sym_starts.astype(np.int64)) <= 0).any():
-            raise ValueError("symbol starts out of order")
-        nlp = len(self.lp_starts)
-        if len(self.lp_file) != nlp or len(self.lp_line) != nlp:
-            raise ValueError("line program arrays differ in length")
-        if nlp > 1 and (np.diff(self.lp_starts.astype(np.int64)) <= 0).any():
-            raise ValueError("line program starts out of order")
-        for arr, bound in ((self.loc_func, nfn), (self.loc_file, nfi), (self.loc_parent, nl),
-                           (self.sym_func, nfn), (self.lp_file, nfi)):  # fmt: skip
-            if len(arr) and int(np.where(arr == NONE, 0, arr).max()) >= bound:
-                raise ValueError("an index points past its array")
-        if nfn >= 0 and len(self._func_offs) and int(self._func_offs[-1]) > len(self._names):
-            raise ValueError("function names past their data")
-        if len(self._file_offs) and int(self._file_offs[-1]) > len(self._files):
-            raise ValueError("file names past their data")
+
+def _check(table: LineTable) -> None:
+    """Every index in range, so that a damaged table fails here, not in a lookup."""
+    names, func_offs, files, file_offs = table.name_blobs()
+    nl, nfn, nfi = len(table.loc_func), len(func_offs) - 1, len(file_offs) - 1
+    if (
+        len(table.loc_file) != nl
+        or len(table.loc_line) != nl
+        or len(table.loc_parent) != nl
+        or table.loc_first < 0
+    ):
+        raise ValueError("location arrays differ in length")
+    ns = len(table.sym_starts)
+    if len(table.sym_sizes) != ns or len(table.sym_func) != ns:
+        raise ValueError("symbol arrays differ in length")
+    if len(table.sym_starts) > 1 and (np.diff(table.sym_starts.astype(np.int64)) <= 0).any():
+        raise ValueError("symbol starts out of order")
+    nlp = len(table.lp_starts)
+    if len(table.lp_file) != nlp or len(table.lp_line) != nlp:
+        raise ValueError("line program arrays differ in length")
+    if nlp > 1 and (np.diff(table.lp_starts.astype(np.int64)) <= 0).any():
+        raise ValueError("line program starts out of order")
+    for arr, bound in ((table.loc_func, nfn), (table.loc_file, nfi), (table.loc_parent, nl),
+                       (table.sym_func, nfn), (table.lp_file, nfi)):  # fmt: skip
+        if len(arr) and int(np.where(arr == NONE, 0, arr).max()) >= bound:
+            raise ValueError("an index points past its array")
+    if nfn >= 0 and len(func_offs) and int(func_offs[-1]) > len(names):
+        raise ValueError("function names past their data")
+    if len(file_offs) and int(file_offs[-1]) > len(files):
+        raise ValueError("file names past their data")

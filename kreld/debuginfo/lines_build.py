@@ -61,15 +61,20 @@ peak (about 265 MiB for vmlinux: the DWARF it has read is not kept mapped)
 freed with it; an executable is read where it lies (no copy of its DWARF),
 a module's relocated copy is handed over in memory.  Meanwhile this process
 reads the symbols and the assembly's line programs, on the machine's other
-core; then converts the SymCache and decodes the line programs of the units
-where it names a symbol without a line (which those are is known only then:
-for vmlinux, 150 of its 2,800 units, about half a second).
+core; then converts the SymCache.  The line programs of the units where it
+names a symbol without a line (which those are is known only then: for
+vmlinux, 150 of its 2,800 units, most of a second to decode) are read when
+first asked, each lookup reading those its addresses lie in, and all before
+the table is kept (:mod:`kreld.debuginfo.lines_later`).
 
 Measured against the references on Debian's 6.1.0-57 -dbg files
 (tests/debuginfo/test_lines_real.py, bench/bench_lines.py): equal wherever
 they name a function, at 100,000 random addresses of vmlinux and sampled
 offsets of every code section of brd.ko and xfs.ko, but in rare ``.cold``
-parts where symbolic misses the innermost inlined frame.  Not kept: the
+parts where symbolic misses the innermost inlined frame.  (At some 0.2 % of
+xfs.ko's ``.text`` eu-addr2line contradicts itself: its first line and its
+``-i`` lines name two chains.  There the table gives the chain of the DWARF's
+scopes, as llvm-symbolizer does.)  Not kept: the
 column (SymCache has none, frames carry ``column`` None).
 
 File names are spelled by :func:`kreld.debuginfo.lines.normalize_path`.
@@ -77,6 +82,7 @@ File names are spelled by :func:`kreld.debuginfo.lines.normalize_path`.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -91,8 +97,9 @@ import numpy as np
 from kreld.core.errors import KernelReadError, LineTableError
 from kreld.debuginfo import lines_spawn
 from kreld.debuginfo.lines import BUILDER, NONE, LineTable, normalize_path
-from kreld.debuginfo.lines_dwarf import ProgramLines, Within, merge
-from kreld.debuginfo.lines_program import assembly_lines, lines_at
+from kreld.debuginfo.lines_dwarf import Buffer, ProgramLines, Within, dwarf_sections
+from kreld.debuginfo.lines_later import LaterLines
+from kreld.debuginfo.lines_program import assembly_lines, unit_cuts
 from kreld.debuginfo.lines_reloc import (
     SymbolRows,
     place_sections,
@@ -153,13 +160,13 @@ def _strings_blob(strings: list[str]) -> tuple[bytes, NDArray[np.uint32]]:
 
 
 Layer = tuple[dict[str, "NDArray[np.uint32]"], list[str]]
-# Where a function of the SymCache has no line: the line programs' ranges that
-# meet those addresses (:func:`kreld.debuginfo.lines_program.lines_at`).
-LinesAt = Callable[[Within], ProgramLines]
+# Where a function of the SymCache has no line: the units whose line programs
+# meet those addresses, to be read when asked (:mod:`kreld.debuginfo.lines_later`).
+Later = Callable[[Within], LaterLines]
 # What the table keeps beside the SymCache, read while the reader runs: the
 # symbols (:func:`_symbol_layer`) and the assembly's lines; and how to read
 # the lines of C functions it names without one, once it is known where.
-Beside = tuple[Layer, ProgramLines, LinesAt]
+Beside = tuple[Layer, ProgramLines, Later]
 
 
 def _lineless(
@@ -256,8 +263,7 @@ def _from_symcache(
     f_paths = [
         normalize_path(c or "", d or "", n or "") for c, d, n in zip(comp, dirs, names, strict=True)
     ]
-    (sym_arrays, sym_names), program, lines_at = beside
-    program = merge(program, lines_at(_lineless(starts, locs, sym_arrays, int(meta["base"]))))
+    (sym_arrays, sym_names), program, later = beside
     sym_arrays = dict(sym_arrays, sym_func=sym_arrays["sym_func"] + np.uint32(len(f_names)))
     names_blob, func_offs = _strings_blob(f_names + sym_names)
     lp_arrays = _program_layer(program, int(meta["base"]), len(f_paths))
@@ -267,7 +273,11 @@ def _from_symcache(
         "loc_func": locs[:, 2].copy(), "loc_parent": locs[:, 3].copy(),
         "func_offs": func_offs, "file_offs": file_offs, **sym_arrays, **lp_arrays,
     }  # fmt: skip
-    return LineTable(meta, arrays, names_blob, files_blob)
+    table = LineTable(meta, arrays, names_blob, files_blob)
+    pending = later(_lineless(starts, locs, sym_arrays, int(meta["base"])))
+    if len(pending):
+        table.later = pending
+    return table
 
 
 def _load_address(path: Path) -> int:
@@ -332,13 +342,36 @@ def _module(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) 
         os.close(fd)
     return reading.meanwhile(lambda: (_symbol_layer(rows, placed_at.astype(np.uint64), 0),
                                       assembly_lines(placed.image, what),
-                                      partial(lines_at, placed.image, what)))  # fmt: skip
+                                      partial(_later, placed.image, what)))  # fmt: skip
 
 
-def _file_lines_at(path: Path, within: Within) -> ProgramLines:
-    """:func:`lines_at` of the file at *path*, read where it lies."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        return lines_at(m, str(path), within)
+def _later(buf: Buffer, what: str, within: Within, close: Callable[[], None] = lambda: None) -> (
+    LaterLines
+):  # fmt: skip
+    """The units of *buf* whose lines are read when asked: those the address
+    ranges *within* lie in (:mod:`kreld.debuginfo.lines_later`)."""
+    d = dwarf_sections(buf, what)
+    return LaterLines(d, unit_cuts(d, within), close)
+
+
+def _file_later(path: Path, within: Within) -> LaterLines:
+    """:func:`_later` of the file at *path*, read where it lies (mapped until
+    its last unit is read)."""
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def close() -> None:
+        with contextlib.suppress(BufferError):  # a view still held: the collector's
+            m.close()
+
+    try:
+        later = _later(m, str(path), within, close)
+    except BaseException:
+        close()
+        raise
+    if not len(later):
+        close()
+    return later
 
 
 def _executable(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) -> tuple[
@@ -357,7 +390,7 @@ def _executable(path: Path, meta: dict[str, Any], bound: int, scratch: Path | No
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             rows = read_symbols(m, what)
             program = assembly_lines(m, what)
-        return _symbol_layer(rows, rows.value, meta["base"]), program, partial(_file_lines_at, path)
+        return _symbol_layer(rows, rows.value, meta["base"]), program, partial(_file_later, path)
 
     return lines_spawn.start(what, what, bound, scratch).meanwhile(beside)
 

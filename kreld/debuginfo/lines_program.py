@@ -21,9 +21,11 @@ address (identical functions merged, ``-fipa-icf`` at ``-O2``, where each
 must keep an address of its own: ``noop_send_IPI_all``, ``iommu_shutdown_noop``,
 ``__bpf_trace_*`` of a kernel).  The SymCache names it after its symbol, with
 no line; llvm-symbolizer gives the unit's line program's row there.  Which
-units hold such code is known only once the SymCache is: :func:`lines_at`
-decodes the units ``.debug_aranges`` places those addresses in (a few
-hundred milliseconds for a kernel's 150 such units of its 2,800).
+units hold such code is known only once the SymCache is: :func:`unit_cuts`
+finds the units ``.debug_aranges`` places those addresses in, and
+:func:`unit_lines` decodes their programs (most of a second for a kernel's 150
+such units of its 2,800; :mod:`kreld.debuginfo.lines_later` reads each when
+first asked).
 
 The table gives these lines only where it has no DWARF line
 (:meth:`kreld.debuginfo.lines.LineTable.frame_columns`).  A unit whose
@@ -55,7 +57,7 @@ from kreld.debuginfo.lines_dwarf import (
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-__all__ = ["assembly_lines", "lines_at"]
+__all__ = ["UnitCuts", "assembly_lines", "lines_at", "unit_cuts", "unit_lines"]
 
 _AT_STMT_LIST, _AT_LANGUAGE, _AT_COMP_DIR = 0x10, 0x13, 0x1B
 _TAG_COMPILE_UNIT = 0x11
@@ -213,15 +215,19 @@ def _aranges(d: Dwarf) -> tuple[NDArray[np.uint64], NDArray[np.uint64], list[int
     return np.array(starts, np.uint64), np.array(ends, np.uint64), units
 
 
-def lines_at(buf: Buffer, path: str, within: Within) -> ProgramLines:
-    """The line-program ranges within the address ranges *within* (sorted,
-    disjoint), each cut to the ``.debug_aranges`` range of its start and
-    read from that range's unit's program (as llvm-symbolizer finds a unit
-    for an address); not assembly's (:func:`assembly_lines` has them all)."""
-    d = dwarf_sections(buf, path)
+# For each unit (its offset in ``.debug_info``), the address ranges its line
+# program is read within.
+UnitCuts = list[tuple[int, Within]]
+
+
+def unit_cuts(d: Dwarf, within: Within) -> UnitCuts:
+    """The units ``.debug_aranges`` places the address ranges *within*
+    (sorted, disjoint) in, each with those ranges cut to its own aranges
+    range of their start (as llvm-symbolizer finds a unit for an address);
+    in the order of the units' offsets."""
     starts, ends, owners = _aranges(d)
     if not len(within[0]) or not len(starts):
-        return unit_programs(d, [], [])
+        return []
     order = np.argsort(starts, kind="stable")
     starts, ends = starts[order], ends[order]
     idx = np.searchsorted(starts, within[0], side="right").astype(np.int64) - 1
@@ -230,8 +236,14 @@ def lines_at(buf: Buffer, path: str, within: Within) -> ProgramLines:
     by_unit: dict[int, list[int]] = {}
     for n, i in enumerate(idx[hit].tolist()):
         by_unit.setdefault(owners[int(order[i])], []).append(n)
-    programs, cuts = [], []
-    for offset, ns in sorted(by_unit.items()):
+    return [(offset, (within[0][hit][ns], cut_end[ns])) for offset, ns in sorted(by_unit.items())]
+
+
+def unit_lines(d: Dwarf, cuts: UnitCuts) -> ProgramLines:
+    """The line-program ranges of the units *cuts* names, each within its
+    ranges; not assembly's (:func:`assembly_lines` has them all)."""
+    programs, within = [], []
+    for offset, ranges in cuts:
         try:
             unit, _ = _unit_at(d.info, d.info.start + offset)
             found = None if unit is None else _program(d, unit, assembly=False)
@@ -239,5 +251,14 @@ def lines_at(buf: Buffer, path: str, within: Within) -> ProgramLines:
             continue  # no lines from this unit, never a wrong one
         if found is not None:
             programs.append(found)
-            cuts.append((within[0][hit][ns], cut_end[ns]))
-    return unit_programs(d, programs, cuts)
+            within.append(ranges)
+    return unit_programs(d, programs, within)
+
+
+def lines_at(buf: Buffer, path: str, within: Within) -> ProgramLines:
+    """The line-program ranges within the address ranges *within* (sorted,
+    disjoint), each cut to the ``.debug_aranges`` range of its start and
+    read from that range's unit's program (:func:`unit_cuts`,
+    :func:`unit_lines`)."""
+    d = dwarf_sections(buf, path)
+    return unit_lines(d, unit_cuts(d, within))

@@ -8,8 +8,12 @@ builder thread, ``line-tables`` under the supervisor, which asks the
 the debug file found by build-id, read by a process of its own under
 ``[kernel] line_build_memory``): one build at a time, in the order asked, so
 memory holds one build's reading and the recorder's threads are never held
-by it.  A table built is handed to the calls waiting for it first, then kept
-in the store.
+by it.  A table built is handed to the calls waiting for it first.  It is
+completed (the lines of gcc's merged functions read: each call reads those its
+own addresses need, :mod:`kreld.debuginfo.lines_later`) and kept in the store
+once no build is asked for and no Resolve is answering lines, or
+:data:`KEEP_AFTER_S` after it was built, whichever comes first: the builder's
+reading would otherwise take half of a call's interpreter time.
 
 The call then waits for the build up to :data:`WAIT_S`.  What a profiler
 wants is the lines, not a retry protocol: a kernel's table takes a few seconds
@@ -26,10 +30,11 @@ hands it and reads without waiting for the builder thread.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from kreld.core import heap
@@ -44,7 +49,7 @@ if TYPE_CHECKING:
     from kreld.symbols.linequery import TableSource
     from kreld.symbols.linetables import LineTableProvider
 
-__all__ = ["RETRY_AFTER_S", "THREAD", "WAIT_S", "LineBuilder"]
+__all__ = ["KEEP_AFTER_S", "RETRY_AFTER_S", "THREAD", "WAIT_S", "LineBuilder"]
 
 THREAD = "line-tables"
 # How long a Resolve waits for a build it started (see the module's docstring).
@@ -53,6 +58,9 @@ WAIT_S = 20.0
 RETRY_AFTER_S = 300.0
 # Tables held in memory for calls, at most (a kernel's is ~40 MiB).
 MEMORY = 256 << 20
+# A table built is completed and kept at the latest this long after, even
+# while calls go on answering lines.
+KEEP_AFTER_S = 10.0
 # Builds waiting at most: one call names at most a few hundred builds (the
 # kernel and every module loaded then), and more would only be asked again.
 MAX_QUEUED = 4096
@@ -91,6 +99,13 @@ class LineBuilder:
         self._building: tuple[Wanted, int] | None = None  # and since (CLOCK_MONOTONIC ns)
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # Resolve calls answering lines now; when the tables built and not
+        # yet kept were first due (CLOCK_MONOTONIC s; None: none are).
+        self._answering = 0
+        self._unkept_since: float | None = None
+        #: How often the builder found nothing to do and waited (what shows
+        #: that it looked, and did not keep a table while calls answered).
+        self.idle_turns = 0
 
     # -- the builder thread ---------------------------------------------------------
     def start(self, supervisor: Supervisor) -> None:
@@ -102,36 +117,88 @@ class LineBuilder:
             self._cond.notify_all()
 
     def run(self) -> None:
-        """Build what is asked for, one build at a time, until stopped."""
+        """Build what is asked for, one build at a time, until stopped; keep
+        what was built when nothing else is to be done (see the module's
+        docstring)."""
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
-                    self._cond.wait()
+                while not self._queue and not self._stopping and not self._keep_due():
+                    self.idle_turns += 1
+                    self._cond.wait(self._keep_wait())
                 if self._stopping:
                     return
-                _, want = self._queue.popitem(last=False)
-                self._building = (want, time.monotonic_ns())
-            if self._provider is None:
-                self._provider = self._make_provider(self.absences)
-            # A KreldError comes back as a reason, remembered in the absences
-            # (by the provider, or here for a reason it gives without looking).
-            t0 = time.monotonic()
-            got = self._provider.table(want)
-            if self._log is not None and not isinstance(got, str):
-                # The reader's peak is the build's (None: read back from the store).
-                self._log.info("line_table", build_id=want.build_id, what=want.describe(),
-                               seconds=round(time.monotonic() - t0, 3), bytes=got.nbytes(),
-                               reader_peak_rss=got.reader_peak_rss)  # fmt: skip
-            if isinstance(got, str) and self.absences.why(want.build_id) is None:
-                self.absences.remember(want.build_id, got)
-            heap.trim()  # the build's conversion is freed
+                if not self._queue:
+                    want = None
+                else:
+                    _, want = self._queue.popitem(last=False)
+                    self._building = (want, time.monotonic_ns())
+            if want is None:
+                self._keep()
+            else:
+                self._build(want)
+
+    def _build(self, want: Wanted) -> None:
+        if self._provider is None:
+            self._provider = self._make_provider(self.absences)
+        # A KreldError comes back as a reason, remembered in the absences
+        # (by the provider, or here for a reason it gives without looking).
+        t0 = time.monotonic()
+        got = self._provider.table(want)
+        if self._log is not None and not isinstance(got, str):
+            # The reader's peak is the build's (None: read back from the store).
+            self._log.info("line_table", build_id=want.build_id, what=want.describe(),
+                           seconds=round(time.monotonic() - t0, 3), bytes=got.nbytes(),
+                           reader_peak_rss=got.reader_peak_rss)  # fmt: skip
+        if isinstance(got, str) and self.absences.why(want.build_id) is None:
+            self.absences.remember(want.build_id, got)
+        heap.trim()  # the build's conversion is freed
+        with self._cond:
+            self._building = None
+            if not isinstance(got, str):
+                self._hold(want.build_id, got)
+            if self._provider.has_pending and self._unkept_since is None:
+                self._unkept_since = self._clock()
+            self._cond.notify_all()
+
+    def _keep_due(self) -> bool:
+        """Whether the tables built are to be completed and kept now (under
+        the condition's lock)."""
+        if self._unkept_since is None:
+            return False
+        return self._answering == 0 or self._clock() >= self._unkept_since + KEEP_AFTER_S
+
+    def _keep_wait(self) -> float | None:
+        if self._unkept_since is None:
+            return None
+        return max(0.0, min(1.0, self._unkept_since + KEEP_AFTER_S - self._clock()))
+
+    def _keep(self) -> None:
+        """Complete and keep the tables built, pausing while calls answer."""
+        assert self._provider is not None
+        self._provider.keep_pending(self._pause)
+        heap.trim()
+        with self._cond:
+            self._unkept_since = None
+
+    def _pause(self) -> None:
+        """Between the turns of a table's completion: wait while calls answer
+        lines (up to :data:`KEEP_AFTER_S` after it was due)."""
+        with self._cond:
+            while not self._stopping and not self._keep_due():
+                self._cond.wait(self._keep_wait())
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Held by a Resolve while it answers lines: tables are completed and
+        kept only between such calls (see the module's docstring)."""
+        with self._cond:
+            self._answering += 1
+        try:
+            yield
+        finally:
             with self._cond:
-                self._building = None
-                if not isinstance(got, str):
-                    self._hold(want.build_id, got)
+                self._answering -= 1
                 self._cond.notify_all()
-            # Kept in the store once the calls waiting for it are answered.
-            self._provider.keep_pending()
 
     def _hold(self, build_id: str, table: LineTable) -> None:
         size = table.nbytes()

@@ -25,7 +25,7 @@ from kreld.varlink import requests
 
 if TYPE_CHECKING:
     from kreld.core.kernel_code import KernelCode
-    from kreld.debuginfo.places import Wanted
+    from kreld.server.linebuild import LineBuilder
 
     # Imported by the methods that ask about addresses and times, when they do:
     # kreldctl show, boots and status need neither.
@@ -55,16 +55,16 @@ class Service:
         loaded: Callable[[], list[Incarnation]],
         snapshot: Callable[[], tuple[BootSnapshot, bool, bool]] | None = None,
         status: Callable[[], dict[str, Any]] | None = None,
-        line_tables: Callable[[dict[str, Wanted]], TableSource] | None = None,
+        line_tables: LineBuilder | None = None,
         drop_pages: Callable[[], object] | None = None,
     ) -> None:
         self.store = store
         # What lets the store's pages that calls read leave the resident set
         # once they stop (kreld.server.heapback): the daemon's Store.drop_pages.
         self.drop_pages = drop_pages
-        # Resolve's lines: the build-id -> line table (or why not) function for
-        # the builds of a boot (the daemon's LineBuilder.source_for, or a
-        # LineTableProvider's); None: lines are not served, and say so.
+        # Resolve's lines: the daemon's builder, whose source_for is the
+        # build-id -> line table (or why not) function for the builds of a
+        # boot; None: lines are not served, and say so.
         self._line_tables = line_tables
         self._current = current_boot
         self._current_id = current_id
@@ -230,10 +230,10 @@ class Service:
 
         if self._line_tables is None:
             source: TableSource = lambda _b: "source lines are not served here"  # noqa: E731
-        else:
-            source = self._line_tables(wanted_of(amap, boot.release))
-        columns = line_columns(amap, req.addresses, source)
-        return columns.to_json()
+            return line_columns(amap, req.addresses, source).to_json()
+        with self._line_tables.answering():
+            source = self._line_tables.source_for(wanted_of(amap, boot.release))
+            return line_columns(amap, req.addresses, source).to_json()
 
     def _map_at(
         self, boot: BootSnapshot, clock: Clock, t: int | None, kernel_key: str | None

@@ -256,12 +256,20 @@ class LineTableProvider:
             self._keep(want, table, source)
         return table, table.nbytes()
 
-    def keep_pending(self) -> None:
+    @property
+    def has_pending(self) -> bool:
+        """Whether tables built wait for :meth:`keep_pending`."""
+        return bool(self._pending)
+
+    def keep_pending(self, pause: Callable[[], None] | None = None) -> None:
         """Keep the tables built since the last call (with ``keep_later``:
-        the daemon's builder answers the calls waiting for a table first)."""
+        the daemon's builder answers the calls waiting for a table first),
+        each completed first (:meth:`~kreld.debuginfo.lines.LineTable.complete`;
+        *pause* is called between its turns)."""
         with self._building:
             pending, self._pending = self._pending, []
             for want, table, source in pending:
+                table.complete(pause)
                 self._keep(want, table, source)
 
     def _keep(self, want: Wanted, table: LineTable, source: str) -> None:

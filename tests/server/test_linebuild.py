@@ -17,7 +17,7 @@ from kreld.debuginfo.cache import DebugCache
 from kreld.debuginfo.finder import DebuginfoFinder
 from kreld.debuginfo.lines import LineTable
 from kreld.debuginfo.places import Kind, Wanted, search_roots
-from kreld.server.linebuild import RETRY_AFTER_S, THREAD, LineBuilder
+from kreld.server.linebuild import KEEP_AFTER_S, RETRY_AFTER_S, THREAD, LineBuilder
 from kreld.store import Store
 from kreld.symbols.absences import Absences
 from kreld.symbols.linetables import LineTableProvider
@@ -31,10 +31,10 @@ R = "6.1.0-lines"
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
 
-def _module(out: Path) -> str:
+def _module(out: Path, optimize: str = "-O2") -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     obj = out.with_suffix(".o")
-    subprocess.run(["gcc", "-c", "-g", "-O2", "-o", str(obj), "prog.c"], cwd=SRC, check=True)
+    subprocess.run(["gcc", "-c", "-g", optimize, "-o", str(obj), "prog.c"], cwd=SRC, check=True)
     subprocess.run(["ld", "-r", "--build-id=sha1", "-o", str(out), str(obj)], check=True)
     obj.unlink()
     return build_id_of(out)
@@ -50,7 +50,12 @@ def _builder(
             system_root=tmp_path / "sysroot",
         )
         return LineTableProvider(
-            finder, store.line_tables, store.line_tables.put, memory=0, absences=absences
+            finder,
+            store.line_tables,
+            store.line_tables.put,
+            memory=0,
+            absences=absences,
+            keep_later=True,
         )
 
     def listing() -> list[dict[str, object]]:
@@ -129,6 +134,50 @@ def test_a_builder_that_raised_is_a_named_failure_and_calls_are_told_so(tmp_path
             assert why == "the line-table builder is not running (see Status degraded)"
             (failed,) = sup.failures()
             assert failed.name == THREAD and "InjectedFault" in failed.reason
+        finally:
+            sup.stopping.set()
+            lines.stop()
+
+
+def test_a_table_built_is_kept_once_no_call_answers_lines_or_at_the_latest_keep_after(
+    tmp_path: Path,
+) -> None:
+    """Completing and keeping a table reads DWARF in Python: the builder
+    waits while a Resolve answers lines (it would take half of the call's
+    interpreter time), and no longer than KEEP_AFTER_S."""
+    debug = tmp_path / "debug"
+    first = Wanted(_module(debug / "lib/modules" / R / "kernel/prog.ko"), Kind.MODULE, R, "prog")
+    second = Wanted(_module(debug / "lib/modules" / R / "kernel/prog1.ko", "-O1"), Kind.MODULE,
+                    R, "prog1")  # fmt: skip
+    assert first.build_id != second.build_id
+    now = [1000.0]
+    sup = Supervisor()
+    with Store(tmp_path / "state") as store:
+        lines = _builder(tmp_path, store, debug, wait_s=60, clock=lambda: now[0])
+        lines.start(sup)
+
+        def kept() -> list[str]:
+            return [t["build_id"] for t in lines.status()["kept"]]
+
+        def looked_twice() -> None:
+            # The builder waited twice since: it looked, and found nothing due.
+            turns = lines.idle_turns
+            wait_until("the builder to look", lambda: lines.idle_turns >= turns + 2, 30)
+
+        try:
+            with lines.answering():
+                assert isinstance(lines.table(first), LineTable)
+                looked_twice()
+                assert kept() == []
+            wait_until("the table kept once the call is done", lambda: kept() == [first.build_id])
+            # A call answering past KEEP_AFTER_S does not hold the table back.
+            with lines.answering():
+                assert isinstance(lines.table(second), LineTable)
+                looked_twice()
+                assert second.build_id not in kept()
+                now[0] += KEEP_AFTER_S + 1
+                wait_until("kept at the latest", lambda: second.build_id in kept())
+            assert sup.failures() == []
         finally:
             sup.stopping.set()
             lines.stop()
