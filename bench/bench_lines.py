@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -151,21 +151,46 @@ def llvm_frames(out: bytes) -> list[Frames]:
     return res
 
 
-def eu_frames(out: bytes) -> list[Frames]:
+def eu_frames(out: bytes) -> tuple[list[Frames], list[bool]]:
+    """The frames of each address of an ``eu-addr2line -a -i -f`` run, and
+    whether eu contradicts itself there (:func:`_eu_contradicts`)."""
     res: list[Frames] = []
+    said: list[tuple[str, str | None, int] | None] = []
     lines = out.decode(errors="replace").splitlines()
     i = 0
     while i < len(lines):
         if lines[i].startswith("0x"):
             res.append([])
+            said.append(None)
             i += 1
             continue
-        func = lines[i].split(" inlined at ")[0]
+        func, _, inlined = lines[i].partition(" inlined at ")
+        if inlined and not res[-1]:
+            # "F inlined at FILE:LINE[:COL] in CALLER": the first frame's own
+            # word on its caller.
+            m = re.fullmatch(r"(.*?):(\d+)(?::\d+)? in (.*)", inlined)
+            if m:
+                said[-1] = (m.group(3), _norm(m.group(1)), int(m.group(2)))
         m = re.fullmatch(r"(.*?):(\d+)(?::\d+)?", lines[i + 1] if i + 1 < len(lines) else "")
         file, line = (m.group(1), int(m.group(2))) if m else ("??", 0)
         res[-1].append((func, _norm(file) if line else None, line))
         i += 2
-    return res
+    return res, [_eu_contradicts(fr, caller) for fr, caller in zip(res, said, strict=True)]
+
+
+def _eu_contradicts(frames: Frames, caller: tuple[str, str | None, int] | None) -> bool:
+    """Whether eu-addr2line's two answers at an address disagree: its first
+    line names the innermost scope's function and, where that is inlined,
+    its caller and call site (libdw's ``dwarf_getscopes`` of the address);
+    the ``-i`` lines after it walk up from the innermost scope's DIE
+    (``dwarf_getscopes_die``), which at a few addresses (a lexical block of an
+    inlined instance, a range shared by two instances) gives another chain.
+    There the DWARF's word is the first line's, and llvm-symbolizer's."""
+    if not frames or frames[0][0] in ("", "??"):
+        return False
+    if caller is None:
+        return len(frames) > 1
+    return len(frames) < 2 or frames[1] != caller
 
 
 @dataclass
@@ -181,6 +206,8 @@ class Sample:
     t_small: float
     t_big: float
     rss_small: int = 0
+    # A module's picks where eu-addr2line contradicts itself (_eu_contradicts).
+    contradicts: set[Any] = field(default_factory=set)
 
     @property
     def loaded_rate(self) -> float:
@@ -224,9 +251,12 @@ def module_picks(path: Path, n: int, rng: random.Random) -> list[tuple[str, int]
     return picks
 
 
-def eu_run(path: Path, picks: list[tuple[str, int]]) -> tuple[float, list[Frames]]:
+def eu_run(
+    path: Path, picks: list[tuple[str, int]], contradicts: set[tuple[str, int]] | None = None
+) -> tuple[float, list[Frames]]:
     """``eu-addr2line -i -f -j SECTION`` on *picks*, a run per section
-    (offsets on its input), its time summed; the answers in *picks*' order."""
+    (offsets on its input), its time summed; the answers in *picks*' order.
+    The picks where it contradicts itself are added to *contradicts*."""
     took = 0.0
     by_pick: dict[tuple[str, int], Frames] = {}
     for sec in dict.fromkeys(s for s, _ in picks):
@@ -235,8 +265,26 @@ def eu_run(path: Path, picks: list[tuple[str, int]]) -> tuple[float, list[Frames
         dt, _, out = _Child.run(["eu-addr2line", "-a", "-i", "-f", "-j", sec, "-e", str(path)],
                                 "\n".join(map(hex, offs)).encode(), ok=(0, 1))  # fmt: skip
         took += dt
-        by_pick.update(((sec, o), fr) for o, fr in zip(offs, eu_frames(out), strict=True))
+        frames, odd = eu_frames(out)
+        by_pick.update(((sec, o), fr) for o, fr in zip(offs, frames, strict=True))
+        if contradicts is not None:
+            contradicts.update((sec, o) for o, c in zip(offs, odd, strict=True) if c)
     return took, [by_pick[p] for p in picks]
+
+
+def llvm_on_text(path: Path, picks: list[tuple[str, int]]) -> dict[tuple[str, int], Frames]:
+    """``llvm-symbolizer --inlines`` on a relocatable module, at the picks it
+    can name without doubt: offsets of ``.text`` past the end of every other
+    code section (it takes every section to start at 0, and mixes them
+    where more than one holds an offset: llvm/llvm-project#71008)."""
+    sections = code_sections(path)
+    past = max((size for sec, size in sections.items() if sec != ".text"), default=0)
+    sure = sorted({o for s, o in picks if s == ".text" and o >= past})
+    if not sure:
+        return {}
+    _, _, out = _Child.run(["llvm-symbolizer", "--inlines", "--output-style=JSON", "-e",
+                            str(path)], "\n".join(map(hex, sure)).encode())  # fmt: skip
+    return {(".text", o): fr for o, fr in zip(sure, llvm_frames(out), strict=True)}
 
 
 def module_sample(name: str, path: Path, quick: bool, with_big: bool = True) -> Sample:
@@ -246,9 +294,10 @@ def module_sample(name: str, path: Path, quick: bool, with_big: bool = True) -> 
     rng = random.Random(name)
     small, big = _sets(lambda n: module_picks(path, n, rng), quick, (10_000, 3_000, 1_000))
     log(f"{name}.ko: eu-addr2line, {len(small)}" + (f" and {len(big)}" if with_big else ""))
-    t_small, refs_small = eu_run(path, small)
-    t_big, refs_big = eu_run(path, big) if with_big else (float("nan"), [])
-    return Sample(small, big, refs_small, refs_big, t_small, t_big)
+    odd: set[tuple[str, int]] = set()
+    t_small, refs_small = eu_run(path, small, odd)
+    t_big, refs_big = eu_run(path, big, odd) if with_big else (float("nan"), [])
+    return Sample(small, big, refs_small, refs_big, t_small, t_big, contradicts=odd)
 
 
 def named(ref: Frames) -> bool:
@@ -320,6 +369,21 @@ def compare(ours: list[Frames], refs: list[Frames], what: str, addrs: list[int])
             shown += 1
             log(f"  {what} differs at {a:#x}: ours {o} ref {r}")
     return equal, compared
+
+
+def eu_settled(
+    path: Path, ours: list[Frames], ref: Sample, refs: list[Frames], picks: list[Any]
+) -> tuple[int, int, int]:
+    """Where *ours* differs from eu-addr2line's *refs* at *picks* (of
+    *ref*): how many, at how many of those eu contradicts itself, and at how
+    many of those ours is llvm-symbolizer's answer (:func:`llvm_on_text`)."""
+    differ = [k for k, (o, r) in enumerate(zip(ours, refs, strict=True))
+              if named(r) and [tuple(x) for x in o] != [tuple(x) for x in r]]  # fmt: skip
+    odd = [k for k in differ if picks[k] in ref.contradicts]
+    llvm = llvm_on_text(path, [picks[k] for k in odd])
+    same = [k for k in odd if picks[k] in llvm]
+    settled = sum(1 for k in same if [tuple(x) for x in ours[k]] == list(llvm[picks[k]]))
+    return len(differ), len(odd), settled
 
 
 def ensure_drgn() -> bool:

@@ -69,6 +69,17 @@ def llvm(exe: Path, addresses: list[int]) -> list[Frames]:
 
 
 def eu(obj: Path, section: str, offsets: list[int]) -> list[Frames]:
+    return eu_said(obj, section, offsets)[0]
+
+
+def eu_said(obj: Path, section: str, offsets: list[int]) -> tuple[list[Frames], list[bool]]:
+    """eu-addr2line's frames at *offsets*, and at each whether it contradicts
+    itself: its first line names the innermost scope's function and, where
+    that is inlined, the caller and call site (libdw's ``dwarf_getscopes``
+    of the address), while its ``-i`` lines walk up from the innermost
+    scope's DIE (``dwarf_getscopes_die``), which at a few addresses of a
+    large module (a lexical block of an inlined instance, an address two
+    instances' ranges share) is another chain."""
     text = "".join(
         subprocess.run(
             ["eu-addr2line", "-a", "-i", "-f", "-j", section, "-e", str(obj),
@@ -78,19 +89,30 @@ def eu(obj: Path, section: str, offsets: list[int]) -> list[Frames]:
         for i in range(0, len(offsets), 10_000)  # argv is bounded
     )  # fmt: skip
     out: list[Frames] = []
+    said: list[tuple[str, str | None, int] | None] = []
     lines = text.splitlines()
     i = 0
     while i < len(lines):
         if lines[i].startswith("0x"):
             out.append([])
+            said.append(None)
             i += 1
             continue
-        func = lines[i].split(" inlined at ")[0]
+        func, _, inlined = lines[i].partition(" inlined at ")
+        m = re.fullmatch(r"(.*?):(\d+)(?::\d+)? in (.*)", inlined)
+        if m and not out[-1]:  # "F inlined at FILE:LINE[:COL] in CALLER"
+            said[-1] = (m.group(3), norm(m.group(1)), int(m.group(2)))
         m = re.fullmatch(r"(.*?):(\d+)(?::\d+)?", lines[i + 1])
         file, line = (m.group(1), m.group(2)) if m else ("??", "0")
         out[-1].append((func, norm(file), int(line), True))
         i += 2
-    return [[(f, p, n, k + 1 < len(fr)) for k, (f, p, n, _) in enumerate(fr)] for fr in out]
+    frames = [[(f, p, n, k + 1 < len(fr)) for k, (f, p, n, _) in enumerate(fr)] for fr in out]
+    odd = [
+        bool(fr) and fr[0][0] not in ("", "??")
+        and (len(fr) > 1 if caller is None else len(fr) < 2 or fr[1][:3] != caller)
+        for fr, caller in zip(frames, said, strict=True)
+    ]  # fmt: skip
+    return frames, odd
 
 
 def comparable(ref: Frames) -> bool:
