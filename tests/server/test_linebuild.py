@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,48 @@ def test_a_table_built_is_kept_once_no_call_answers_lines_or_at_the_latest_keep_
                 assert second.build_id not in kept()
                 now[0] += KEEP_AFTER_S + 1
                 wait_until("kept at the latest", lambda: second.build_id in kept())
+            assert sup.failures() == []
+        finally:
+            sup.stopping.set()
+            lines.stop()
+
+
+def test_a_completion_paused_for_calls_goes_on_once_one_of_them_asks_for_a_build(
+    tmp_path: Path,
+) -> None:
+    """A table's completion waits while calls answer lines; a call that asks
+    for another build answers lines (and waits for that build) meanwhile:
+    the completion must not wait for it (KEEP_AFTER_S), but go on, so that
+    the build follows at once."""
+    debug = tmp_path / "debug"
+    first = Wanted(_module(debug / "lib/modules" / R / "kernel/prog.ko"), Kind.MODULE, R, "prog")
+    second = Wanted(_module(debug / "lib/modules" / R / "kernel/prog1.ko", "-O1"), Kind.MODULE,
+                    R, "prog1")  # fmt: skip
+    sup = Supervisor()
+    with Store(tmp_path / "state") as store:
+        lines = _builder(tmp_path, store, debug, wait_s=60)
+        lines.start(sup)
+        try:
+            assert isinstance(lines.table(first), LineTable)
+            wait_until("the first table kept", lambda: lines.status()["kept"])
+            paused = threading.Event()
+            went_on = threading.Event()
+
+            def pausing() -> None:  # as the builder's completion does between its turns
+                paused.set()
+                lines._pause()
+                went_on.set()
+
+            with lines.answering():  # a call answering lines
+                t = threading.Thread(target=pausing)
+                lines._unkept_since = time.monotonic()  # a table built, due to be kept
+                t.start()
+                paused.wait(10)
+                assert not went_on.wait(0.5)  # held while the call answers
+                # The call asks for another build: the completion goes on.
+                assert isinstance(lines.table(second), LineTable)
+                assert went_on.wait(KEEP_AFTER_S / 2)
+            t.join(10)
             assert sup.failures() == []
         finally:
             sup.stopping.set()
