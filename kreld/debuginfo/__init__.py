@@ -13,8 +13,9 @@ sections placed and its DWARF relocated first by ``lines_reloc``) into the
 tables of ``lines`` (with the lines of code no DWARF function gives one
 from its units' line programs: ``lines_program`` chooses the units,
 ``lines_dwarf`` decodes them, ``lines_ranges`` makes their rows address
-ranges, ``lines_later`` reads the units of gcc's merged functions when first
-asked), which the store keeps; the DWARF reader runs in a
+ranges, ``lines_later`` reads the units of gcc's merged functions and of
+``.cold`` parts when first asked, ``lines_scopes`` names the inlined frames
+symbolic drops there from the DIEs), which the store keeps; the DWARF reader runs in a
 process of its own under a memory bound (``lines_child``, started and
 waited for by ``lines_spawn``).  Every file's GNU build-id is read
 (:func:`kreld.kernel.elf.fd_build_id`) before it is used or kept: a file of

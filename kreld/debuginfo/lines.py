@@ -39,9 +39,10 @@ __all__ = ["BUILDER", "NONE", "Frame", "FrameColumns", "LineTable", "normalize_p
 NONE = 0xFFFFFFFF  # "no such index" in every u32 array of a table
 # What the builder puts in a table, numbered (its header's "builder"); one
 # up whenever a build gives other answers.  A table an older builder made
-# (without the lines of assembly units and of the functions gcc merged) reads
-# back, but is built again where its debug file can be had.
-BUILDER = 3
+# (without the lines of assembly units and of the functions gcc merged, or the
+# inlined frames symbolic drops at the start of .cold parts) reads back, but is
+# built again where its debug file can be had.
+BUILDER = 4
 _MAGIC = b"KRLNTAB2"
 _PRELUDE = struct.Struct("<8sI")  # magic, length of the JSON header after it
 # Deeper inline chains than this are taken for a loop in a damaged table.
@@ -112,7 +113,6 @@ class LineTable:
         self.loc_file, self.loc_line = arrays["loc_file"], arrays["loc_line"]
         self.loc_func, self.loc_parent = arrays["loc_func"], arrays["loc_parent"]
         self.loc_first = len(self.loc_func) - len(self.starts)
-        self._func_offs = arrays["func_offs"]
         self.sym_starts, self.sym_sizes = arrays["sym_starts"], arrays["sym_sizes"]
         self.sym_func = arrays["sym_func"]
         # Lines of code no DWARF function gives one (kreld.debuginfo.lines_program):
@@ -121,8 +121,11 @@ class LineTable:
         none = np.zeros(0, dtype=np.uint32)
         self._lp = (arrays.get("lp_starts", none), arrays.get("lp_file", none),
                     arrays.get("lp_line", none))  # fmt: skip
-        self._names = names
+        self._func_names = (names, arrays["func_offs"])
         self._file_names = (files, arrays["file_offs"])
+        # Innermost frames the SymCache lacks (lines_scopes): ranges, each's
+        # function, file and line, put before the chain there.
+        self._ex = tuple(arrays.get(k, none) for k in _EX)
         #: The lines still to be read of a table just built (see lines_later).
         self.later: LaterLines | None = None
         # How the ELF symbol table names frames: "outer" (an executable, as
@@ -152,16 +155,31 @@ class LineTable:
         """The file names' blob and the offsets into it, as one."""
         return self._file_names
 
+    def func_blob(self) -> tuple[bytes, NDArray[np.uint32]]:
+        """The function names' blob and the offsets into it, as one."""
+        return self._func_names
+
+    def frames_added(self) -> tuple[NDArray[np.uint32], ...]:
+        """The innermost frames put before the SymCache's chain: starts, ends,
+        functions, files and lines, as one."""
+        return self._ex
+
     def extend(
         self,
         file_names: tuple[bytes, NDArray[np.uint32]],
         rows: tuple[NDArray[np.uint32], NDArray[np.uint32], NDArray[np.uint32]],
+        func_names: tuple[bytes, NDArray[np.uint32]] | None = None,
+        added: tuple[NDArray[np.uint32], ...] | None = None,
     ) -> None:
-        """Take more line-program rows and the file names they use (the old
-        names kept as they were, new ones after them): the names first, so
-        that an index any reader holds is always in range."""
+        """Take more line-program rows, innermost frames, and the names they
+        use (the old names kept as they were, new ones after them): the names
+        first, so that an index any reader holds is always in range."""
+        if func_names is not None:
+            self._func_names = func_names
         self._file_names = file_names
         self._lp = rows
+        if added is not None:
+            self._ex = added
 
     def complete(self, pause: Callable[[], None] | None = None) -> None:
         """Read the lines still to be read (:mod:`kreld.debuginfo.lines_later`),
@@ -230,17 +248,22 @@ class LineTable:
         named = syms != NONE
         alone = np.flatnonzero(named & (counts == 0))
         counts[alone] = 1
+        extra, shift, added = _added(self, addresses, counts)
         first = np.cumsum(counts) - counts
         total = int(first[-1] + counts[-1]) if len(counts) else 0
         function = np.empty(total, dtype=np.uint32)
         file = np.full(total, NONE, dtype=np.uint32)
         line = np.zeros(total, dtype=np.uint32)
         for depth, (at, level) in enumerate(levels):
-            where = first[at] + depth
+            where = first[at] + depth + shift[at]
             function[where] = self.loc_func[level]
             file[where] = self.loc_file[level]
             line[where] = self.loc_line[level]
         function[first[alone]] = syms[alone]
+        if len(extra):
+            at, (_, _, ex_func, ex_file, ex_line) = np.flatnonzero(shift), added
+            function[first[at]], file[first[at]], line[first[at]] = (
+                ex_func[extra], ex_file[extra], ex_line[extra])  # fmt: skip
         if self.symbol_names == "outer":
             outer = np.flatnonzero(named & (counts > 0))
             function[first[outer] + counts[outer] - 1] = syms[outer]
@@ -290,13 +313,12 @@ class LineTable:
         """The function names and file names as kept: each blob and the
         offsets into it (name *i* is ``blob[offs[i]:offs[i + 1]]``), for
         readers that take many names at once."""
-        files, file_offs = self._file_names
-        return self._names, self._func_offs, files, file_offs
+        (names, func_offs), (files, file_offs) = self._func_names, self._file_names
+        return names, func_offs, files, file_offs
 
     def function_name(self, i: int) -> str:
-        return self._names[int(self._func_offs[i]) : int(self._func_offs[i + 1])].decode(
-            "utf-8", "replace"
-        )
+        names, offs = self._func_names
+        return names[int(offs[i]) : int(offs[i + 1])].decode("utf-8", "replace")
 
     def file_name(self, i: int) -> str | None:
         if i == NONE:
@@ -316,69 +338,109 @@ class LineTable:
         return s.base + offset
 
     # -- bytes ------------------------------------------------------------
-    _ARRAYS = ("starts", "loc_file", "loc_line", "loc_func", "loc_parent", "func_offs", "file_offs",
-               "sym_starts", "sym_sizes", "sym_func",
-               "lp_starts", "lp_file", "lp_line")  # fmt: skip
-
-    def _arrays(self) -> dict[str, NDArray[np.uint32]]:
+    def arrays(self) -> dict[str, NDArray[np.uint32]]:
+        """Every array, by its name as kept (:data:`_ARRAYS`)."""
         lp_starts, lp_file, lp_line = self._lp
         return {
             "starts": self.starts, "loc_file": self.loc_file, "loc_line": self.loc_line,
             "loc_func": self.loc_func, "loc_parent": self.loc_parent,
-            "func_offs": self._func_offs, "file_offs": self._file_names[1],
+            "func_offs": self._func_names[1], "file_offs": self._file_names[1],
             "sym_starts": self.sym_starts, "sym_sizes": self.sym_sizes, "sym_func": self.sym_func,
             "lp_starts": lp_starts, "lp_file": lp_file, "lp_line": lp_line,
+            **dict(zip(_EX, self._ex, strict=True)),
         }  # fmt: skip
 
     def nbytes(self) -> int:
         """The bytes the table holds in memory (its arrays and names)."""
-        arrays = self._arrays().values()
-        return sum(int(a.nbytes) for a in arrays) + len(self._names) + len(self._file_names[0])
+        names, files = self._func_names[0], self._file_names[0]
+        return sum(int(a.nbytes) for a in self.arrays().values()) + len(names) + len(files)
 
     def to_bytes(self) -> bytes:
         """The table as kept (its lines still to be read read first)."""
         self.complete()
-        files, file_offs = self._file_names
-        arrays = self._arrays()
-        arrays["file_offs"] = file_offs
-        meta = dict(self.meta, counts={k: len(arrays[k]) for k in self._ARRAYS},
-                    names=len(self._names), files=len(files))  # fmt: skip
-        head = json.dumps(meta, separators=(",", ":")).encode()
-        out = io.BytesIO()
-        out.write(_PRELUDE.pack(_MAGIC, len(head)) + head)
-        for k in self._ARRAYS:
-            out.write(b"\0" * (-out.tell() % 8))
-            out.write(arrays[k].astype("<u4").tobytes())
-        out.write(self._names)
-        out.write(files)
-        return out.getvalue()
+        return _to_bytes(self)
 
     @classmethod
     def from_bytes(cls, buf: bytes | memoryview, what: str = "<line table>") -> LineTable:
         """A table :meth:`to_bytes` wrote; the arrays are views of *buf*."""
         try:
-            magic, hlen = _PRELUDE.unpack_from(buf)
-            if magic != _MAGIC:
-                raise ValueError("not a line table")
-            pos = _PRELUDE.size + hlen
-            meta = json.loads(bytes(buf[_PRELUDE.size : pos]))
-            arrays: dict[str, NDArray[np.uint32]] = {}
-            for k in cls._ARRAYS:
-                if k not in meta["counts"] and k.startswith("lp_"):
-                    continue  # a table written before the assembly's lines: none
-                pos += -pos % 8
-                n = int(meta["counts"][k])
-                arrays[k] = np.frombuffer(buf, dtype="<u4", count=n, offset=pos)
-                pos += 4 * n
-            nn, nf = int(meta["names"]), int(meta["files"])
-            names, files = bytes(buf[pos : pos + nn]), bytes(buf[pos + nn : pos + nn + nf])
-            if len(files) != nf:
-                raise ValueError("truncated")
+            meta, arrays, names, files = _from_bytes(buf)
             table = cls(meta, arrays, names, files)
             _check(table)
         except (ValueError, KeyError, TypeError, struct.error) as e:
             raise LineTableError(what, f"malformed line table: {e}") from None
         return table
+
+
+# The arrays as kept, in order; a table written before the lines of assembly
+# ("lp_") or the frames SymCache lacks ("ex_") has none of those.
+_EX = ("ex_starts", "ex_ends", "ex_func", "ex_file", "ex_line")
+_ARRAYS = ("starts", "loc_file", "loc_line", "loc_func", "loc_parent", "func_offs", "file_offs",
+           "sym_starts", "sym_sizes", "sym_func",
+           "lp_starts", "lp_file", "lp_line", *_EX)  # fmt: skip
+_LATER = ("lp_", "ex_")
+
+
+def _added(
+    table: LineTable, addresses: NDArray[np.uint64], counts: NDArray[np.int64]
+) -> tuple[NDArray[np.int64], NDArray[np.int64], tuple[NDArray[np.uint32], ...]]:
+    """The innermost frames put before a chain (:mod:`kreld.debuginfo.lines_scopes`)
+    at *addresses* that have one: which (in the addresses' order), where
+    (1 at each such address, 0 elsewhere), and the frames they index (one
+    reading: another call may add more meanwhile); *counts* counts them."""
+    added = table.frames_added()
+    ex_starts, ex_ends = added[0], added[1]
+    shift = np.zeros(len(addresses), dtype=np.int64)
+    if not len(ex_starts):
+        return np.zeros(0, dtype=np.int64), shift, added
+    rel = addresses.astype(np.uint64) - np.uint64(table.base)
+    inside = (addresses >= np.uint64(table.base)) & (rel < np.uint64(1 << 32))
+    rel32 = np.where(inside, rel, 0).astype(np.uint32)
+    idx = np.searchsorted(ex_starts, rel32, side="right").astype(np.int64) - 1
+    i = np.maximum(idx, 0)
+    hit = inside & (idx >= 0) & (rel32 < ex_ends[i]) & (counts > 0)
+    shift[hit] = 1
+    counts += shift
+    return i[hit], shift, added
+
+
+def _to_bytes(table: LineTable) -> bytes:
+    names, _, files, _ = table.name_blobs()
+    arrays = table.arrays()
+    meta = dict(table.meta, counts={k: len(arrays[k]) for k in _ARRAYS},
+                names=len(names), files=len(files))  # fmt: skip
+    head = json.dumps(meta, separators=(",", ":")).encode()
+    out = io.BytesIO()
+    out.write(_PRELUDE.pack(_MAGIC, len(head)) + head)
+    for k in _ARRAYS:
+        out.write(b"\0" * (-out.tell() % 8))
+        out.write(arrays[k].astype("<u4").tobytes())
+    out.write(names)
+    out.write(files)
+    return out.getvalue()
+
+
+def _from_bytes(
+    buf: bytes | memoryview,
+) -> tuple[dict[str, Any], dict[str, NDArray[np.uint32]], bytes, bytes]:
+    magic, hlen = _PRELUDE.unpack_from(buf)
+    if magic != _MAGIC:
+        raise ValueError("not a line table")
+    pos = _PRELUDE.size + hlen
+    meta = json.loads(bytes(buf[_PRELUDE.size : pos]))
+    arrays: dict[str, NDArray[np.uint32]] = {}
+    for k in _ARRAYS:
+        if k not in meta["counts"] and k.startswith(_LATER):
+            continue  # a table written before those: none
+        pos += -pos % 8
+        n = int(meta["counts"][k])
+        arrays[k] = np.frombuffer(buf, dtype="<u4", count=n, offset=pos)
+        pos += 4 * n
+    nn, nf = int(meta["names"]), int(meta["files"])
+    names, files = bytes(buf[pos : pos + nn]), bytes(buf[pos + nn : pos + nn + nf])
+    if len(files) != nf:
+        raise ValueError("truncated")
+    return meta, arrays, names, files
 
 
 def _check(table: LineTable) -> None:
@@ -402,8 +464,15 @@ def _check(table: LineTable) -> None:
         raise ValueError("line program arrays differ in length")
     if nlp > 1 and (np.diff(table.lp_starts.astype(np.int64)) <= 0).any():
         raise ValueError("line program starts out of order")
+    ex_starts, ex_ends, ex_func, ex_file, ex_line = table.frames_added()
+    nex = len(ex_starts)
+    if any(len(a) != nex for a in (ex_ends, ex_func, ex_file, ex_line)):
+        raise ValueError("added frame arrays differ in length")
+    if nex > 1 and (np.diff(ex_starts.astype(np.int64)) <= 0).any():
+        raise ValueError("added frame starts out of order")
     for arr, bound in ((table.loc_func, nfn), (table.loc_file, nfi), (table.loc_parent, nl),
-                       (table.sym_func, nfn), (table.lp_file, nfi)):  # fmt: skip
+                       (table.sym_func, nfn), (table.lp_file, nfi), (ex_func, nfn),
+                       (ex_file, nfi)):  # fmt: skip
         if len(arr) and int(np.where(arr == NONE, 0, arr).max()) >= bound:
             raise ValueError("an index points past its array")
     if nfn >= 0 and len(func_offs) and int(func_offs[-1]) > len(names):

@@ -67,17 +67,23 @@ vmlinux, 150 of its 2,800 units, most of a second to decode) are read when
 first asked, each lookup reading those its addresses lie in, and all before
 the table is kept (:mod:`kreld.debuginfo.lines_later`).
 
+Where symbolic's SymCache has less than the DWARF: at the start of some
+``.cold`` parts (45 of a 6.1 kernel's 2,413) no line-program row begins, the
+row covering it having begun in the code before, and symbolic drops it with
+the innermost inlined frame up to the next row.  The units of ``.cold``
+parts are read when first asked too, and there the innermost inlined call is
+named from the unit's DIEs (:mod:`kreld.debuginfo.lines_scopes`) and put
+before the SymCache's chain, with the covering row's file and line.
+
 Measured against the references on Debian's 6.1.0-57 -dbg files
 (tests/debuginfo/test_lines_real.py, bench/bench_lines.py): equal wherever
-they name a function, at 100,000 random addresses of vmlinux and sampled
-offsets of every code section of brd.ko and xfs.ko, but in rare ``.cold``
-parts where symbolic misses the innermost inlined frames (the first bytes
-of 17 of a kernel's 2,413 ``.cold`` parts: the chain is the reference's
-without its innermost frames, never another).  At some 0.2 % of xfs.ko's
-``.text`` eu-addr2line's chain is not the DWARF's scopes (its first line and
-its ``-i`` lines name two chains, or it leaves out an inlined level); there
-the table gives llvm-symbolizer's.  Not kept: the
-column (SymCache has none, frames carry ``column`` None).
+they name a function, at 100,000 random addresses of vmlinux, the first
+bytes of each of its ``.cold`` parts, and sampled offsets of every code
+section of brd.ko and xfs.ko.  At some 0.2 % of xfs.ko's ``.text``
+eu-addr2line's chain is not the DWARF's scopes (its first line and its
+``-i`` lines name two chains, or it leaves out an inlined level); there the
+table gives llvm-symbolizer's.  Not kept: the column (SymCache has none,
+frames carry ``column`` None).
 
 File names are spelled by :func:`kreld.debuginfo.lines.normalize_path`.
 """
@@ -87,6 +93,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
 import struct
 import tempfile
 from collections.abc import Callable
@@ -164,11 +171,19 @@ def _strings_blob(strings: list[str]) -> tuple[bytes, NDArray[np.uint32]]:
 Layer = tuple[dict[str, "NDArray[np.uint32]"], list[str]]
 # Where a function of the SymCache has no line: the units whose line programs
 # meet those addresses, to be read when asked (:mod:`kreld.debuginfo.lines_later`).
-Later = Callable[[Within], LaterLines]
+Later = Callable[[Within, Within], LaterLines]
 # What the table keeps beside the SymCache, read while the reader runs: the
 # symbols (:func:`_symbol_layer`) and the assembly's lines; and how to read
 # the lines of C functions it names without one, once it is known where.
-Beside = tuple[Layer, ProgramLines, Later]
+# and the first bytes of gcc's ``.cold`` parts (:func:`_cold_starts`).
+Beside = tuple[Layer, ProgramLines, Later, Within]
+# The bytes at the start of a ``.cold`` part whose first lookup reads its
+# unit at once (:mod:`kreld.debuginfo.lines_scopes`: the windows where
+# symbolic drops a frame are shorter, 26 bytes at most in a 6.1 kernel; a
+# longer one has its frame once the table is complete).
+COLD_WINDOW = 32
+# gcc's name for the part of a function it moved out of line (``foo.cold``).
+_COLD = re.compile(r"\.cold(\.\d+)?$")
 
 
 def _lineless(
@@ -192,6 +207,17 @@ def _lineless(
         keep &= (i < 0) | lineless[np.maximum(i, 0)]
     return (first[keep].astype(np.uint64) + np.uint64(base),
             end[keep].astype(np.uint64) + np.uint64(base))  # fmt: skip
+
+
+def _cold_starts(rows: SymbolRows, addresses: NDArray[np.uint64]) -> Within:
+    """The first bytes (:data:`COLD_WINDOW`, within the symbol) of gcc's
+    ``.cold`` parts, at *addresses* (the rows' placed ones), sorted."""
+    cold = [(a, a + max(1, min(int(n), COLD_WINDOW)))
+            for a, n, name in zip(addresses.tolist(), rows.size.tolist(), rows.names, strict=True)
+            if _COLD.search(name)]  # fmt: skip
+    cold = sorted(dict(cold).items())
+    return (np.array([a for a, _ in cold], dtype=np.uint64),
+            np.array([b for _, b in cold], dtype=np.uint64))  # fmt: skip
 
 
 def _symbol_layer(rows: SymbolRows, addresses: NDArray[np.uint64], base: int) -> Layer:
@@ -265,7 +291,7 @@ def _from_symcache(
     f_paths = [
         normalize_path(c or "", d or "", n or "") for c, d, n in zip(comp, dirs, names, strict=True)
     ]
-    (sym_arrays, sym_names), program, later = beside
+    (sym_arrays, sym_names), program, later, cold = beside
     sym_arrays = dict(sym_arrays, sym_func=sym_arrays["sym_func"] + np.uint32(len(f_names)))
     names_blob, func_offs = _strings_blob(f_names + sym_names)
     lp_arrays = _program_layer(program, int(meta["base"]), len(f_paths))
@@ -276,7 +302,8 @@ def _from_symcache(
         "func_offs": func_offs, "file_offs": file_offs, **sym_arrays, **lp_arrays,
     }  # fmt: skip
     table = LineTable(meta, arrays, names_blob, files_blob)
-    pending = later(_lineless(starts, locs, sym_arrays, int(meta["base"])))
+    base = int(meta["base"])
+    pending = later(_lineless(starts, locs, sym_arrays, base), cold)
     if len(pending):
         table.later = pending
     return table
@@ -344,19 +371,20 @@ def _module(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) 
         os.close(fd)
     return reading.meanwhile(lambda: (_symbol_layer(rows, placed_at.astype(np.uint64), 0),
                                       assembly_lines(placed.image, what),
-                                      partial(_later, placed.image, what)))  # fmt: skip
+                                      partial(_later, placed.image, what),
+                                      _cold_starts(rows, placed_at.astype(np.uint64))))  # fmt: skip
 
 
-def _later(buf: Buffer, what: str, within: Within, close: Callable[[], None] = lambda: None) -> (
-    LaterLines
-):  # fmt: skip
+def _later(buf: Buffer, what: str, within: Within, colds: Within,
+           close: Callable[[], None] = lambda: None) -> LaterLines:  # fmt: skip
     """The units of *buf* whose lines are read when asked: those the address
-    ranges *within* lie in (:mod:`kreld.debuginfo.lines_later`)."""
+    ranges *within* lie in, and the spans *colds* where the SymCache may lack
+    an innermost frame (:mod:`kreld.debuginfo.lines_later`)."""
     d = dwarf_sections(buf, what)
-    return LaterLines(d, unit_cuts(d, within), close)
+    return LaterLines(d, unit_cuts(d, within), unit_cuts(d, colds), close)
 
 
-def _file_later(path: Path, within: Within) -> LaterLines:
+def _file_later(path: Path, within: Within, colds: Within) -> LaterLines:
     """:func:`_later` of the file at *path*, read where it lies (mapped until
     its last unit is read)."""
     with open(path, "rb") as f:
@@ -367,7 +395,7 @@ def _file_later(path: Path, within: Within) -> LaterLines:
             m.close()
 
     try:
-        later = _later(m, str(path), within, close)
+        later = _later(m, str(path), within, colds, close)
     except BaseException:
         close()
         raise
@@ -392,7 +420,9 @@ def _executable(path: Path, meta: dict[str, Any], bound: int, scratch: Path | No
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             rows = read_symbols(m, what)
             program = assembly_lines(m, what)
-        return _symbol_layer(rows, rows.value, meta["base"]), program, partial(_file_later, path)
+        layer = _symbol_layer(rows, rows.value, meta["base"])
+        cold = _cold_starts(rows, rows.value.astype(np.uint64))
+        return layer, program, partial(_file_later, path), cold
 
     return lines_spawn.start(what, what, bound, scratch).meanwhile(beside)
 

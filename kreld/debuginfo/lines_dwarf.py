@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -397,6 +398,8 @@ class Dwarf:
     lines: Span
     strings: Strings
     aranges: Span
+    rnglists: Span = field(default_factory=lambda: Span(b"", 0, 0))
+    ranges: Span = field(default_factory=lambda: Span(b"", 0, 0))
 
 
 def dwarf_sections(buf: Buffer, path: str) -> Dwarf:
@@ -416,7 +419,26 @@ def dwarf_sections(buf: Buffer, path: str) -> Dwarf:
 
     strings = Strings(span(".debug_str"), span(".debug_line_str"))
     return Dwarf(span(".debug_info"), span(".debug_abbrev"), span(".debug_line"), strings,
-                 span(".debug_aranges"))  # fmt: skip
+                 span(".debug_aranges"), span(".debug_rnglists"),
+                 span(".debug_ranges"))  # fmt: skip
+
+
+def each_program(d: Dwarf, programs: list[tuple[int, bytes]]) -> Iterator[ProgramLines | None]:
+    """The ranges of each of the line programs at these (``.debug_line``
+    offset, compilation directory) pairs, one by one (None for one this
+    reader does not follow), their file names spelt once for all."""
+    spelled: _Spelled = {}
+    for offset, comp_dir in programs:
+        try:
+            h = _read_header(
+                d.lines, offset, comp_dir.decode("utf-8", "replace"), d.strings, spelled
+            )
+            addrs, files, lines = _decode_rows(d.lines.data, h)
+        except (Bad, IndexError, struct.error, UnicodeError, OverflowError):
+            yield None
+            continue
+        col = (np.array(addrs, np.uint64), files, np.array(lines, np.int64), 0)
+        yield ranges([col], [p or "" for p in h.paths])
 
 
 def unit_programs(

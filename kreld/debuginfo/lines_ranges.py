@@ -36,7 +36,8 @@ Within = tuple["NDArray[np.uint64]", "NDArray[np.uint64]"]
 
 def ranges(cols: Cols, paths: list[str]) -> ProgramLines:
     """One range per start address: at an address a sequence ends and
-    another starts, the start; among rows at one address, the last."""
+    another starts, the start; among rows at one address, the last; none
+    for a row at its own sequence's end."""
     if not cols:
         return ProgramLines(np.zeros(0, np.uint64), np.zeros(0, np.uint32),
                             np.zeros(0, np.uint32), paths)  # fmt: skip
@@ -44,6 +45,14 @@ def ranges(cols: Cols, paths: list[str]) -> ProgramLines:
     raw = np.concatenate([f for _, f, _, _ in cols])
     shift = np.concatenate([np.full(len(f), s, dtype=np.int64) for _, f, _, s in cols])
     line = np.concatenate([n for _, _, n, _ in cols])
+    # A row at its sequence's end address covers nothing: dropped, lest it
+    # reach on to the next sequence's start.
+    ends = np.flatnonzero(raw == -2)
+    if len(ends):
+        nxt = ends[np.minimum(np.searchsorted(ends, np.arange(len(addr))), len(ends) - 1)]
+        keep = (raw == -2) | (addr != addr[nxt])
+        addr, raw, line = addr[keep], raw[keep], line[keep]
+        shift = shift[keep]
     kind = (raw != -2).astype(np.int64)  # a sequence's end sorts before a row at its address
     order = np.lexsort((np.arange(len(addr)), kind, addr))
     addr, raw, shift, line = addr[order], raw[order], shift[order], line[order]
