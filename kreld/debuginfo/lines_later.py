@@ -63,8 +63,6 @@ CHUNK_S = 0.02
 # program's lines are cut to, and the first bytes of its .cold parts, where
 # the SymCache may lack an innermost frame (either None).
 _Job = tuple[int, "Within | None", "Within | None"]
-# One unit's reading: its line-program ranges, and the frames added.
-_Read = tuple[ProgramLines, list[tuple[int, int, str, str, int]]]
 
 
 class LaterLines:
@@ -98,10 +96,14 @@ class LaterLines:
         self._unit: NDArray[np.int64] = np.concatenate(
             [np.full(len(r[0]), n, dtype=np.int64) for r, n in spans] or [np.zeros(0, np.int64)]
         )[order]
+        # The windows of units read whose frames are not named yet (each
+        # named when a lookup meets it, or by complete): (start, end, unit
+        # offset, the covering row's file and line).
+        self._windows: list[tuple[int, int, int, str, int]] = []
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return int(self._left.sum())
+        return int(self._left.sum()) + len(self._windows)
 
     def settle(self, table: LineTable, addresses: NDArray[np.uint64]) -> None:
         """Read the units left that any of *addresses* (the table's own
@@ -111,13 +113,15 @@ class LaterLines:
         ok = idx >= 0
         idx = idx[ok]
         hit = idx[addresses[ok] < self._ends[idx]]
-        if not len(hit):
+        if not len(hit) and not self._windows:
             return
         with self._lock:
             units = np.unique(self._unit[hit])
             units = units[self._left[units]]
-            if len(units):
-                _add(table, [self._read(n, table) for n in units.tolist()])
+            read = [self._read(n) for n in units.tolist()]
+            frames = self._frames(table, addresses)
+            if read or frames:
+                _add(table, read, frames)
 
     def complete(self, table: LineTable, pause: Callable[[], None] | None = None) -> None:
         """Read every unit left, a few at a time (each turn about
@@ -128,7 +132,7 @@ class LaterLines:
                 pause()
             with self._lock:
                 left = np.flatnonzero(self._left).tolist()
-                if not left:
+                if not left and not self._windows:
                     if table.later is self:
                         table.later = None
                     self._close()
@@ -136,27 +140,44 @@ class LaterLines:
                 deadline = time.monotonic() + CHUNK_S
                 read = []
                 for n in left:
-                    read.append(self._read(n, table))
+                    read.append(self._read(n))
                     if time.monotonic() >= deadline:
                         break
-                _add(table, read)
+                frames = [] if left else self._frames(table, None, deadline)
+                _add(table, read, frames)
 
-    def _read(self, n: int, table: LineTable) -> _Read:
-        """Unit *n*'s lines and frames, marked read."""
+    def _read(self, n: int) -> ProgramLines:
+        """Unit *n*'s lines, marked read; its windows kept to be named."""
         self._left[n] = False
         offset, lines, cold = self._jobs[n]
-        program = unit_lines(self._d, [] if lines is None else [(offset, lines)])
+        if cold is not None:
+            self._windows += [(s, e, offset, p, n) for s, e, p, n in
+                              cold_windows(self._d, offset, cold[0])]  # fmt: skip
+        return unit_lines(self._d, [] if lines is None else [(offset, lines)])
+
+    def _frames(
+        self, table: LineTable, addresses: NDArray[np.uint64] | None, deadline: float = 0.0
+    ) -> list[tuple[int, int, str, str, int]]:
+        """The frames of the windows left that hold one of *addresses* (all:
+        None, until *deadline*), those windows then taken out: in each range
+        of *table* there with a call site (an inlined call begins there), the
+        innermost inlined function (:mod:`kreld.debuginfo.lines_scopes`)."""
         frames = []
-        for start, end, path, line in (
-            [] if cold is None else cold_windows(self._d, offset, cold[0])
-        ):
-            # Each range of the table there that has a call site (an inlined
-            # call begins there): the innermost inlined function, if any.
+        kept = []
+        for w in self._windows:
+            start, end, offset, path, line = w
+            met = addresses is None and time.monotonic() < deadline + CHUNK_S
+            if addresses is not None:
+                met = bool(((addresses >= start) & (addresses < end)).any())
+            if not met:
+                kept.append(w)
+                continue
             for lo, hi in _call_sites(table, start, end):
                 name = innermost_inlined(self._d, offset, lo)
                 if name is not None:
                     frames.append((lo, hi, name, path, line))
-        return program, frames
+        self._windows = kept
+        return frames
 
 
 def _call_sites(table: LineTable, start: int, end: int) -> list[tuple[int, int]]:
@@ -179,12 +200,14 @@ def _call_sites(table: LineTable, start: int, end: int) -> list[tuple[int, int]]
     return out
 
 
-def _add(table: LineTable, reads: list[_Read]) -> None:
-    """Add what units gave (:meth:`LaterLines._read`) to *table*: their
-    line-program ranges (absolute addresses, units apart) to its rows, and
-    their innermost frames; the names they use after the table's.  The names
-    first, then the rows and frames, each swapped in whole, so that a reader
-    taking any sees a consistent table."""
+def _add(
+    table: LineTable, programs: list[ProgramLines], added: list[tuple[int, int, str, str, int]]
+) -> None:
+    """Add to *table* the line-program ranges of *programs* (absolute
+    addresses, units apart: :meth:`LaterLines._read`) to its rows, and the
+    innermost frames *added* (:meth:`LaterLines._frames`); the names they
+    use after the table's.  The names first, then the rows and frames, each
+    swapped in whole, so that a reader taking any sees a consistent table."""
     files, file_offs = table.file_blob()
     names, func_offs = table.func_blob()
     base = np.uint64(table.base)
@@ -193,7 +216,7 @@ def _add(table: LineTable, reads: list[_Read]) -> None:
     starts, file0, line0 = table.program_rows()
     parts = [(starts.astype(np.uint64), file0, line0)]
     frames: list[tuple[int, int, int, int, int]] = []
-    for program, added in reads:
+    for program in programs:
         with np.errstate(over="ignore"):
             rel = program.starts - base  # below base: wraps past 4 GiB
         keep = rel < np.uint64(1 << 32)
@@ -202,13 +225,13 @@ def _add(table: LineTable, reads: list[_Read]) -> None:
         file = np.where(file == NONE, NONE, file.astype(np.int64) + first).astype(np.uint32)
         parts.append((rel[keep], file, program.line[keep]))
         paths += program.paths
-        for start, end, func, path, line in added:
-            if table.base <= start < end <= table.base + (1 << 32):
-                file_at = NONE if not path else len(file_offs) - 1 + len(paths)
-                frames.append((start - table.base, end - table.base,
-                               len(func_offs) - 1 + len(funcs), file_at, line))  # fmt: skip
-                funcs.append(func)
-                paths += [path] if path else []
+    for start, end, func, path, line in added:
+        if table.base <= start < end <= table.base + (1 << 32):
+            file_at = NONE if not path else len(file_offs) - 1 + len(paths)
+            frames.append((start - table.base, end - table.base,
+                           len(func_offs) - 1 + len(funcs), file_at, line))  # fmt: skip
+            funcs.append(func)
+            paths += [path] if path else []
     if len(parts) == 1 and not frames:
         return
     new_files, new_names = _blob(files, file_offs, paths), _blob(names, func_offs, funcs)

@@ -183,10 +183,16 @@ class LineBuilder:
     def _pause(self) -> None:
         """Between the turns of a table's completion: wait while calls answer
         lines (up to :data:`KEEP_AFTER_S` after it was due), unless a build is
-        asked for: a call that waits for it holds ``answering`` too, so the
-        completion goes on at once and the build follows."""
+        asked for (or under way): a call that waits for it holds
+        ``answering`` too, so the completion goes on at once and the build
+        follows."""
         with self._cond:
-            while not self._stopping and not self._queue and not self._keep_due():
+            while (
+                not self._stopping
+                and not self._queue
+                and self._building is None
+                and not self._keep_due()
+            ):
                 self._cond.wait(self._keep_wait())
 
     @contextlib.contextmanager
