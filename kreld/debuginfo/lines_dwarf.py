@@ -28,7 +28,6 @@ from kreld.debuginfo.lines_ranges import (
     Within,
     cut,
     joined,
-    merge,
     ranges,
 )
 from kreld.debuginfo.lines_reloc import read_sections, section_contents
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = ["Bad", "Buffer", "Dwarf", "ProgramLines", "Reader", "Span", "Strings", "Within",
-           "dwarf_sections", "form_value", "merge", "uleb_at", "unit_programs"]  # fmt: skip
+           "dwarf_sections", "form_value", "uleb_at", "unit_programs"]  # fmt: skip
 
 # Forms whose size does not depend on the unit (None: read specially).
 _FIXED = {0x0B: 1, 0x05: 2, 0x06: 4, 0x07: 8, 0x1E: 16, 0x0C: 1, 0x11: 1, 0x12: 2, 0x13: 4,

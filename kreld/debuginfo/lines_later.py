@@ -166,7 +166,7 @@ class LaterLines:
         kept = []
         for w in self._windows:
             start, end, offset, path, line = w
-            met = addresses is None and time.monotonic() < deadline + CHUNK_S
+            met = addresses is None and time.monotonic() < deadline
             if addresses is not None:
                 met = bool(((addresses >= start) & (addresses < end)).any())
             if not met:

@@ -64,7 +64,6 @@ __all__ = [
     "Window",
     "assembly_lines",
     "cold_windows",
-    "lines_at",
     "unit_cuts",
     "unit_lines",
 ]
@@ -263,15 +262,6 @@ def unit_lines(d: Dwarf, cuts: UnitCuts) -> ProgramLines:
             programs.append(found)
             within.append(ranges)
     return unit_programs(d, programs, within)
-
-
-def lines_at(buf: Buffer, path: str, within: Within) -> ProgramLines:
-    """The line-program ranges within the address ranges *within* (sorted,
-    disjoint), each cut to the ``.debug_aranges`` range of its start and
-    read from that range's unit's program (:func:`unit_cuts`,
-    :func:`unit_lines`)."""
-    d = dwarf_sections(buf, path)
-    return unit_lines(d, unit_cuts(d, within))
 
 
 # Where symbolic's SymCache may lack an innermost frame: the start of a

@@ -14,7 +14,7 @@ from kreld.debuginfo.lines import NONE
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-__all__ = ["Cols", "ProgramLines", "Rows", "Within", "cut", "joined", "merge", "ranges"]
+__all__ = ["Cols", "ProgramLines", "Rows", "Within", "cut", "joined", "ranges"]
 
 
 @dataclass(frozen=True)
@@ -95,11 +95,3 @@ def joined(parts: list[Rows], paths: list[str]) -> ProgramLines:
     last = np.ones(len(at), dtype=bool)
     last[:-1] = at[1:] != at[:-1]
     return ProgramLines(at[last], file[last], line[last], paths)
-
-
-def merge(a: ProgramLines, b: ProgramLines) -> ProgramLines:
-    """The ranges of both (of units apart): at an address where one's range
-    ends and the other's starts, the start."""
-    shifted = np.where(b.file == NONE, NONE, b.file.astype(np.int64) + len(a.paths))
-    return joined([(a.starts, a.file, a.line), (b.starts, shifted.astype(np.uint32), b.line)],
-                   a.paths + b.paths)  # fmt: skip

@@ -174,9 +174,9 @@ class LineBuilder:
 
     def _keep(self) -> None:
         """Complete and keep the tables built, pausing while calls answer."""
-        assert self._provider is not None
-        self._provider.keep_pending(self._pause)
-        heap.trim()
+        if self._provider is not None:  # made by the first build, which made them
+            self._provider.keep_pending(self._pause)
+            heap.trim()
         with self._cond:
             self._unkept_since = None
 
