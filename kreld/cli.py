@@ -182,7 +182,7 @@ class Ctl:
         if self._lines is None:
             from kreld.ctl.lines import LineSession
 
-            self._lines = LineSession(self.cfg, self.args, self.backend, self.err)
+            self._lines = LineSession(self.cfg, self.args, self.backend, self.out, self.err)
             self.closing.callback(self._lines.close)
         return self._lines
 

@@ -39,15 +39,18 @@ __all__ = ["LineSession", "frame_text", "print_line_tables", "render_lines", "wi
 
 class LineSession:
     """The store (read), the line-table provider, and the source of boot
-    records.  Tables built here are kept when the command is done, under
-    kreld's writer lock, which is held only for that write: a daemon starting
-    meanwhile is never refused, and one running keeps them itself."""
+    records.  Tables built here are kept when the command is done, after its
+    answers are written out (completing a table, the rest of its debug file's
+    reading, is work its user does not wait on), under kreld's writer lock,
+    which is held only for that write: a daemon starting meanwhile is never
+    refused, and one running keeps them itself."""
 
     def __init__(
         self,
         cfg: Config,
         args: argparse.Namespace,
         backend: Callable[[], object],
+        out: TextIO,
         err: TextIO,
     ) -> None:
         """*backend* gives kreldctl's backend: with ``--from`` a bucket's, whose
@@ -57,6 +60,7 @@ class LineSession:
 
         self.cfg = cfg
         self.args = args
+        self.out = out
         self.err = err
         self.stack = contextlib.ExitStack()
         self.store = self._open_store()
@@ -66,6 +70,7 @@ class LineSession:
             args.debuginfo_dirs,
             None if self.store is None else self.store.line_tables,
             None if self.store is None else lambda *kept: self.pending.append(kept),
+            keep_later=True,
         )
         self.source: BootSource | None = self.store
         if args.source:
@@ -84,8 +89,14 @@ class LineSession:
             return None
 
     def close(self) -> None:
-        """Close the store, then keep the tables built (LMDB allows one open
-        of a store per process, so the read-only one goes first)."""
+        """Write the answers out, complete the tables built, close the store,
+        then keep the tables (LMDB allows one open of a store per process, so
+        the read-only one goes first)."""
+        if self.provider.has_pending:
+            with contextlib.suppress(OSError, ValueError):  # a reader gone: keep anyway
+                self.out.flush()
+            self.provider.keep_pending()
+            self.report_unkept()
         self.stack.close()
         if self.pending:
             self._keep()

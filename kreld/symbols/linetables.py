@@ -269,13 +269,15 @@ class LineTableProvider:
         with self._building:
             pending, self._pending = self._pending, []
             for want, table, source in pending:
-                table.complete(pause)
-                self._keep(want, table, source)
+                self._keep(want, table, source, pause)
 
-    def _keep(self, want: Wanted, table: LineTable, source: str) -> None:
+    def _keep(
+        self, want: Wanted, table: LineTable, source: str, pause: Callable[[], None] | None = None
+    ) -> None:
         if self.keep is None:
             return
         try:
+            table.complete(pause)  # a kept table is whole; its reading may fail
             self.keep(want.build_id, table.to_bytes(), source, want.describe())
         except (KreldError, OSError) as e:
             self.unkept[want.build_id] = str(e)
@@ -310,17 +312,22 @@ def provider_for(
     given_dirs: Iterable[str] = (),
     kept: LineTableStore | None = None,
     keep: Keeper | None = None,
+    *,
+    keep_later: bool = False,
 ) -> LineTableProvider:
     """The provider a configuration describes: *given_dirs*
     (``--debuginfo-dir``) searched first, then ``/usr/lib/debug`` under the
     configured root, ``[kernel] debuginfo_dirs``, the cache and the debuginfod
     servers (:func:`~kreld.debuginfo.finder.finder_for`); a build's DWARF
     reader bounded by ``[kernel] line_build_memory``, a module's scratch copy
-    under ``$TMPDIR`` where it is not in memory."""
+    under ``$TMPDIR`` where it is not in memory; *keep_later* as the provider
+    takes it."""
     from kreld.debuginfo.finder import finder_for
 
     finder = finder_for(cfg, cfg.root, tuple(given_dirs))
-    return LineTableProvider(finder, kept, keep, build_memory=cfg.line_build_memory)
+    return LineTableProvider(
+        finder, kept, keep, build_memory=cfg.line_build_memory, keep_later=keep_later
+    )
 
 
 def _reason(build_id: str, e: KreldError | OSError) -> str:

@@ -8,6 +8,7 @@ names the module's section offset, frame by frame, innermost first."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -173,3 +174,36 @@ def test_while_another_kreld_holds_the_store_lines_are_answered_and_not_kept(
     assert f"line tables of {built.image_bid} not kept" in cp.stderr
     assert "another kreld" in cp.stderr
     assert ctl_json("line-tables", *opts) == []
+
+
+def test_the_answers_are_written_out_before_the_table_is_completed_and_kept(
+    built: Built, tmp_path: Path
+) -> None:
+    """The table's completion (the rest of its debug file's reading) and its
+    keeping come after the answers reach the reader, not before."""
+    from kreld.cli import Ctl, build_parser
+    from kreld.config.options import resolve_config
+
+    opts = built.recorded(tmp_path)
+    d = built.debug_dir(tmp_path / "debug")
+    addr = hex(built.addresses()[0][3])
+    kept_when_written: list[list[dict[str, object]]] = []
+
+    class Out(io.StringIO):
+        def flush(self) -> None:
+            if self.getvalue() and not kept_when_written:
+                kept_when_written.append(ctl_json("line-tables", *opts))
+            super().flush()
+
+    out = Out()
+    # kreldctl's command without main(), which leaves by os._exit once obstore
+    # is loaded (as the bucket test above loads it in this process).
+    args = build_parser().parse_args(
+        ["resolve", "--lines", "--json", *opts, "--debuginfo-dir", str(d), addr]
+    )
+    ctl = Ctl(resolve_config(args), args, out, io.StringIO())
+    with ctl.closing:
+        assert ctl.resolve() == 0
+    assert json.loads(out.getvalue())[0]["frames"]
+    assert kept_when_written == [[]]  # flushed while the store kept nothing yet
+    assert [t["build_id"] for t in ctl_json("line-tables", *opts)] == [built.image_bid]
