@@ -17,7 +17,8 @@ ranges, ``lines_later`` reads the units of gcc's merged functions and of
 ``.cold`` parts when first asked, ``lines_scopes`` names the inlined frames
 symbolic drops there from the DIEs), which the store keeps; the DWARF reader runs in a
 process of its own under a memory bound (``lines_child``, started and
-waited for by ``lines_spawn``).  Every file's GNU build-id is read
+waited for by ``lines_spawn``; two at once on halves of a large file's units,
+whose SymCaches ``symcache`` reads and merges).  Every file's GNU build-id is read
 (:func:`kreld.kernel.elf.fd_build_id`) before it is used or kept: a file of
 another build is refused.
 

@@ -59,9 +59,14 @@ How a build runs: the SymCache is built by ``symbolic`` in a process of its
 own (:mod:`kreld.debuginfo.lines_spawn`), under an address-space bound, its
 peak (about 265 MiB for vmlinux: the DWARF it has read is not kept mapped)
 freed with it; an executable is read where it lies (no copy of its DWARF),
-a module's relocated copy is handed over in memory.  Meanwhile this process
-reads the symbols and the assembly's line programs, on the machine's other
-core; then converts the SymCache.  The line programs of the units where it
+a module's relocated copy is handed over in memory.  A large
+``.debug_info`` (vmlinux's: 164 MB) is read by two such processes at once,
+each on half of its units (cut at a unit's start), their SymCaches merged
+into the one a single reader gives (:mod:`kreld.debuginfo.symcache`; equal
+at every range start of Debian's 6.1 vmlinux, 1.58 million): the reading is
+most of a build's time and symbolic uses one core.  Meanwhile this process
+reads the symbols and the assembly's line programs; then converts the
+SymCache.  The line programs of the units where it
 names a symbol without a line (which those are is known only then: for
 vmlinux, 150 of its 2,800 units, most of a second to decode) are read when
 first asked, each lookup reading those its addresses lie in, and all before
@@ -112,28 +117,17 @@ from kreld.debuginfo.lines_program import assembly_lines, unit_cuts
 from kreld.debuginfo.lines_reloc import (
     SymbolRows,
     place_sections,
+    read_sections,
     read_symbols,
     symbol_value,
 )
+from kreld.debuginfo.symcache import SymCache, merge
 from kreld.kernel.elf import PT_LOAD, ElfSource, elf_header, program_headers
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 __all__ = ["build_line_table"]
-
-# The SymCache v9 layout (symbolic-symcache's raw format, version 9): a
-# preamble (magic, version), a 72-byte header whose six u32 counts start at
-# byte 44, then files (6 u32), functions (4 u32), source locations (4 u32),
-# ranges (u32 starts) and a string table, each section aligned to 8 bytes.
-_SYMC_MAGIC = b"SYMC"
-_SYMC_VERSION = 9
-_SYMC_COUNTS = struct.Struct("<6I")
-_SYMC_HEADER_END = 8 + 72
-
-
-def _align8(n: int) -> int:
-    return (n + 7) & ~7
 
 
 def _uleb_strings(blob: bytes, offsets: NDArray[np.uint32]) -> list[str | None]:
@@ -182,6 +176,10 @@ Beside = tuple[Layer, ProgramLines, Later, Within]
 # symbolic drops a frame are shorter, 26 bytes at most in a 6.1 kernel; a
 # longer one has its frame once the table is complete).
 COLD_WINDOW = 32
+# A .debug_info larger than this is read by two readers, half of its units each.
+SPLIT_OVER = 32 << 20
+_SHF_COMPRESSED = 0x800
+_SHT_NOBITS = 8
 # gcc's name for the part of a function it moved out of line (``foo.cold``).
 _COLD = re.compile(r"\.cold(\.\d+)?$")
 
@@ -263,29 +261,9 @@ def _program_layer(
     }
 
 
-def _from_symcache(
-    raw: bytes,
-    meta: dict[str, Any],
-    path: str,
-    beside: Beside,
-) -> LineTable:
-    if len(raw) < _SYMC_HEADER_END or raw[:4] != _SYMC_MAGIC:
-        raise LineTableError(path, "the reader produced no SymCache")
-    version = struct.unpack_from("<I", raw, 4)[0]
-    if version != _SYMC_VERSION:
-        raise LineTableError(path, f"SymCache version {version}, this kreld reads {_SYMC_VERSION}")
-    nfiles, nfuncs, nlocs, nranges, nstr, _ = _SYMC_COUNTS.unpack_from(raw, 44)
-    pos = _align8(_SYMC_HEADER_END)
-
-    def take(count: int, width: int) -> NDArray[np.uint32]:
-        nonlocal pos
-        a = np.frombuffer(raw, dtype="<u4", count=count * width, offset=pos).reshape(count, width)
-        pos = _align8(pos + 4 * count * width)
-        return a
-
-    files, funcs, locs = take(nfiles, 6), take(nfuncs, 4), take(nlocs, 4)
-    starts = take(nranges, 1)[:, 0].copy()
-    strings = raw[pos : pos + nstr]
+def _from_symcache(cache: SymCache, meta: dict[str, Any], beside: Beside) -> LineTable:
+    files, funcs, locs, starts = cache.files, cache.funcs, cache.locs, cache.starts.copy()
+    strings = cache.strings
     f_names = [s or "??" for s in _uleb_strings(strings, funcs[:, 0])]
     comp, dirs, names = (_uleb_strings(strings, files[:, k]) for k in range(3))
     f_paths = [
@@ -347,7 +325,7 @@ def _image_fd(image: bytes, scratch: Path | None) -> int:
 
 
 def _module(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) -> tuple[
-    bytes, int, Beside
+    SymCache, int, Beside
 ]:  # fmt: skip
     """A relocatable object's SymCache (its sections placed first, the copy
     handed to the reader as an anonymous file), the reader's peak and the
@@ -369,10 +347,11 @@ def _module(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) 
         reading = lines_spawn.start(fd, what, bound, scratch)
     finally:
         os.close(fd)
-    return reading.meanwhile(lambda: (_symbol_layer(rows, placed_at.astype(np.uint64), 0),
-                                      assembly_lines(placed.image, what),
-                                      partial(_later, placed.image, what),
-                                      _cold_starts(rows, placed_at.astype(np.uint64))))  # fmt: skip
+    raw, peak, beside = reading.meanwhile(
+        lambda: (_symbol_layer(rows, placed_at.astype(np.uint64), 0),
+                 assembly_lines(placed.image, what), partial(_later, placed.image, what),
+                 _cold_starts(rows, placed_at.astype(np.uint64))))  # fmt: skip
+    return SymCache.parse(raw, what), peak, beside
 
 
 def _later(buf: Buffer, what: str, within: Within, colds: Within,
@@ -405,12 +384,14 @@ def _file_later(path: Path, within: Within, colds: Within) -> LaterLines:
 
 
 def _executable(path: Path, meta: dict[str, Any], bound: int, scratch: Path | None) -> tuple[
-    bytes, int, Beside
+    SymCache, int, Beside
 ]:  # fmt: skip
     """An executable's SymCache, read by the reader from the file itself (its
     symbol table too, which names nothing the table answers differently: the
     outermost frame is the ELF symbol's anyway), its peak, and its symbols,
-    read here meanwhile, on the other core."""
+    read here meanwhile.  A large ``.debug_info`` is read by two readers,
+    each on half of its units (:func:`_halves`), where two cores are ours:
+    the reading is most of a build's time, and one reader uses one core."""
     what = str(path)
 
     def beside() -> Beside:
@@ -424,7 +405,57 @@ def _executable(path: Path, meta: dict[str, Any], bound: int, scratch: Path | No
         cold = _cold_starts(rows, rows.value.astype(np.uint64))
         return layer, program, partial(_file_later, path), cold
 
-    return lines_spawn.start(what, what, bound, scratch).meanwhile(beside)
+    halves = _halves(path)
+    if halves is None:
+        raw, peak, done = lines_spawn.start(what, what, bound, scratch).meanwhile(beside)
+        return SymCache.parse(raw, what), peak, done
+    readings = lines_spawn.start_parts(what, bound, scratch, *halves)
+    raws, peak, done = readings.meanwhile(beside)
+    return merge(*(SymCache.parse(raw, what) for raw in raws)), peak, done
+
+
+def _halves(path: Path, over: int | None = None) -> tuple[int, list[tuple[int, int]]] | None:
+    """Where the file's ``.debug_info`` section header lies, and the section
+    cut in two at the unit start nearest its middle (file offset and size of
+    each); None where one reader reads it: not over *over* bytes (default
+    :data:`SPLIT_OVER`), compressed, or fewer than two cores to run on."""
+    over = SPLIT_OVER if over is None else over
+    if len(os.sched_getaffinity(0)) < 2:
+        return None
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        eh, secs, names = read_sections(m, str(path))
+        if ".debug_info" not in names:
+            return None
+        i = names.index(".debug_info")
+        s = secs[i]
+        if s.size <= over or s.flags & _SHF_COMPRESSED or s.type == _SHT_NOBITS:
+            return None
+        cut = _unit_start_near(m, s.offset, s.size)
+    if cut is None:
+        return None
+    return eh.shoff + i * eh.shentsize, [(s.offset, cut), (s.offset + cut, s.size - cut)]
+
+
+def _unit_start_near(m: mmap.mmap, start: int, size: int) -> int | None:
+    """The start of the unit of the section at *start* (*size* bytes) nearest
+    its middle, past its first; None if its unit headers do not tile it."""
+    pos, half = 0, size // 2
+    while pos < size:
+        if pos + 4 > size:
+            return None
+        (n,) = struct.unpack_from("<I", m, start + pos)
+        head = 4
+        if n == 0xFFFFFFFF and pos + 12 <= size:  # 64-bit DWARF
+            (n,) = struct.unpack_from("<Q", m, start + pos + 4)
+            head = 12
+        elif n >= 0xFFFFFFF0:
+            return None
+        end = pos + head + n
+        if end >= half:
+            cut = end if end - half < half - pos or pos == 0 else pos
+            return cut if 0 < cut < size else None
+        pos = end
+    return None
 
 
 def build_line_table(
@@ -450,7 +481,7 @@ def build_line_table(
         raise LineTableError(str(path), "not a 64-bit little-endian ELF file")
     meta: dict[str, Any] = {"build_id": build_id, "sections": None, "builder": BUILDER}
     relocatable = struct.unpack_from("<H", head, 16)[0] == 1  # ET_REL
-    raw, peak, beside = (_module if relocatable else _executable)(path, meta, bound, scratch)
-    table = _from_symcache(raw, meta, str(path), beside)
+    cache, peak, beside = (_module if relocatable else _executable)(path, meta, bound, scratch)
+    table = _from_symcache(cache, meta, beside)
     table.reader_peak_rss = peak
     return table

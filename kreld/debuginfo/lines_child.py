@@ -2,7 +2,13 @@
 
 ``python -I lines_child.py PATH BOUND`` (run by its file, isolated) reads the
 debug file at *PATH* with ``symbolic`` and writes its SymCache to its standard output (a
-file the parent made, never a terminal or a pipe it must drain).  The reader
+file the parent made, never a terminal or a pipe it must drain).  With
+``SHDR OFFSET SIZE`` after them it reads only part of the file's units: the
+file is mapped as it is but for the page (or two) holding its ``.debug_info``
+section header, at file offset *SHDR*, which is an anonymous copy saying the
+section lies at *OFFSET* for *SIZE* bytes (whole units: the parent cuts the
+section at a unit's start; :func:`kreld.debuginfo.symcache.merge` puts the
+parts together).  The reader
 is native code that takes a few hundred MiB for a kernel; run here, in a
 process of its own, its memory is bounded (``RLIMIT_AS`` of *BOUND* bytes, set
 before anything is read), its peak is freed with the process, and a crash of
@@ -26,11 +32,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import mmap
 import os
 import resource
 import signal
+import struct
 import sys
 import threading
+from typing import Any
 
 __all__ = ["EXIT_MEMORY", "EXIT_REFUSED", "PEAK", "main"]
 
@@ -40,6 +49,10 @@ PEAK = "peak_rss"
 _PR_SET_PDEATHSIG = 1
 _MADV_DONTNEED = 4
 _M_ARENA_MAX = -8
+_SHDR_SIZE = 64  # Elf64_Shdr
+_SH_OFFSET = 24  # its sh_offset, then sh_size
+_MAP_FIXED = 0x10
+_MAP_FAILED = ctypes.c_void_p(-1).value
 # How often the file's pages are dropped from the reader's mapping.
 SHED_PERIOD_S = 0.05
 
@@ -106,27 +119,75 @@ def _shed_file_pages(path: str) -> threading.Event:
     return done
 
 
+def _part_mapping(path: str, shdr: int, offset: int, size: int) -> tuple[int, int]:
+    """The file at *path* mapped read-only whole, its ``.debug_info`` section
+    header (an ``Elf64_Shdr`` at file offset *shdr*) saying *offset* and
+    *size* in an anonymous copy of the page(s) it lies in: (address, length).
+    The file's own pages stay its (shed like any of its pages)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]  # fmt: skip
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        length = os.fstat(fd).st_size
+        if shdr < 0 or shdr + _SHDR_SIZE > length:
+            raise ValueError(f"no section header at {shdr:#x} in {length} bytes")
+        addr = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+        lo = shdr - shdr % mmap.PAGESIZE
+        hi = -(-(shdr + _SHDR_SIZE) // mmap.PAGESIZE) * mmap.PAGESIZE
+        page = bytearray(os.pread(fd, hi - lo, lo).ljust(hi - lo, b"\0"))
+    finally:
+        os.close(fd)
+    struct.pack_into("<QQ", page, shdr - lo + _SH_OFFSET, offset, size)
+    got = libc.mmap(addr + lo, hi - lo, mmap.PROT_READ | mmap.PROT_WRITE,
+                    mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED, -1, 0)  # fmt: skip
+    if got != addr + lo:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    ctypes.memmove(got, bytes(page), len(page))
+    return addr, length
+
+
+def _archive(path: str, part: list[str]) -> Any:
+    """The file's archive for symbolic: the file itself, or its mapping with
+    part of its units (:func:`_part_mapping`), which the archive borrows
+    (mapped until the process ends)."""
+    from symbolic import Archive  # type: ignore[attr-defined]
+
+    if not part:
+        return Archive.open(path)
+    from symbolic._lowlevel import ffi, lib
+    from symbolic.utils import rustcall
+
+    addr, length = _part_mapping(path, *map(int, part))
+    return Archive._from_objptr(
+        rustcall(lib.symbolic_archive_from_bytes, ffi.cast("const uint8_t *", addr), length)  # type: ignore[no-untyped-call]
+    )
+
+
 def _refuse(reason: str) -> int:
     sys.stderr.write(reason.splitlines()[0] if reason else "refused")
     return EXIT_REFUSED
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        return _refuse("usage: lines_child.py PATH BOUND")
-    path, bound = argv[1], int(argv[2])
+    if len(argv) not in (3, 6):
+        return _refuse("usage: lines_child.py PATH BOUND [SHDR OFFSET SIZE]")
+    path, bound, part = argv[1], int(argv[2]), argv[3:]
     _die_with_parent()
     shedding = _shed_file_pages(path)
     resource.setrlimit(resource.RLIMIT_AS, (bound, bound))
     try:
         try:
-            from symbolic import Archive, SymbolicError  # type: ignore[attr-defined]
+            from symbolic import SymbolicError  # type: ignore[attr-defined]
             from symbolic.symcache import SymCache
         except ImportError as e:
             return _refuse(f"symbolic is not installed (kreld's [lines] extra): {e}")
 
         try:
-            objects = list(Archive.open(path).iter_objects())
+            objects = list(_archive(path, part).iter_objects())
             if not objects:
                 return _refuse("no object in the file")
             cache = SymCache.from_object(objects[0])  # type: ignore[no-untyped-call]
@@ -139,6 +200,12 @@ def main(argv: list[str]) -> int:
             if f"(os error {errno.ENOMEM})" in str(e):  # the file's mapping past the bound
                 return EXIT_MEMORY
             return _refuse(str(e))
+        except OSError as e:
+            if e.errno == errno.ENOMEM:
+                return EXIT_MEMORY
+            return _refuse(f"{path}: {e.strerror or e}")
+        except ValueError as e:
+            return _refuse(f"{path}: {e}")
     except MemoryError:
         return EXIT_MEMORY
     return 0

@@ -33,7 +33,7 @@ from kreld.core.errors import LineTableError
 from kreld.debuginfo import lines_child
 from kreld.debuginfo.lines_child import EXIT_MEMORY, EXIT_REFUSED, PEAK
 
-__all__ = ["DEFAULT_BOUND", "TIMEOUT_S", "Reading", "start"]
+__all__ = ["DEFAULT_BOUND", "TIMEOUT_S", "Reading", "Readings", "start", "start_parts"]
 
 # The reader's address space, at most: a 6.1 vmlinux (590 MB, mapped whole)
 # takes about 0.9 GiB of it and 0.26 GiB resident at the peak.
@@ -157,16 +157,45 @@ class Reading:
         self.err.close()
 
 
+@dataclass
+class Readings:
+    """Readers under way on parts of one file's units (:func:`start_parts`)."""
+
+    parts: list[Reading]
+
+    def meanwhile(self, work: Callable[[], T]) -> tuple[list[bytes], int, T]:
+        """*work* done here while the readers run, then their SymCaches, the
+        sum of their peaks (they ran at once) and *work*'s answer; every
+        reader killed if *work* or one of them fails."""
+        try:
+            done = work()
+            got = [r.finish() for r in self.parts]
+        except BaseException:
+            for r in self.parts:
+                r.kill()
+                r.close()
+            raise
+        return [raw for raw, _ in got], sum(peak for _, peak in got), done
+
+
 def start(
-    source: str | int, what: str, bound: int = DEFAULT_BOUND, scratch: Path | None = None
+    source: str | int,
+    what: str,
+    bound: int = DEFAULT_BOUND,
+    scratch: Path | None = None,
+    part: tuple[int, int, int] | None = None,
 ) -> Reading:
     """The reader started on *source*: a path, or a descriptor of this
-    process (handed to the reader, read as ``/proc/self/fd/N`` there)."""
+    process (handed to the reader, read as ``/proc/self/fd/N`` there); with
+    *part*, only the units of ``.debug_info`` it says (the section header's
+    file offset, the part's file offset and size: see
+    :mod:`kreld.debuginfo.lines_child`)."""
     out, err = _anonymous(scratch), _anonymous(scratch)
     fds: tuple[int, ...] = ()
     if isinstance(source, int):
         fds, source = (source,), f"/proc/self/fd/{source}"
     argv = [sys.executable, "-I", lines_child.__file__, source, str(bound)]
+    argv += [] if part is None else [str(n) for n in part]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                 pass_fds=fds, close_fds=True)  # fmt: skip
@@ -175,3 +204,21 @@ def start(
         err.close()
         raise LineTableError(what, f"the DWARF reader could not be started: {e}") from None
     return Reading(proc, out, err, what, bound)
+
+
+def start_parts(
+    path: str, bound: int, scratch: Path | None, shdr: int, parts: list[tuple[int, int]]
+) -> Readings:
+    """A reader per part of the file's ``.debug_info`` (*parts*: file offset
+    and size; *shdr*: where its section header lies), each bounded by
+    *bound*; those started stopped if one cannot be."""
+    started: list[Reading] = []
+    try:
+        for offset, size in parts:
+            started.append(start(path, path, bound, scratch, (shdr, offset, size)))
+    except BaseException:
+        for r in started:
+            r.kill()
+            r.close()
+        raise
+    return Readings(started)
