@@ -5,7 +5,9 @@ extracted once into /var/cache/kreld-vm/dbg under a flock, shared with other che
 
 * vmlinux, 10,000 and 100,000 random addresses of its ``.text``, with inline frames.
   Baselines, same run, same addresses: ``llvm-symbolizer --inlines`` (a process per
-  batch, its loaded rate = the 100,000 minus the 10,000) and drgn 0.3.0
+  batch, its loaded rate = the 100,000 minus the 10,000; each batch run
+  ``LLVM_RUNS`` times, in turn, and its median time taken: one run's swung
+  up to 4x on a shared machine) and drgn 0.3.0
   (``Program.source_location``, the 10,000 only; installed into the virtualenv
   from pyproject's ``bench`` extra when missing).
   - cold: building the table from the file and naming the 10,000 (one call, as Resolve
@@ -35,6 +37,7 @@ import json
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,6 +61,8 @@ MODULES = {
     "xfs": CACHE / f"usr/lib/debug/lib/modules/{RELEASE}/kernel/fs/xfs/xfs.ko",
 }
 MIB = 1 << 20
+# Runs of llvm-symbolizer per batch (its median time is the baseline).
+LLVM_RUNS = 3
 
 Frames = list[tuple[str, str | None, int]]
 
@@ -233,10 +238,19 @@ def vmlinux_sample(quick: bool) -> Sample:
         lambda n: [rng.randrange(lo, lo + size) for _ in range(n)], quick, (100_000, 20_000, 10_000)
     )
     llvm = ["llvm-symbolizer", "--inlines", "--output-style=JSON", "-e", str(VMLINUX)]
-    log(f"llvm-symbolizer, {len(small)} and {len(big)}")
-    t_small, rss, out_small = _Child.run(llvm, "\n".join(map(hex, small)).encode())
-    t_big, _, out_big = _Child.run(llvm, "\n".join(map(hex, big)).encode())
-    return Sample(small, big, llvm_frames(out_small), llvm_frames(out_big), t_small, t_big, rss)
+    runs = 1 if quick else LLVM_RUNS
+    log(f"llvm-symbolizer, {len(small)} and {len(big)}, {runs} times each, in turn")
+    small_in, big_in = ("\n".join(map(hex, s)).encode() for s in (small, big))
+    t_small, rss, out_small = _Child.run(llvm, small_in)
+    t_big, _, out_big = _Child.run(llvm, big_in)
+    times_small, times_big = [t_small], [t_big]
+    for _ in range(runs - 1):
+        times_small.append(_Child.run(llvm, small_in)[0])
+        times_big.append(_Child.run(llvm, big_in)[0])
+    log(f"  its times (s): {[round(t, 2) for t in times_small]}, "
+        f"{[round(t, 2) for t in times_big]}")  # fmt: skip
+    return Sample(small, big, llvm_frames(out_small), llvm_frames(out_big),
+                  statistics.median(times_small), statistics.median(times_big), rss)  # fmt: skip
 
 
 def module_picks(path: Path, n: int, rng: random.Random) -> list[tuple[str, int]]:

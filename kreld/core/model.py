@@ -365,8 +365,8 @@ class Incarnation:
     only once the module's directory is up, after its memory is allocated and
     often after its init has run (the uevent comes then), so its code may run
     a little before ``loaded``, never before ``loaded_after``.  ``init_live`` says its
-    ``.init.*`` sections were live when first seen; ``init_done`` is the first
-    time it was seen with ``initstate`` ``live`` (init text freed by then).
+    ``.init.*`` sections were live when first seen; ``init_done`` is when the
+    read that first showed ``initstate`` ``live`` had ended (its init over by then).
     """
 
     boot_id: str

@@ -129,9 +129,10 @@ class ModuleTracker:
         newest_first = [n for n in proc if n in present]
         order = newest_first[::-1] + sorted(set(present) - set(newest_first))
         states = self.addresses.read([n for n in order if n not in self._open], proc)
+        read = Timestamp.now()  # a module read live had its init over by then
         for state in states.values():
             if state is not None:
-                opened.append(new_incarnation(state, now, SeenBy.STARTUP))
+                opened.append(new_incarnation(state, now, SeenBy.STARTUP, read=read))
         try:
             stored = self.store.modules.apply_module_changes(self.boot_id, opened, [], closed, now)
         except StoreFull as e:
@@ -267,6 +268,7 @@ class ModuleTracker:
             recent=self._recent,
             now=now,
             previous=self._last_scan or now,
+            read=Timestamp.now(),
         )
         self._apply(changes, now)
         self.passes += 1

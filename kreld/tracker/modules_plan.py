@@ -116,9 +116,11 @@ def new_incarnation(
     by: SeenBy,
     gone: Timestamp | None = None,
     after: Timestamp | None = None,
+    read: Timestamp | None = None,
 ) -> Incarnation:
     """A load first seen at *when*, not seen at *after* (the look before; None when
-    unknown), and, for a transient, gone by *when* too."""
+    unknown), and, for a transient, gone by *when* too.  Read ``live``, its init
+    was over by *read* (when the read of *state* had ended; default *when*)."""
     return Incarnation(
         boot_id="",
         seq=-1,
@@ -126,7 +128,7 @@ def new_incarnation(
         loaded=when,
         seen_by=by,
         init_live=state.initstate == "coming",
-        init_done=when if state.initstate == "live" else None,
+        init_done=(read or when) if state.initstate == "live" else None,
         unloaded=gone,
         unloaded_after=when if gone else None,
         unload_seen_by=by if gone else None,
@@ -207,6 +209,7 @@ def _diff(
     hints: Sequence[Hint],
     now: Timestamp,
     previous: Timestamp,
+    read: Timestamp,
 ) -> _Diff:
     """Compare the directory with what is open: close what went (or was
     reloaded), refresh what was read again, open what is new."""
@@ -235,7 +238,7 @@ def _diff(
                 )
             closed.append(Tracked(done, t.hinted))
             continue
-        new = refresh(t.inc, state, now)
+        new = refresh(t.inc, state, read)
         if new != t.inc:
             updated.append(new)
     closing = {t.inc.name for t in closed}
@@ -246,9 +249,9 @@ def _diff(
             by = said.get((name, HintAction.ADD), source)
             came = exact.get((name, HintAction.ADD))
             if came is not None and came.at is not None:  # known to the instant
-                opened.append(_exact(new_incarnation(state, came.at, came.source), came.at, now))
+                opened.append(_exact(new_incarnation(state, came.at, came.source), came.at, read))
             else:
-                opened.append(new_incarnation(state, now, by, after=absent_at))
+                opened.append(new_incarnation(state, now, by, after=absent_at, read=read))
     return _Diff(tuple(opened), tuple(updated), tuple(closed))
 
 
@@ -328,15 +331,19 @@ def plan(
     recent: Mapping[str, Sequence[Tracked]],
     now: Timestamp,
     previous: Timestamp,
+    read: Timestamp | None = None,
 ) -> Changes:
     """What one look changes.
 
     *tracked* is what is open now, *present* the directory listing (name ->
     inode), *states* the reads of the names :func:`to_read` gave (None: gone
     when read), *recent* what closed lately per name (oldest first), *now* the
-    time of the look and *previous* that of the look before.
+    time of the look (taken before its reads) and *previous* that of the look
+    before; *read* when the reads of *states* had all ended (default *now*): a
+    module read ``live`` had its init over by then, not by *now* (its init may
+    have run while the look read the directory).
     """
-    diff = _diff(tracked, present, states, hints, now, previous)
+    diff = _diff(tracked, present, states, hints, now, previous, read or now)
     closing = {t.inc.name for t in diff.closed}
     opened_hinted: list[set[SeenBy]] = [set() for _ in diff.opened]
     new_index = {inc.name: i for i, inc in enumerate(diff.opened)}

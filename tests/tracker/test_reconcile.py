@@ -210,6 +210,25 @@ def test_a_read_again_refreshes_without_moving_any_address() -> None:
     assert not changes.opened and not changes.closed
 
 
+def test_init_is_over_when_the_read_that_showed_live_ended_not_when_the_look_began() -> None:
+    """A look takes its time before it lists and reads the directory: a
+    module's init may still run then (a sample in its init text 0.9 ms after
+    the look's time was seen on a loaded guest).  ``init_done`` is when the
+    reads ended, for a load read again, a load first seen, and a load timed
+    by a tracepoint alike."""
+    read = Timestamp(9_500, 10_500, 11_500)  # the reads ended after NOW
+    coming = Tracked(stored(state("a", 7, initstate="coming"), seq=0))
+    reads = {"a": state("a", 7), "b": state("b", 8), "c": state("c", 9)}
+    hints = [Hint(TP, "add", "c", AT)]
+    states = {n: reads.get(n) for n in to_read({"a": coming}, {"a": 7, "b": 8, "c": 9}, hints)}
+    changes = plan({"a": coming}, {"a": 7, "b": 8, "c": 9}, states, hints, recent={}, now=NOW,
+                   previous=PREV, read=read)  # fmt: skip
+    (refreshed,) = changes.updated
+    first, timed = sorted((t.inc for t in changes.opened), key=lambda i: i.name)
+    assert refreshed.init_done == first.init_done == timed.init_done == read
+    assert first.loaded == NOW and timed.loaded == AT  # the look's time, or the exact one
+
+
 def test_a_look_that_finds_everything_as_it_was_changes_nothing() -> None:
     t = Tracked(stored(state("a", 7), seq=0), frozenset({UE}))
     changes = look({"a": t}, {"a": 7}, {"a": state("a", 7)}, [Hint(UE, "change", "a")])
