@@ -124,9 +124,16 @@ class LineTableStore:
             out: dict[str, dict[str, Any]] = {}
             if db is None:
                 return out
-            for k, v in txn.cursor(db=db):
-                if b"/" not in bytes(k):
-                    out[bytes(k).decode()] = self.env.json_record(v, "line table manifest")
+            # Manifests only: a table's chunks ("BID/N", megabytes in all) are
+            # stepped over, never read ("/" sorts just before "0").
+            cur = txn.cursor(db=db)
+            more = cur.first()
+            while more:
+                key = bytes(cur.key())
+                bid = key.split(b"/", 1)[0]
+                if bid == key:
+                    out[key.decode()] = self.env.json_record(cur.value(), "line table manifest")
+                more = cur.set_range(bid + b"0")
             return out
 
         return self.env.read(fn)

@@ -164,3 +164,22 @@ def test_a_table_held_in_memory_is_answered_while_another_build_is_being_looked_
     (why,) = answers
     assert isinstance(why, str) and "ab" * 20 in why
     assert provider.cached("ab" * 20) == why
+
+
+def test_the_listing_reads_every_manifest_and_steps_over_the_tables_chunks(
+    tmp_path: Path,
+) -> None:
+    """Tables of several chunks each, their build-ids sorting next to each
+    other: each is listed once, with its own manifest, whatever its size."""
+    from kreld.store.linetabs import CHUNK
+
+    sizes = {"aa" * 20: 3 * CHUNK + 5, "aa" * 19 + "ab": 1, "ab" + "00" * 19: 2 * CHUNK}
+    with Store(tmp_path / "state") as store:
+        for bid, size in sizes.items():
+            store.line_tables.put(bid, bytes([len(bid) % 251]) * size, f"from {bid}", "a build")
+        listed = store.line_tables.listing()
+        assert sorted(listed) == sorted(sizes)
+        assert {bid: m["source"] for bid, m in listed.items()} == {b: f"from {b}" for b in sizes}
+        assert {bid: store.line_tables.get(bid).data for bid in sizes} == {  # type: ignore[union-attr]
+            bid: bytes([len(bid) % 251]) * size for bid, size in sizes.items()
+        }
