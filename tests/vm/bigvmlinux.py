@@ -1,10 +1,10 @@
-"""A vmlinux-like ELF as large as a debug vmlinux is slow to read: the real
-System.map's symbols (repeated under new names until *count*), a GNU build-id
-note to be filled in by the guest with its kernel's own (:func:`fill_build_id`),
-and the anchors kreld looks for last in ``.symtab``, so that a reader scans it
-all.  kreld takes it for the running kernel's vmlinux (the build-id matches)
-and reads its anchors at start where kallsyms shows zeros: that read is what
-makes kreld's start slow, honestly, without a 590 MB download."""
+"""A vmlinux-like ELF: the real System.map's symbols (repeated under new
+names until *count*), a GNU build-id note to be filled in by the guest with
+its kernel's own (:func:`fill_build_id`), and the anchors kreld looks for last
+in ``.symtab``, so that a reader scans it all.  kreld takes it for the running
+kernel's vmlinux (the build-id matches) and reads its anchors at start where
+kallsyms shows zeros, as it would a debug vmlinux's, without a 590 MB
+download."""
 
 from __future__ import annotations
 

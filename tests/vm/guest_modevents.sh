@@ -2,8 +2,9 @@
 # Runs inside the VM that tests/vm/test_modevents_vm.py boots: kreld follows
 # modules by the module tracepoints.
 #
-#  1. kreld starts at kptr_restrict=2 with a large vmlinux-like ELF to read
-#     (tests/vm/bigvmlinux.py, its build-id filled in here): once its
+#  1. kreld starts at kptr_restrict=2 (the kernel's tables read in kcore)
+#     with a vmlinux-like ELF to read (tests/vm/bigvmlinux.py, its build-id
+#     filled in here): once its
 #     tracepoints are open (logged before the store is opened), dummy is
 #     loaded and unloaded while it still reads; startup.txt says whether kreld
 #     was ready by then (it must not have been, or nothing is shown).

@@ -10,8 +10,9 @@ tests/vm/guest_modevents.sh.
   the guest's own perf leaves ``[unknown]`` (init text is freed when perf
   script runs), are named by ``kreldctl symbolize --for`` and, through
   ``inject``'s KSYMBOL records for the init functions, by perf script.
-* ``dummy`` loaded and unloaded while kreld starts with a large vmlinux to
-  read: recorded with both times, each exact.
+* ``dummy`` loaded and unloaded while kreld starts at kptr_restrict=2 (the
+  kernel's tables read in kcore) with a vmlinux to read: recorded with both
+  times, each exact.
 
 Opt-in (``-m realkernel``); skips with the reason where QEMU, vng, the kernel
 or its headers are missing (``scripts/setup-vm`` installs them).
@@ -42,9 +43,10 @@ pytestmark = [pytest.mark.realkernel, pytest.mark.timeout(1200)]
 HERE = Path(__file__).resolve().parent
 GUEST = HERE / "guest_modevents.sh"
 CTL = Path(sys.executable).parent / "kreldctl"
-# In the vmlinux-like ELF: some 35 s to read under emulation (after the ~40 s
-# kreld takes at kptr_restrict=2 to read the kernel's tables in kcore), where
-# dummy comes and goes in 1 s; 150,000 took 265 s of the CI's critical path.
+# In the vmlinux-like ELF, its anchors last.  kreld's start under emulation is
+# slow by its reading of the kernel's tables in kcore at kptr_restrict=2 (some
+# 40 s), where dummy comes and goes in 1 s; the ELF's anchors are found without
+# decoding the other symbols (150,000 took pyelftools 265 s here).
 _SYMBOLS = 20_000
 # The init function and its alias: module_init() names it init_module too, at
 # the same address (a .ko's table may keep either).
