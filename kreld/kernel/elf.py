@@ -390,14 +390,10 @@ def fd_build_id(fd: int) -> str | None:
 
 def elf_symbols(path: Path, names: set[str]) -> dict[str, int]:
     """Values of the named symbols from the ELF's ``.symtab`` (of each name,
-    the first in table order); none where the file or its table cannot be
-    read within :data:`consts.MAX_VMLINUX_SYMBOLS` symbols and
-    :data:`MAX_STRINGS` bytes of names.
-
-    No symbol is decoded but those asked for: the names' places in the string
-    table are found first, then the entries whose ``st_name`` is one of them,
-    in one pass over that column.  A debug vmlinux's 119,000 symbols took
-    pyelftools 7 s one by one; this takes tens of milliseconds."""
+    the first in table order; none past ``consts.MAX_VMLINUX_SYMBOLS`` or
+    :data:`MAX_STRINGS`): the names' places in the string table, then one
+    pass over the ``st_name`` column (a debug vmlinux's 119,000 symbols took
+    pyelftools 7 s, decoded one by one; this, tens of milliseconds)."""
     try:
         with open(path, "rb") as f:
             src = ElfSource.of_fd(f.fileno(), str(path))
@@ -415,9 +411,7 @@ def elf_symbols(path: Path, names: set[str]) -> dict[str, int]:
             strings = src.read(strs.offset, strs.size)
     except (OSError, KernelReadError):
         return {}
-    # Each place in the string table that reads one of *names* (a name may
-    # end another: "_text" inside "sys_text"), then one pass over the column.
-    places: dict[int, str] = {}
+    places: dict[int, str] = {}  # where a name is read (it may end another)
     for name in names:
         key = name.encode() + b"\0"
         at = strings.find(key)

@@ -338,10 +338,8 @@ def plan(
     *tracked* is what is open now, *present* the directory listing (name ->
     inode), *states* the reads of the names :func:`to_read` gave (None: gone
     when read), *recent* what closed lately per name (oldest first), *now* the
-    time of the look (taken before its reads) and *previous* that of the look
-    before; *read* when the reads of *states* had all ended (default *now*): a
-    module read ``live`` had its init over by then, not by *now* (its init may
-    have run while the look read the directory).
+    time of the look (before its reads), *previous* that of the look before,
+    *read* when its reads had ended (a module read ``live``: init over by then).
     """
     diff = _diff(tracked, present, states, hints, now, previous, read or now)
     closing = {t.inc.name for t in diff.closed}
