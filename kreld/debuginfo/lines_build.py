@@ -422,15 +422,18 @@ def _halves(path: Path, over: int | None = None) -> tuple[int, list[tuple[int, i
     over = SPLIT_OVER if over is None else over
     if len(os.sched_getaffinity(0)) < 2:
         return None
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        eh, secs, names = read_sections(m, str(path))
-        if ".debug_info" not in names:
-            return None
-        i = names.index(".debug_info")
-        s = secs[i]
-        if s.size <= over or s.flags & _SHF_COMPRESSED or s.type == _SHT_NOBITS:
-            return None
-        cut = _unit_start_near(m, s.offset, s.size)
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            eh, secs, names = read_sections(m, str(path))
+            if ".debug_info" not in names:
+                return None
+            i = names.index(".debug_info")
+            s = secs[i]
+            if s.size <= over or s.flags & _SHF_COMPRESSED or s.type == _SHT_NOBITS:
+                return None
+            cut = _unit_start_near(m, s.offset, s.size)
+    except (OSError, ValueError, LineTableError):
+        return None  # one reader, whose refusal names what is wrong
     if cut is None:
         return None
     return eh.shoff + i * eh.shentsize, [(s.offset, cut), (s.offset + cut, s.size - cut)]

@@ -119,3 +119,17 @@ def test_a_part_whose_section_header_lies_past_the_file_is_refused_by_name(exe: 
     reading = lines_spawn.start(str(exe), str(exe), part=(size, 0, 16))
     with pytest.raises(LineTableError, match="no section header at"):
         reading.finish()
+
+
+def test_a_file_whose_sections_cannot_be_read_is_left_to_one_reader(tmp_path: Path) -> None:
+    """Section headers past the file's end: no split is tried; the one reader
+    refuses the file with its own reason."""
+    bad = tmp_path / "bad"
+    head = bytearray(64)
+    head[:6] = b"\x7fELF\x02\x01"
+    head[0x28:0x30] = (1 << 40).to_bytes(8, "little")  # e_shoff far past the end
+    head[0x3A:0x3E] = (64).to_bytes(2, "little") + (3).to_bytes(2, "little")
+    bad.write_bytes(bytes(head) + b"\0" * 4096)
+    assert lines_build._halves(bad, 0) is None
+    with pytest.raises(LineTableError):
+        build_line_table(bad)
