@@ -127,16 +127,20 @@ def _renumbered(b: SymCache, a: SymCache) -> SymCache:
     return SymCache(b.head, files, funcs, locs, b.starts, b.strings)
 
 
-def _at(c: SymCache, keys: NDArray[np.uint32]) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
-    """For each of *keys*: the range of *c* it lies in (-1: before any), and
-    whether that range is a function of the DWARF's."""
+def _at(
+    c: SymCache, keys: NDArray[np.uint32]
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.bool_]]:
+    """For each of *keys*: the range of *c* it lies in (-1: before any), that
+    range's start (-1: none), and whether it is a function of the DWARF's."""
     i = np.searchsorted(c.starts, keys, side="right").astype(np.int64) - 1
-    func = np.where(i >= 0, c.ranged[np.maximum(i, 0), 2], NONE) if len(c.starts) else (
-        np.full(len(keys), NONE, dtype=np.uint32))  # fmt: skip
-    known = func != NONE
-    dwarf = known.copy()
-    dwarf[known] = c.funcs[func[known], 3] != NONE  # a symbol's function has no language
-    return i, dwarf
+    if not len(c.starts):
+        return i, np.full(len(keys), -1, dtype=np.int64), np.zeros(len(keys), dtype=bool)
+    at = np.maximum(i, 0)
+    start = np.where(i >= 0, c.starts[at].astype(np.int64), -1)
+    func = np.where(i >= 0, c.ranged[at, 2], NONE)
+    dwarf = func != NONE
+    dwarf[dwarf] = c.funcs[func[dwarf], 3] != NONE  # a symbol's function has no language
+    return i, start, dwarf
 
 
 def merge(a: SymCache, b: SymCache) -> SymCache:
@@ -147,13 +151,9 @@ def merge(a: SymCache, b: SymCache) -> SymCache:
     keys = np.concatenate([a.starts, b.starts]).astype(np.uint32)
     keys.sort(kind="stable")  # two sorted runs (np.union1d hashes: ten times slower here)
     keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
-    ia, dwarf_a = _at(a, keys)
-    ib, dwarf_b = _at(b, keys)
+    ia, key_a, dwarf_a = _at(a, keys)
+    ib, key_b, dwarf_b = _at(b, keys)
     b = _renumbered(b, a)
-    key_a = np.where(ia >= 0, a.starts[np.maximum(ia, 0)].astype(np.int64), -1) if len(a.starts) \
-        else np.full(len(keys), -1, dtype=np.int64)  # fmt: skip
-    key_b = np.where(ib >= 0, b.starts[np.maximum(ib, 0)].astype(np.int64), -1) if len(b.starts) \
-        else np.full(len(keys), -1, dtype=np.int64)  # fmt: skip
     take_b = np.where(dwarf_a == dwarf_b, key_b >= np.where(dwarf_a, key_a, key_a + 1), dwarf_b)
     # Where a start of one changes nothing the other said, it goes.
     which = np.where(take_b, ib + (1 << 40), ia)
